@@ -1,0 +1,25 @@
+# Two commands: `make demo` (the main job) and `make test`. Each sets itself up.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test venv lint clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+venv: $(PY)
+
+demo: $(PY)
+	$(PIP) install -e '.[all]'
+	$(VENV)/bin/lit-compute fit --config configs/quickstart.yaml
+
+test: $(PY)
+	$(PIP) install -e '.[all,dev]'
+	$(PY) -m pytest -q
+
+lint: $(PY)
+	$(VENV)/bin/ruff check lit_compute tests examples
+
+clean:
+	rm -rf lightning_logs .pytest_cache build *.egg-info

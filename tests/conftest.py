@@ -1,0 +1,76 @@
+"""Shared fixtures: a private dataset cache, a tiny CPU trainer, tiny model and data, event-file reading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Keep the synthetic dataset of the test session out of the user's cache; set before lit_compute is used.
+_CACHE = Path(os.environ.get("PYTEST_LIT_COMPUTE_CACHE", "/tmp/lit_compute_test_cache"))
+os.environ["LIT_COMPUTE_CACHE"] = str(_CACHE)
+
+import lightning.pytorch as pl  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from lit_compute import ImageClassifier, TorchvisionImageDataModule  # noqa: E402
+
+TINY_DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8, num_workers=0)
+
+
+def tiny_model(**kwargs) -> ImageClassifier:
+    kwargs.setdefault("arch", "resnet18")
+    kwargs.setdefault("num_classes", 4)
+    return ImageClassifier(**kwargs)
+
+
+def tiny_data(**kwargs) -> TorchvisionImageDataModule:
+    return TorchvisionImageDataModule(**{**TINY_DATA, **kwargs})
+
+
+def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
+    """A tiny CPU trainer writing TensorBoard events under ``tmp_path``."""
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="logs"),
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def read_events(log_dir: str | Path) -> EventAccumulator:
+    """Load every event file under ``log_dir`` with TensorBoard's own reader (scalars and text)."""
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def scalar_values(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def text_values(acc: EventAccumulator, tag: str) -> list[str]:
+    """Text written with ``add_text`` (stored as tensors by the text plugin)."""
+    out = []
+    for ev in acc.Tensors(tag + "/text_summary"):
+        out.extend(s.decode() for s in ev.tensor_proto.string_val)
+    return out
+
+
+@pytest.fixture
+def trainer_factory(tmp_path):
+    def factory(**kwargs) -> pl.Trainer:
+        return make_trainer(tmp_path, **kwargs)
+
+    return factory
