@@ -1,11 +1,22 @@
 """lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible."""
 
+from lit_compute.flops import FlopsLogger, count_flops, peak_flops
 from lit_compute.data import TorchvisionImageDataModule, make_synthetic_image_folder
 from lit_compute.models import ImageClassifier
+from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMonitor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FP32BatchNormPrecision",
+    "LossScaleMonitor",
+    "DeviceMonitor",
+    "PrometheusLogger",
+    "StepTimeMonitor",
+    "FlopsLogger",
+    "count_flops",
+    "peak_flops",
     "ImageClassifier",
     "TorchvisionImageDataModule",
     "make_synthetic_image_folder",

@@ -15,7 +15,9 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
-EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead (lit-compute bench --help)"),
+}
 
 
 class LitComputeCLI(LightningCLI):

@@ -33,8 +33,8 @@ def test_every_config_loads_through_the_cli_parser(config, tmp_path, monkeypatch
 
 def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(
-        [
+    cli = LitComputeCLI(
+        args=[
             "fit",
             "--config", str(ROOT / "configs" / "quickstart.yaml"),
             "--trainer.max_steps=4",
@@ -44,6 +44,9 @@ def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
             "--data.init_args.synthetic_images_per_class=8",
         ]
     )
+    for logger in cli.trainer.loggers:
+        if hasattr(logger, "close"):
+            logger.close()  # the Prometheus endpoint keeps serving after fit until closed
     events = sorted(tmp_path.glob("lightning_logs/version_*"))
     assert events, list(tmp_path.rglob("*"))
     acc = read_events(events[-1])

@@ -24,6 +24,8 @@ TEST_ARGS: dict[str, dict] = {
     "TorchvisionImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4,
                                        synthetic_images_per_class=8, num_workers=0),
     "ImageClassifier": dict(num_classes=4),
+    "PrometheusLogger": dict(port=0),
+    "FlopsLogger": dict(peak="none"),
 }
 
 

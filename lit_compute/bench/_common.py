@@ -1,0 +1,84 @@
+"""Shared pieces of the benchmarks: Markdown tables, step timing, an in-memory image dataset."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def markdown(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table with right-aligned number columns."""
+    cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
+    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+    return str(value)
+
+
+def emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def machine_line() -> str:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {torch.get_num_threads()} torch threads, {gpu}, torch {torch.__version__}"
+
+
+class StepTimer(pl.Callback):
+    """Wall time of every training step (batch end to batch end), synchronising CUDA only when asked."""
+
+    def __init__(self, skip: int = 3, sync: bool = False) -> None:
+        self.skip = skip
+        self.sync = sync
+        self.times: list[float] = []
+        self._last: float | None = None
+        self._seen = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last, self._seen = None, 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if self._last is not None and self._seen >= self.skip:
+            self.times.append(now - self._last)
+        self._last = now
+        self._seen += 1
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def random_image_loader(n: int, batch_size: int, image_size: int, num_classes: int = 10) -> DataLoader:
+    """Random images already in memory: step-time benchmarks measure the model, not the decoder."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, image_size, image_size, generator=g)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False, drop_last=True)

@@ -1,0 +1,63 @@
+"""``lit-compute bench flops``: our counts vs torchvision's published figures vs plain FlopCounterMode."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torchvision
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.models import get_model_weights
+
+from lit_compute.bench._common import emit, machine_line, markdown
+from lit_compute.flops import count_flops
+from lit_compute.models import classification_models
+
+
+def _build(name: str, device: str) -> tuple[torch.nn.Module, int, float]:
+    weights = get_model_weights(name).DEFAULT
+    crop = int(weights.transforms().crop_size[0])
+    kwargs = {"image_size": crop} if name.startswith("vit") else {}
+    try:
+        with torch.device(device):
+            model = torchvision.models.get_model(name, weights=None, **kwargs)
+    except (NotImplementedError, RuntimeError):  # an initialiser that reads values cannot run on meta
+        model = torchvision.models.get_model(name, weights=None, **kwargs)
+    return model.eval(), crop, 2.0 * weights.meta["_ops"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute bench flops", description=__doc__)
+    parser.add_argument("--models", nargs="*", help="model names (default: every torchvision classification model)")
+    parser.add_argument("--plain-on", choices=["cpu", "meta", "skip"], default="cpu",
+                        help="run plain FlopCounterMode on real CPU tensors (the kernel path users hit), on meta, or skip")
+    args = parser.parse_args(argv)
+    names = args.models or classification_models()
+    emit(f"# bench flops: forward GFLOPs at the published crop, batch 1, eval mode\n# {machine_line()}\n")
+    rows, worst = [], 0.0
+    for name in names:
+        model, crop, published = _build(name, "meta")
+        t0 = time.perf_counter()
+        ours = count_flops(model, torch.zeros(1, 3, crop, crop), backward=False, count_on="meta").forward
+        t_ours = time.perf_counter() - t0
+        ratio = ours / (published * 1e9)
+        tolerance = max(0.01, 2 * 0.0005 / published)  # 1%, or the rounding of a three-decimal figure
+        worst = max(worst, abs(ratio - 1) / tolerance)
+        plain = float("nan")
+        if args.plain_on != "skip":
+            real, _, _ = _build(name, args.plain_on)
+            x = torch.zeros(1, 3, crop, crop, device=args.plain_on)
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                real(x)
+            plain = counter.get_total_flops() / 1e9
+            del real
+        rows.append([name, crop, round(ours / 1e9, 4), round(published, 4), f"{ratio:.4f}",
+                     plain, f"{plain / (ours / 1e9):.4f}" if plain == plain else "n/a", round(t_ours, 3)])
+        emit(f"  {name}: ours {ours / 1e9:.4f}, published {published:.4f}, plain {plain:.4f}")
+    emit("")
+    emit(markdown(["model", "crop", "ours GFLOPs", "2 x torchvision _ops", "ours / published",
+                   f"plain FlopCounterMode ({args.plain_on})", "plain / ours", "count s"], rows))
+    ok = worst <= 1.0
+    emit(f"\n{len(rows)} models; every count within 1% (or the published rounding): {'yes' if ok else 'NO'}")
+    return 0 if ok else 1

@@ -1,0 +1,174 @@
+"""Dense (non-sparse) peak FLOP/s per device and dtype, with sources, and a measured peak.
+
+Every figure is the vendor's **dense** tensor-core (or FP32 CUDA-core) rate: NVIDIA datasheets list
+"with sparsity" figures for Ampere and later, which are exactly twice the dense ones; those are halved
+here. FLOP/s, not TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+T = 1e12
+
+# chip key -> {dtype name -> dense FLOP/s}. dtype names: "float64", "float32", "tf32", "bfloat16", "float16", "float8".
+PEAK_TABLE: dict[str, dict[str, float]] = {
+    # Volta. Source: NVIDIA V100 datasheet (volta-v100-datasheet-update-us-1165301-r5). Tensor cores: fp16 only.
+    "v100-sxm": {"float64": 7.8 * T, "float32": 15.7 * T, "float16": 125 * T},
+    "v100-pcie": {"float64": 7.0 * T, "float32": 14.0 * T, "float16": 112 * T},
+    "v100s-pcie": {"float64": 8.2 * T, "float32": 16.4 * T, "float16": 130 * T},
+    # Ampere. Source: NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4); SXM and PCIe have
+    # the same peaks (they differ in sustained clocks/power). Dense = "with sparsity" / 2.
+    "a100": {"float64": 9.7 * T, "float32": 19.5 * T, "tf32": 156 * T, "bfloat16": 312 * T, "float16": 312 * T},
+    # Source: NVIDIA A10 datasheet (A10G is AWS's A10 variant; AWS quotes the same tensor figures).
+    "a10g": {"float32": 31.2 * T, "tf32": 62.5 * T, "bfloat16": 125 * T, "float16": 125 * T},
+    "a10": {"float32": 31.2 * T, "tf32": 62.5 * T, "bfloat16": 125 * T, "float16": 125 * T},
+    # GeForce Ampere. Source: NVIDIA Ampere GA102 whitepaper, Table 9 (RTX 3090): FP16/BF16 tensor with FP32
+    # accumulate (what PyTorch uses) 71 dense; TF32 35.6 dense.
+    "rtx-3090": {"float32": 35.6 * T, "tf32": 35.6 * T, "bfloat16": 71 * T, "float16": 71 * T},
+    # Ada. Source: NVIDIA Ada Lovelace architecture whitepaper v2.1 (RTX 4090: FP16/BF16 tensor with FP32
+    # accumulate 165.2 dense; L4/L40/L40S appendix), L40S datasheet.
+    "rtx-4090": {"float32": 82.6 * T, "tf32": 82.6 * T, "bfloat16": 165.2 * T, "float16": 165.2 * T,
+                 "float8": 330.3 * T},
+    "l4": {"float32": 30.3 * T, "tf32": 60.0 * T, "bfloat16": 121 * T, "float16": 121 * T, "float8": 242.5 * T},
+    "l40": {"float32": 90.5 * T, "tf32": 90.5 * T, "bfloat16": 181 * T, "float16": 181 * T, "float8": 362 * T},
+    "l40s": {"float32": 91.6 * T, "tf32": 183 * T, "bfloat16": 362.05 * T, "float16": 362.05 * T,
+             "float8": 733 * T},
+    # Hopper. Source: NVIDIA H100 datasheet (nvidia-h100-datasheet-2430615); dense = sparse / 2.
+    "h100-sxm": {"float64": 34 * T, "float32": 67 * T, "tf32": 494.7 * T, "bfloat16": 989.4 * T,
+                 "float16": 989.4 * T, "float8": 1978.9 * T},
+    "h100-pcie": {"float64": 26 * T, "float32": 51 * T, "tf32": 378 * T, "bfloat16": 756 * T, "float16": 756 * T,
+                  "float8": 1513 * T},
+    "h100-nvl": {"float64": 30 * T, "float32": 60 * T, "tf32": 417.5 * T, "bfloat16": 835.5 * T,
+                 "float16": 835.5 * T, "float8": 1670.5 * T},
+    # Source: NVIDIA H200 datasheet (hpc-datasheet-sc23-h200); H200 SXM has H100 SXM's compute, H200 NVL H100 NVL's.
+    "h200-sxm": {"float64": 34 * T, "float32": 67 * T, "tf32": 494.7 * T, "bfloat16": 989.4 * T,
+                 "float16": 989.4 * T, "float8": 1978.9 * T},
+    "h200-nvl": {"float64": 30 * T, "float32": 60 * T, "tf32": 417.5 * T, "bfloat16": 835.5 * T,
+                 "float16": 835.5 * T, "float8": 1670.5 * T},
+    # Blackwell. Source: NVIDIA HGX B200 specifications (8-GPU totals, sparse): TF32 18 PF, FP16/BF16 36 PF,
+    # FP8 72 PF, FP32 600 TF, FP64 296 TF -> per GPU dense: /8, tensor figures /2.
+    "b200": {"float64": 37 * T, "float32": 75 * T, "tf32": 1125 * T, "bfloat16": 2250 * T, "float16": 2250 * T,
+             "float8": 4500 * T},
+}
+
+# (required tokens, forbidden tokens, chip key), first match wins. Tokens are the lower-case alphanumeric
+# words of the name torch.cuda.get_device_name() reports ("NVIDIA A100-SXM4-80GB" -> nvidia, a100, sxm4, 80gb),
+# so "L40S" never matches "L4" or "L40".
+_RULES: list[tuple[tuple[str, ...], tuple[str, ...], str]] = [
+    (("h200", "nvl"), (), "h200-nvl"),
+    (("h200",), (), "h200-sxm"),
+    (("h100", "nvl"), (), "h100-nvl"),
+    (("h100", "pcie"), (), "h100-pcie"),
+    (("h100",), (), "h100-sxm"),
+    (("b200",), (), "b200"),
+    (("a100",), (), "a100"),
+    (("a10g",), (), "a10g"),
+    (("a10",), (), "a10"),
+    (("l40s",), (), "l40s"),
+    (("l40",), (), "l40"),
+    (("l4",), (), "l4"),
+    (("v100s",), (), "v100s-pcie"),
+    (("v100", "pcie"), (), "v100-pcie"),
+    (("v100",), (), "v100-sxm"),
+    (("rtx", "4090"), (), "rtx-4090"),
+    (("rtx", "3090"), ("ti",), "rtx-3090"),
+]
+
+_DTYPE_NAMES = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
+
+
+def chip_for_name(device_name: str) -> str | None:
+    """The table key for a device name as ``torch.cuda.get_device_name()`` reports it, or None."""
+    tokens = set(re.findall(r"[a-z0-9]+", device_name.lower()))
+    for required, forbidden, chip in _RULES:
+        if all(t in tokens for t in required) and not any(t in tokens for t in forbidden):
+            return chip
+    return None
+
+
+def tf32_enabled() -> bool:
+    """True when float32 matmuls or cuDNN convolutions may run on TF32 tensor cores."""
+    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
+
+
+def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda") -> str:
+    """The table column for ``dtype``: float32 becomes ``tf32`` on CUDA when TF32 is enabled."""
+    if isinstance(dtype, str):
+        key = dtype
+    elif dtype in _DTYPE_NAMES:
+        key = _DTYPE_NAMES[dtype]
+    elif "float8" in str(dtype):
+        key = "float8"
+    else:
+        raise ValueError(f"peak_flops(dtype={dtype}) has no peak; use float32, tf32, bfloat16, float16 or float8")
+    if key == "float32" and device_type == "cuda" and tf32_enabled():
+        return "tf32"
+    return key
+
+
+def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str = torch.float32) -> float | None:
+    """Dense peak FLOP/s of a GPU for ``dtype``, from :data:`PEAK_TABLE`; None when unknown (CPUs included).
+
+    Args:
+        device: A CUDA ``torch.device``/index (its name is read with ``torch.cuda.get_device_name``), or a
+            device name string such as ``"NVIDIA H200"``.
+        dtype: The dtype the matmuls run in. float32 counts against the TF32 peak when TF32 is enabled for
+            matmuls or cuDNN convolutions.
+
+    Example:
+        >>> peak_flops("NVIDIA H200", torch.bfloat16) / 1e12
+        989.4
+    """
+    if isinstance(device, str) and not re.fullmatch(r"(cuda|cpu|meta|mps)(:\d+)?", device):
+        name = device
+    else:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cpu")
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name(dev)
+    chip = chip_for_name(name)
+    if chip is None:
+        return None
+    return PEAK_TABLE[chip].get(dtype_key(dtype, "cuda"))
+
+
+def measure_peak_flops(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
+    seconds: float = 1.0,
+) -> float:
+    """Measure the achievable dense GEMM FLOP/s on ``device`` in ``dtype`` (best of several timed runs).
+
+    On CPU this uses ``torch.get_num_threads()`` threads, as training does. The matrix side defaults to 2048
+    on CPU and 8192 on GPU. The loop stops after about ``seconds``.
+    """
+    dev = torch.device(device)
+    n = size or (8192 if dev.type == "cuda" else 2048)
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    flops = 2.0 * n**3
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    torch.mm(a, b)  # warm-up (kernel selection, caches)
+    sync()
+    best = float("inf")
+    start = time.perf_counter()
+    runs = 0
+    while runs < 3 or (time.perf_counter() - start < seconds and runs < 50):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        runs += 1
+    return flops / best

@@ -1,0 +1,157 @@
+"""DeviceMonitor: what the devices do (GPU through NVML, CPU through psutil)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import torch
+
+from lit_compute._utils import MeasuringCallback, guarded, log_scalars, resolve_every
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+def _nvml() -> Any:
+    import pynvml  # from nvidia-ml-py
+
+    return pynvml
+
+
+class _GpuReader:
+    """NVML readings for the torch CUDA device this process trains on."""
+
+    def __init__(self, device: torch.device) -> None:
+        nvml = _nvml()
+        nvml.nvmlInit()
+        self.nvml = nvml
+        self.device = device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
+        handle = None
+        if uuid is not None:  # robust to CUDA_VISIBLE_DEVICES reordering
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except nvml.NVMLError:
+                handle = None
+        self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> dict[str, float]:
+        nvml, h = self.nvml, self.handle
+        util = nvml.nvmlDeviceGetUtilizationRates(h)
+        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        out = {
+            "device/gpu_utilization_percent": float(util.gpu),
+            "device/gpu_memory_used_gb": mem.used / 1e9,
+            "device/gpu_memory_total_gb": mem.total / 1e9,
+            "device/gpu_power_w": nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
+            "device/gpu_temperature_c": float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            "device/gpu_sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
+            "device/torch_max_memory_allocated_gb": torch.cuda.max_memory_allocated(self.device) / 1e9,
+        }
+        return out
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class DeviceMonitor(MeasuringCallback):
+    """Device utilisation, memory, power and temperature, and the training process's CPU use.
+
+    GPU metrics come from NVML (``pip install 'lit-compute[monitor]'``) for the device this process trains
+    on; on a machine without NVIDIA GPUs (or when training on CPU) only the CPU part is logged, and that is
+    said once. An NVML error warns once, turns the GPU part off, and training goes on. Under DDP the
+    loggers write rank 0's device (Lightning's loggers are rank-zero); :class:`PrometheusLogger` with
+    ``ranks="all"`` exposes every rank's.
+
+    Logged metrics:
+        - ``device/gpu_utilization_percent``, ``device/gpu_memory_used_gb``, ``device/gpu_memory_total_gb``,
+          ``device/gpu_power_w``, ``device/gpu_temperature_c``, ``device/gpu_sm_clock_mhz``,
+          ``device/torch_max_memory_allocated_gb`` (PyTorch allocator peak) -- GPU runs only.
+        - ``device/cpu_percent`` (this process, 100 = one core busy), ``device/rss_gb`` (resident memory),
+          ``device/system_cpu_percent`` (whole machine), ``device/load_avg_1m``.
+
+    Args:
+        log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
+        gpu: Log GPU metrics (when training on CUDA and NVML is available).
+        cpu: Log CPU metrics.
+
+    Example:
+        >>> import lightning.pytorch as pl
+        >>> trainer = pl.Trainer(callbacks=[DeviceMonitor(gpu=False)], max_steps=1, accelerator="cpu")
+    """
+
+    def __init__(self, log_every_n_steps: int | None = None, gpu: bool = True, cpu: bool = True) -> None:
+        super().__init__()
+        if log_every_n_steps is not None and log_every_n_steps < 1:
+            raise ValueError(f"DeviceMonitor(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
+        if not (gpu or cpu):
+            raise ValueError("DeviceMonitor(gpu=False, cpu=False) would log nothing; turn at least one on")
+        self.log_every_n_steps = log_every_n_steps
+        self.gpu = gpu
+        self.cpu = cpu
+        self._gpu_reader: _GpuReader | None = None
+        self._process: psutil.Process | None = None
+
+    @guarded
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.cpu:
+            self._process = psutil.Process(os.getpid())
+            self._process.cpu_percent(None)  # first call starts the interval
+            psutil.cpu_percent(None)
+        if self.gpu and self._gpu_reader is None:
+            self._gpu_reader = self._open_gpu(trainer.strategy.root_device)
+
+    def _open_gpu(self, device: torch.device) -> _GpuReader | None:
+        if device.type != "cuda":
+            self._warn_once("no-gpu", f"DeviceMonitor: training on {device.type}, not an NVIDIA GPU; GPU metrics are "
+                            "off, CPU metrics are logged.")
+            return None
+        try:
+            return _GpuReader(device)
+        except ModuleNotFoundError:
+            self._warn_once("no-nvml", "DeviceMonitor: nvidia-ml-py is not installed, GPU metrics are off "
+                            "(pip install 'lit-compute[monitor]').")
+        except Exception as err:  # noqa: BLE001 - NVML missing driver, permissions...
+            self._warn_once("nvml-init", f"DeviceMonitor: NVML failed to start ({err}); GPU metrics are off.")
+        return None
+
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step % resolve_every(trainer, self.log_every_n_steps) != 0:
+            return
+        log_scalars(trainer, self.read())
+
+    def read(self) -> dict[str, float]:
+        """One reading of every enabled metric."""
+        metrics: dict[str, float] = {}
+        if self._process is not None:
+            with self._process.oneshot():
+                metrics["device/cpu_percent"] = self._process.cpu_percent(None)
+                metrics["device/rss_gb"] = self._process.memory_info().rss / 1e9
+            metrics["device/system_cpu_percent"] = psutil.cpu_percent(None)
+            metrics["device/load_avg_1m"] = os.getloadavg()[0]
+        if self._gpu_reader is not None:
+            try:
+                metrics.update(self._gpu_reader.read())
+            except Exception as err:  # noqa: BLE001 - an NVML error must not stop training
+                self._warn_once("nvml-read", f"DeviceMonitor: reading NVML failed ({err}); GPU metrics are now off, "
+                                "training goes on.")
+                self._gpu_reader.close()
+                self._gpu_reader = None
+        return metrics
+
+    def _teardown(self) -> None:
+        if self._gpu_reader is not None:
+            self._gpu_reader.close()
+            self._gpu_reader = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._teardown()

@@ -1,0 +1,140 @@
+"""The counting engine against torchvision's published figures and analytic attention formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+from torchvision.models import get_model_weights
+
+from lit_compute.flops import count_flops
+
+REFERENCE = ["resnet50", "vit_b_16", "swin_t", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny"]
+
+
+def _published(name: str) -> tuple[nn.Module, int, float]:
+    weights = get_model_weights(name).DEFAULT
+    crop = weights.transforms().crop_size[0]
+    kwargs = {"image_size": crop} if name.startswith("vit") else {}
+    with torch.device("meta"):
+        model = torchvision.models.get_model(name, weights=None, **kwargs)
+    return model, crop, 2e9 * weights.meta["_ops"]
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name", REFERENCE)
+def test_forward_matches_torchvision_published_ops(name, mode):
+    model, crop, published = _published(name)
+    getattr(model, mode)()
+    count = count_flops(model, torch.zeros(1, 3, crop, crop, device="meta"), backward=mode == "train")
+    # within 1%, or within the rounding of the published three-decimal GMACs figure
+    assert abs(count.forward - published) <= max(0.01 * published, 2 * 0.0005e9), (count.forward, published)
+    assert count.complete
+
+
+def test_headline_figures_and_backward_ratio():
+    model = torchvision.models.resnet50().train()
+    count = count_flops(model, torch.zeros(2, 3, 224, 224), count_on="meta")
+    assert round(count.forward / 2 / 1e9, 2) == 8.18
+    assert 2.9 < count.total / count.forward < 3.0  # the first conv has no input gradient
+    vit = count_flops(torchvision.models.vit_b_16().eval(), torch.zeros(1, 3, 224, 224), backward=False)
+    assert round(vit.forward / 1e9, 2) == 35.13
+
+
+def test_depthwise_convolution_backward_is_not_overcounted():
+    convs = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 3, padding=1, groups=8))
+    count = count_flops(convs, torch.randn(2, 8, 10, 10))
+    one = 2 * 2 * 10 * 10 * 8 * 1 * 9
+    assert count.forward == 2 * one
+    # each gradient costs the forward's multiply-adds: the second conv has an input and a weight gradient,
+    # the first only a weight gradient (its input needs none). torch alone counts 8x (the groups) more.
+    assert count.backward == 3 * one
+
+
+B, L, E, H = 2, 16, 32, 4
+MHA_FLOPS = 2 * B * L * E * E * 4 + 2 * B * L * L * E * 2  # q, k, v, out projections + two attention matmuls
+
+
+def test_sdpa_cpu_kernel_forward_and_backward():
+    q = torch.randn(B, H, L, E // H, requires_grad=True)
+    attn = 2 * (2 * B * H * L * L * (E // H))
+
+    class Attn(nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x)
+
+    with FlopCounterMode(display=False) as plain:  # what torch alone sees on the CPU kernel
+        F.scaled_dot_product_attention(q, q, q).sum().backward()
+    assert plain.get_total_flops() == 0
+    count = count_flops(Attn(), q, count_on="real")
+    assert count.forward == attn
+    assert count.backward == 2.5 * attn  # recompute scores + 4 gradient matmuls
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in count.by_op
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(E, H, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+GRAD_MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_multihead_attention_every_path(mode, grad_mode):
+    model = getattr(_SelfAttention(), mode)()
+    with GRAD_MODES[grad_mode]():
+        count = count_flops(model, torch.randn(B, L, E), backward=False, count_on="real")
+    assert count.forward == MHA_FLOPS
+    if mode == "eval" and grad_mode != "grad":  # the inference fast path really ran
+        assert list(count.by_op) == ["aten._native_multi_head_attention"]
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_transformer_encoder_layer_every_path(mode, grad_mode):
+    layer = getattr(nn.TransformerEncoderLayer(E, H, dim_feedforward=64, batch_first=True), mode)()
+    with GRAD_MODES[grad_mode]():
+        count = count_flops(layer, torch.randn(B, L, E), backward=False, count_on="real")
+    assert count.forward == MHA_FLOPS + 2 * B * L * E * 64 * 2
+    if mode == "eval" and grad_mode != "grad":
+        assert list(count.by_op) == ["aten._transformer_encoder_layer_fwd"]
+
+
+def test_transformer_encoder_backward_counted():
+    layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, batch_first=True, dropout=0.0)
+    x = torch.randn(B, L, E, requires_grad=True)
+    count = count_flops(layer, x, count_on="real")
+    attn = 2 * 2 * B * L * L * E
+    linear = count.forward - attn
+    # every projection has an input and a weight gradient, the flash-attention backward recomputes the scores
+    # (2.5x its forward), and the input x needs a gradient too
+    assert count.backward == 2 * linear + 2.5 * attn
+
+
+def test_counting_changes_nothing():
+    model = torchvision.models.resnet18().train()
+    x = torch.randn(2, 3, 32, 32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    for count_on in ("meta", "real"):
+        count_flops(model, x, count_on=count_on)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_by_module_paths_and_compiled_module_unwrapped():
+    model = torchvision.models.resnet18()
+    count = count_flops(torch.compile(model), torch.zeros(1, 3, 64, 64), backward=False)
+    assert {"conv1", "layer1", "layer4.1.conv2", "fc"} <= set(count.by_module)
+    assert sum(v for k, v in count.by_module.items() if "." not in k) == count.forward
+    assert count.table(depth=1)[0][0] == "conv1"

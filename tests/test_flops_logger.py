@@ -1,0 +1,245 @@
+"""FlopsLogger end to end: what lands in the event files."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.flop_counter import flop_registry
+
+from lit_compute import FlopsLogger, count_flops
+from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
+
+from .conftest import make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
+
+def _all_close(points, expected) -> bool:
+    return bool(points) and all(v == pytest.approx(expected, rel=1e-5) for _, v in points)
+
+
+COMPUTE_TAGS = {"compute/flops_per_step", "compute/flops_per_sample", "compute/tflops_per_sec",
+                "compute/global_tflops_per_sec", "compute/mfu", "compute/peak_tflops"}
+
+
+def test_event_file_tags_mfu_and_counts(tmp_path):
+    model, data = tiny_model(), tiny_data()
+    cb = FlopsLogger(peak_flops=1e11, log_every_n_steps=2)
+    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, callbacks=[cb], limit_val_batches=2,
+                           val_check_interval=3)
+    trainer.fit(model, datamodule=data)
+    acc = read_events(trainer.logger.log_dir)
+    tags = set(acc.Tags()["scalars"])
+    assert COMPUTE_TAGS <= tags
+    assert {"compute/val_flops_per_step", "compute/val_tflops_per_sec", "compute/val_mfu"} <= tags
+    # MFU = achieved / peak, per logged step
+    tflops = dict(scalar_values(acc, "compute/global_tflops_per_sec"))
+    for step, mfu in scalar_values(acc, "compute/mfu"):
+        assert mfu == pytest.approx(tflops[step] / 0.1, rel=1e-5)
+    assert _all_close(scalar_values(acc, "compute/peak_tflops"), 0.1)
+    # the count is the model's forward + backward for one batch
+    x = torch.zeros(8, 3, 32, 32)
+    expected = count_flops(model.train(), x).total
+    assert _all_close(scalar_values(acc, "compute/flops_per_step"), expected)
+    assert _all_close(scalar_values(acc, "compute/flops_per_sample"), expected / 8)
+    table = text_values(acc, "compute/flops_by_module")
+    assert table and "layer1" in table[0] and "fwd+bwd GFLOPs" in table[0]
+
+
+def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
+    cb = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=8, accumulate_grad_batches=2,
+                           callbacks=[cb])
+    model = tiny_model()
+    trainer.fit(model, datamodule=tiny_data())
+    per_batch = count_flops(model.train(), torch.zeros(8, 3, 32, 32)).total
+    acc = read_events(trainer.logger.log_dir)
+    assert _all_close(scalar_values(acc, "compute/flops_per_step"), 2 * per_batch)
+    assert "compute/mfu" not in acc.Tags()["scalars"]  # peak="none": no MFU, not a zero
+
+
+class _VariableShapes(Dataset):
+    """Batches alternate between 32x32 and 48x48 images (a multi-resolution loader)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        side = 32 if (i // 2) % 2 == 0 else 48
+        return torch.randn(3, side, side), i % 4
+
+
+def test_variable_batch_shapes_get_their_own_counts(tmp_path):
+    cb = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=[cb], limit_val_batches=0)
+    model = tiny_model()
+    trainer.fit(model, train_dataloaders=DataLoader(_VariableShapes(), batch_size=2))
+    train_sigs = [s for s in cb.counts if s.startswith("('train'")]
+    assert len(train_sigs) == 2
+    got = sorted(c.total for c in cb.counts.values() if c is not None)
+    model.train()
+    assert got == [count_flops(model, torch.zeros(2, 3, side, side)).total for side in (32, 48)]
+    assert got[1] > 2 * got[0]
+
+
+def test_training_is_bitwise_identical_with_and_without(tmp_path):
+    def run(callbacks):
+        pl.seed_everything(123)
+        model = tiny_model()
+        trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=callbacks,
+                               logger=False, limit_val_batches=1)
+        trainer.fit(model, datamodule=tiny_data())
+        return model.state_dict()
+
+    plain = run([])
+    counted = run([FlopsLogger(peak="none", log_every_n_steps=1)])
+    assert plain.keys() == counted.keys()
+    for key in plain:
+        assert torch.equal(plain[key], counted[key]), key
+
+
+class _Elementwise(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return ((x * self.scale) ** 2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _Linear(_Elementwise):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.lin(x).pow(2).mean()
+
+
+def _loader():
+    return DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)
+
+
+def test_model_with_nothing_to_count_warns_and_logs_nothing(tmp_path):
+    cb = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[cb])
+    with pytest.warns(UserWarning, match="could not count FLOPs"):
+        trainer.fit(_Elementwise(), train_dataloaders=_loader())
+    assert trainer.global_step == 4
+    assert not [t for t in read_events(trainer.logger.log_dir).Tags()["scalars"] if t.startswith("compute/")]
+
+
+def test_failing_formula_warns_once_and_training_goes_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("formula exploded")
+
+    for op in (torch.ops.aten.addmm, torch.ops.aten.mm):
+        monkeypatch.setitem(flop_registry, op, broken)
+    cb = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[cb])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(_Linear(), train_dataloaders=_loader())
+    messages = [str(w.message) for w in caught if "FlopsLogger" in str(w.message)]
+    assert len(messages) == 1 and "formula exploded" in messages[0]
+    assert trainer.global_step == 4
+    assert not [t for t in read_events(trainer.logger.log_dir).Tags()["scalars"] if t.startswith("compute/")]
+
+
+def test_table_peak_missing_on_cpu_warns_and_measure_works(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, callbacks=[FlopsLogger(log_every_n_steps=1)])
+    with pytest.warns(UserWarning, match="no peak for cpu device"):
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+    assert "compute/mfu" not in read_events(trainer.logger.log_dir).Tags()["scalars"]
+    assert measure_peak_flops("cpu", torch.float32, size=256, seconds=0.05) > 1e8
+
+
+def test_compiled_module_counts_like_the_original(tmp_path):
+    class Compiled(_Linear):
+        def configure_model(self):
+            self.lin = torch.compile(self.lin, backend="aot_eager")
+
+    counts = []
+    for cls in (_Linear, Compiled):
+        cb = FlopsLogger(peak="none", log_every_n_steps=1)
+        trainer = make_trainer(tmp_path / cls.__name__, max_steps=2, callbacks=[cb])
+        trainer.fit(cls(), train_dataloaders=_loader())
+        counts.append([c.total for c in cb.counts.values()])
+    assert counts[0] == counts[1] and counts[0][0] > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "chip"),
+    [
+        ("NVIDIA H200", "h200-sxm"),
+        ("NVIDIA H200 NVL", "h200-nvl"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", "h100-nvl"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA A100-PCIE-40GB", "a100"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40", "l40"),
+        ("NVIDIA L40S", "l40s"),
+        ("Tesla V100-SXM2-16GB", "v100-sxm"),
+        ("Tesla V100-PCIE-32GB", "v100-pcie"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA T1000", None),
+    ],
+)
+def test_peak_table_name_matching(name, chip):
+    assert chip_for_name(name) == chip
+
+
+def test_peak_values_are_dense_and_tf32_aware():
+    assert peak_flops("NVIDIA H200", torch.bfloat16) == pytest.approx(989.4e12)  # not the 1979 sparse figure
+    assert peak_flops("NVIDIA L40S", torch.bfloat16) == pytest.approx(362.05e12)
+    assert peak_flops("NVIDIA L4", torch.bfloat16) == pytest.approx(121e12)
+    assert peak_flops("Tesla V100-SXM2-16GB", torch.bfloat16) is None  # no bf16 tensor cores
+    assert peak_flops("cpu", torch.float32) is None
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, False
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == pytest.approx(19.5e12)
+        torch.backends.cudnn.allow_tf32 = True  # convolutions on TF32 (torch's default)
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == pytest.approx(156e12)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = True, False
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == pytest.approx(156e12)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"FlopsLogger\(peak='fast'\)"):
+        FlopsLogger(peak="fast")
+    with pytest.raises(ValueError, match=r"FlopsLogger\(log_every_n_steps=0\)"):
+        FlopsLogger(log_every_n_steps=0)
+    with pytest.raises(ValueError, match=r"FlopsLogger\(peak_flops=-1"):
+        FlopsLogger(peak_flops=-1)
+
+
+def test_ddp_global_tflops_is_summed_over_ranks(tmp_path):
+    cb = FlopsLogger(peak_flops=1e11, log_every_n_steps=2)
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=[cb], devices=2,
+                           strategy="ddp_spawn", limit_val_batches=0,
+                           logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="logs", version="ddp"))
+    trainer.fit(tiny_model(), datamodule=tiny_data())
+    acc = read_events(tmp_path / "logs" / "ddp")
+    local = dict(scalar_values(acc, "compute/tflops_per_sec"))
+    summed = dict(scalar_values(acc, "compute/global_tflops_per_sec"))
+    assert local and local.keys() == summed.keys()
+    for step, value in summed.items():
+        assert value > local[step]  # rank 0 plus rank 1, not rank 0 times two
+        assert value != pytest.approx(2 * local[step], rel=1e-9)
+    for step, mfu in scalar_values(acc, "compute/mfu"):
+        assert mfu == pytest.approx(summed[step] / (2 * 0.1), rel=1e-5)

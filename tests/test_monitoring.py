@@ -1,0 +1,155 @@
+"""StepTimeMonitor, DeviceMonitor and PrometheusLogger, as a user sees them."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from torch.utils.data import DataLoader, Dataset
+
+from lit_compute import DeviceMonitor, PrometheusLogger, StepTimeMonitor
+from lit_compute.monitoring import prometheus_name
+
+from .conftest import make_trainer, read_events, scalar_values, text_values, tiny_model
+
+
+class _Images(Dataset):
+    def __init__(self, sleep: float = 0.0, n: int = 64):
+        self.sleep, self.n = sleep, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep:
+            time.sleep(self.sleep)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, 32, 32, generator=g), i % 4
+
+
+def _fit_with_step_time(tmp_path, sleep):
+    monitor = StepTimeMonitor(log_every_n_steps=2, window=6, stall_fraction=0.3)
+    trainer = make_trainer(tmp_path, max_steps=10, limit_train_batches=10, callbacks=[monitor],
+                           limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(sleep), batch_size=4, num_workers=0))
+    stalls = [str(w.message) for w in caught if "input-bound" in str(w.message)]
+    return read_events(trainer.logger.log_dir), stalls
+
+
+def test_slow_dataset_is_diagnosed_as_input_bound(tmp_path):
+    acc, stalls = _fit_with_step_time(tmp_path, sleep=0.03)  # 120 ms of loading per batch of 4
+    fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
+    assert fractions and min(fractions) > 0.5
+    assert len(stalls) == 1 and "num_workers=0" in stalls[0] and "DALIImageDataModule" in stalls[0]
+    assert "num_workers=0" in text_values(acc, "time/advice")[0]
+    for tag in ("time/data_wait_ms", "time/compute_ms", "time/step_ms", "time/step_ms_p90", "time/samples_per_sec"):
+        assert scalar_values(acc, tag), tag
+    wait = dict(scalar_values(acc, "time/data_wait_ms"))
+    assert min(wait.values()) > 100  # the 4 x 30 ms sleeps
+
+
+def test_fast_dataset_is_not_input_bound(tmp_path):
+    acc, stalls = _fit_with_step_time(tmp_path, sleep=0.0)
+    fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
+    assert fractions and max(fractions) < 0.2
+    assert stalls == []
+    step = dict(scalar_values(acc, "time/step_ms"))
+    compute = dict(scalar_values(acc, "time/compute_ms"))
+    wait = dict(scalar_values(acc, "time/data_wait_ms"))
+    for s in step:
+        assert step[s] == pytest.approx(compute[s] + wait[s], rel=1e-6)
+
+
+def test_device_monitor_logs_cpu_and_says_gpu_is_off(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[DeviceMonitor(log_every_n_steps=1)],
+                           limit_val_batches=0)
+    with pytest.warns(UserWarning, match="GPU metrics are off"):
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+    acc = read_events(trainer.logger.log_dir)
+    tags = set(acc.Tags()["scalars"])
+    assert {"device/cpu_percent", "device/rss_gb", "device/system_cpu_percent", "device/load_avg_1m"} <= tags
+    assert all(v > 0.05 for _, v in scalar_values(acc, "device/rss_gb"))  # a real process, not zeros
+    assert not [t for t in tags if t.startswith("device/gpu")]
+
+
+def test_device_monitor_nvml_read_error_warns_once_and_training_goes_on(tmp_path):
+    class Broken:
+        def read(self):
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+        def close(self):
+            pass
+
+    monitor = DeviceMonitor(log_every_n_steps=1, gpu=False)
+    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[monitor], limit_val_batches=0)
+
+    class Inject(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            monitor._gpu_reader = Broken()
+
+    trainer.callbacks.append(Inject())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+    assert len([w for w in caught if "GPU_IS_LOST" in str(w.message)]) == 1
+    assert trainer.global_step == 4
+    assert scalar_values(read_events(trainer.logger.log_dir), "device/cpu_percent")
+
+
+def _scrape(port: int) -> dict[str, list]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(body)}
+
+
+def test_prometheus_endpoint_during_and_after_fit(tmp_path):
+    prom = PrometheusLogger(port=0, run_name="demo")
+    seen: dict = {}
+
+    class ScrapeDuringFit(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                seen.update(_scrape(prom.port_in_use))
+
+    tb = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
+    trainer = make_trainer(tmp_path, max_steps=5, logger=[tb, prom],
+                           callbacks=[StepTimeMonitor(log_every_n_steps=1), ScrapeDuringFit()], limit_val_batches=0)
+    try:
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+        assert "lit_compute_train_loss" in seen and "lit_compute_time_step_ms" in seen
+        sample = seen["lit_compute_train_loss"][0]
+        assert sample.labels == {"run": "demo", "rank": "0"} and sample.value > 0
+        after = _scrape(prom.port_in_use)
+        assert after["lit_compute_step"][0].value >= 4
+        # the same values TensorBoard got
+        last_loss = scalar_values(read_events(tb.log_dir), "train/loss")[-1][1]
+        assert after["lit_compute_train_loss"][0].value == pytest.approx(last_loss, rel=1e-5)
+    finally:
+        prom.close()
+
+
+def test_prometheus_port_in_use_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        with pytest.raises(OSError, match=rf"PrometheusLogger\(port={port}\): port {port} on 127.0.0.1 is already in use"):
+            PrometheusLogger(port=port).start()
+
+
+def test_prometheus_names_and_bad_arguments():
+    assert prometheus_name("compute/tflops_per_sec") == "lit_compute_compute_tflops_per_sec"
+    assert prometheus_name("val/acc@1 (top)") == "lit_compute_val_acc_1_top"
+    with pytest.raises(ValueError, match=r"PrometheusLogger\(port=70000\)"):
+        PrometheusLogger(port=70000)
+    with pytest.raises(ValueError, match=r"StepTimeMonitor\(stall_fraction=1.5\)"):
+        StepTimeMonitor(stall_fraction=1.5)
+    with pytest.raises(ValueError, match=r"DeviceMonitor\(gpu=False, cpu=False\)"):
+        DeviceMonitor(gpu=False, cpu=False)

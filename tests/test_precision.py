@@ -1,0 +1,213 @@
+"""FP32BatchNormPrecision and LossScaleMonitor on CPU (GradScaler and bf16/fp16 autocast work on CPU)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader, TensorDataset
+
+from lit_compute import FP32BatchNormPrecision, LossScaleMonitor
+
+from .conftest import make_trainer, read_events, scalar_values, tiny_data, tiny_model
+
+EXPECTED_OTHER = {"16-mixed": torch.float32, "bf16-mixed": torch.float32, "bf16-true": torch.bfloat16}
+
+
+class _ConvNet(pl.LightningModule):
+    """conv -> BatchNorm -> GroupNorm -> linear, on random images."""
+
+    def __init__(self, scale: float = 1.0, inf_at: tuple[int, ...] = ()):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.gn = nn.GroupNorm(2, 8)
+        self.head = nn.Linear(8, 4)
+        self.scale = scale
+        self.inf_at = inf_at
+
+    def forward(self, x):
+        x = self.gn(torch.relu(self.bn(self.conv(x * self.scale))))
+        return self.head(x.mean(dim=(2, 3)))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self(x).float(), y)
+
+    def on_after_backward(self):
+        if self.global_step in self.inf_at:
+            self.head.weight.grad.fill_(float("inf"))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _loader(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)),
+                      batch_size=8)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "bf16-true"])
+def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
+    model = tiny_model()
+    plugin = FP32BatchNormPrecision(precision, fp32_norms=["BatchNorm", "GroupNorm"])
+    trainer = make_trainer(tmp_path, max_steps=3, plugins=[plugin])
+    trainer.fit(model, datamodule=tiny_data())
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    assert norms
+    for m in norms:
+        for t in [*m.parameters(), m.running_mean, m.running_var]:
+            assert t.dtype == torch.float32
+    others = [p for n, p in model.named_parameters() if not any(p is q for m in norms for q in m.parameters())]
+    assert {p.dtype for p in others} == {EXPECTED_OTHER[precision]}
+    assert trainer.precision == precision
+
+
+def test_group_norm_kept_in_float32_when_named(tmp_path):
+    model = _ConvNet()
+    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])])
+    trainer.fit(model, train_dataloaders=_loader())
+    assert model.gn.weight.dtype == torch.float32 and model.conv.weight.dtype == torch.bfloat16
+
+
+def _running_stats(precision_kwargs, steps=8):
+    pl.seed_everything(0)
+    model = _ConvNet(scale=3.0)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, **precision_kwargs)
+    trainer.fit(model, train_dataloaders=_loader(n=64))
+    return model.bn.running_mean.float(), model.bn.running_var.float()
+
+
+def test_batchnorm_statistics_track_float32_closer_than_plain_low_precision():
+    ref_mean, ref_var = _running_stats({"precision": "32-true"})
+    ours_mean, ours_var = _running_stats({"plugins": [FP32BatchNormPrecision("bf16-true")]})
+    plain_mean, plain_var = _running_stats({"precision": "bf16-true"})  # Lightning: BatchNorm in bf16 too
+
+    def err(a, b):
+        return float((a - b).abs().max() / b.abs().max())
+
+    assert err(ours_var, ref_var) < 0.02 and err(ours_mean, ref_mean) < 0.02
+    assert err(ours_var, ref_var) < err(plain_var, ref_var)
+    assert err(ours_mean, ref_mean) < err(plain_mean, ref_mean)
+
+
+def test_huge_activation_keeps_running_variance_finite():
+    def fit(**kwargs):
+        pl.seed_everything(0)
+        model = _ConvNet(scale=2000.0)  # variance ~1e7: above float16's 65504
+        trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, **kwargs)
+        trainer.fit(model, train_dataloaders=_loader())
+        return model.bn.running_var
+
+    plain = fit(precision="16-true")  # plain float16 BatchNorm
+    ours = fit(plugins=[FP32BatchNormPrecision("16-mixed")])
+    assert not torch.isfinite(plain).all()
+    assert torch.isfinite(ours).all() and ours.max() > 65504
+
+
+def test_16_true_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"precision='16-true'.*master weights.*16-mixed"):
+        FP32BatchNormPrecision("16-true")
+    with pytest.raises(ValueError, match=r"precision='64-true'"):
+        FP32BatchNormPrecision("64-true")
+    with pytest.raises(ValueError, match=r"backoff_factor=2"):
+        FP32BatchNormPrecision("16-mixed", backoff_factor=2)
+
+
+def test_injected_inf_gradients_drop_the_scale_and_count_skipped_steps(tmp_path):
+    model = _ConvNet(inf_at=(2, 5))
+    plugin = FP32BatchNormPrecision("16-mixed", init_scale=1024.0, growth_interval=1000)
+    trainer = make_trainer(tmp_path, max_steps=8, limit_train_batches=8, plugins=[plugin],
+                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
+    trainer.fit(model, train_dataloaders=_loader())
+    acc = read_events(trainer.logger.log_dir)
+    scales = [v for _, v in scalar_values(acc, "amp/loss_scale")]
+    skipped = [v for _, v in scalar_values(acc, "amp/skipped_steps")]
+    assert scales[0] == 1024.0 and scales[-1] == 256.0  # halved twice
+    assert skipped[0] == 0 and skipped[-1] == 2
+    assert scalar_values(acc, "amp/skipped_step_fraction")[-1][1] == pytest.approx(2 / 8)
+
+
+def test_checkpoint_resume_keeps_the_scale(tmp_path):
+    plugin = FP32BatchNormPrecision("16-mixed", init_scale=1024.0)
+    trainer = make_trainer(tmp_path, max_steps=4, plugins=[plugin])
+    trainer.fit(_ConvNet(inf_at=(1,)), train_dataloaders=_loader())
+    assert plugin.scaler.get_scale() == 512.0
+    ckpt = tmp_path / "scale.ckpt"
+    trainer.save_checkpoint(ckpt)
+
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["scale"] = trainer.precision_plugin.scaler.get_scale()
+
+    resumed = FP32BatchNormPrecision("16-mixed", init_scale=1024.0)
+    trainer2 = make_trainer(tmp_path / "resume", max_steps=6, plugins=[resumed], callbacks=[Probe()])
+    trainer2.fit(_ConvNet(), train_dataloaders=_loader(), ckpt_path=str(ckpt))
+    assert seen["scale"] == 512.0
+
+
+def test_loss_scale_monitor_without_scaler_says_so_and_logs_nothing(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-mixed")],
+                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
+    with pytest.warns(UserWarning, match="uses no GradScaler"):
+        trainer.fit(_ConvNet(), train_dataloaders=_loader())
+    assert not [t for t in read_events(trainer.logger.log_dir).Tags()["scalars"] if t.startswith("amp/")]
+
+
+def _norm_dtypes(module) -> list[str]:
+    rows = [f"{name} {m.weight.dtype} {m.running_var.dtype}" for name, m in module.named_modules()
+            if isinstance(m, nn.SyncBatchNorm)]
+    conv = next(m for m in module.modules() if isinstance(m, nn.Conv2d))
+    return rows + [f"conv {conv.weight.dtype}"]
+
+
+class _RecordingDDP(pl.strategies.DDPStrategy):
+    """Records the norms' dtypes where DDP wraps the model (after Lightning's SyncBatchNorm conversion and the
+    precision plugin's in-place conversion). DDP refuses SyncBatchNorm on CPU modules, so on CPU the layers are
+    then turned back into BatchNorm to let the two processes train; a GPU run keeps them (test below)."""
+
+    def __init__(self, out_dir, **kwargs):
+        super().__init__(start_method="spawn", **kwargs)
+        self.out_dir = out_dir
+
+    def configure_ddp(self):
+        (self.out_dir / f"rank{self.global_rank}.txt").write_text("\n".join(_norm_dtypes(self.model)))
+        if self.root_device.type == "cpu":
+            _revert_sync_batchnorm(self.model)
+        super().configure_ddp()
+
+
+def _revert_sync_batchnorm(module):
+    for name, child in module.named_children():
+        if isinstance(child, nn.SyncBatchNorm):
+            bn = nn.BatchNorm2d(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
+            bn.load_state_dict(child.state_dict())
+            setattr(module, name, bn)
+        else:
+            _revert_sync_batchnorm(child)
+
+
+def test_sync_batchnorm_under_ddp_spawn_is_float32(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
+                           plugins=[FP32BatchNormPrecision("bf16-true")], logger=False)
+    trainer.fit(_ConvNet(), train_dataloaders=_loader())
+    for rank in (0, 1):
+        lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert lines == ["bn torch.float32 torch.float32", "conv torch.bfloat16"]
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm training needs two CUDA devices")
+def test_sync_batchnorm_trains_float32_on_two_gpus(tmp_path):
+    trainer = pl.Trainer(accelerator="gpu", devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
+                         plugins=[FP32BatchNormPrecision("bf16-mixed")], max_steps=2, logger=False,
+                         enable_checkpointing=False)
+    trainer.fit(_ConvNet(), train_dataloaders=_loader())
+    assert (tmp_path / "rank1.txt").read_text().splitlines()[0] == "bn torch.float32 torch.float32"
