@@ -3,12 +3,15 @@
 from lit_compute.flops import FlopsLogger, count_flops, peak_flops
 from lit_compute.data import TorchvisionImageDataModule, make_synthetic_image_folder
 from lit_compute.models import ImageClassifier
+from lit_compute.profiling import ProfilerWindow, profile_model
 from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
 from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMonitor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ProfilerWindow",
+    "profile_model",
     "FP32BatchNormPrecision",
     "LossScaleMonitor",
     "DeviceMonitor",

@@ -43,3 +43,13 @@ def grad_scaler_scale_tensor(scaler: Any) -> torch.Tensor | None:
     """The GradScaler's current scale as a device tensor (reading it as a number would force a sync)."""
     scale = getattr(scaler, "_scale", None)
     return scale if isinstance(scale, torch.Tensor) else None
+
+
+def start_profiler_at_step(profiler: Any, step: int) -> None:
+    """Start a scheduled ``torch.profiler.profile`` whose step counter begins at ``step`` (a global step), so
+    its ``ProfilerStep#N`` ranges carry the trainer's step numbers."""
+    profiler.step_num = step
+    profiler.current_action = profiler.schedule(step)
+    if hasattr(profiler, "_prev_schedule_action"):
+        profiler._prev_schedule_action = profiler.current_action
+    profiler.start()

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead (lit-compute bench --help)"),
+    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision (lit-compute bench --help)"),
 }
 
 

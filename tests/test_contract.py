@@ -26,6 +26,7 @@ TEST_ARGS: dict[str, dict] = {
     "ImageClassifier": dict(num_classes=4),
     "PrometheusLogger": dict(port=0),
     "FlopsLogger": dict(peak="none"),
+    "ProfilerWindow": dict(start_step=0, warmup=0, active=1),
 }
 
 

@@ -1,0 +1,325 @@
+"""ProfilerWindow: torch.profiler over chosen training-step windows; traces, tables and scalars per window."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.profilers import PyTorchProfiler
+from torch.profiler import ProfilerActivity, ProfilerAction
+
+from lit_compute._compat import start_profiler_at_step
+from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table
+from lit_compute.profiling.trace_summary import WindowSummary, summarize_trace
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+SORT_KEYS = (
+    "cpu_time", "cuda_time", "device_time", "cpu_time_total", "cuda_time_total", "device_time_total",
+    "self_cpu_time_total", "self_cuda_time_total", "self_device_time_total", "cpu_memory_usage",
+    "self_cpu_memory_usage", "cuda_memory_usage", "self_cuda_memory_usage", "device_memory_usage",
+    "self_device_memory_usage", "count",
+)
+
+
+class ProfilerWindow(MeasuringCallback):
+    """Runs ``torch.profiler`` over chosen windows of training steps and turns each window into files and scalars.
+
+    A window profiles ``active`` training steps (``global_step`` numbers) starting at ``start_step``, after
+    ``warmup`` steps of profiler warm-up (recorded, then discarded, so start-up cost stays out of the trace).
+    ``every_n_steps`` repeats the window every n steps, up to ``max_windows``; ``on_slow_step=k`` also captures
+    the next window after a step slower than k times the running median step time (at most ``max_windows``
+    such windows). Outside a window no profiler exists: zero overhead. Validation running inside a window
+    is recorded inside the current step and does not break it.
+
+    Each window writes, under ``<trainer.log_dir>/profiler/`` (the TensorBoard logger's ``log_dir``):
+    ``window<k>_steps<a>-<b>[_rank<r>].pt.trace.json`` (Chrome/Perfetto trace; open it in
+    https://ui.perfetto.dev), ``...key_averages.txt`` (the op table), and, when memory is profiled with stacks,
+    ``...memory_timeline.html``. The op table also goes to TensorBoard text.
+
+    Summary scalars come from the window's own trace events, logged at its last step.
+
+    Logged metrics:
+        - ``profiler/step_time_ms``: mean duration of the window's ``ProfilerStep#N`` ranges.
+        - ``profiler/dataloader_fraction``: share of the window spent in ``enumerate(DataLoader)`` (waiting for batches).
+        - ``profiler/top_op_fraction``: share of all op self time taken by the most expensive op.
+        - ``profiler/peak_memory_mb``: peak allocated memory in the window (``profile_memory=True``).
+        - ``profiler/gpu_idle_fraction``: GPU only; window span minus merged kernel time, as a share.
+        - ``profiler/comm_overlap_fraction``: GPU DDP only; share of NCCL kernel time overlapped by compute kernels.
+        - text ``profiler/top_ops``: top ops by self time, per window.
+
+    Args:
+        start_step: First profiled (active) step of the first window.
+        warmup: Warm-up steps before each window (profiled and discarded).
+        active: Steps recorded per window.
+        every_n_steps: Repeat the window every n steps (None: one scheduled window).
+        max_windows: Most scheduled windows (and, separately, most slow-step windows).
+        on_slow_step: Capture the next window after a step slower than this multiple of the median (None: off).
+        record_shapes: Record input shapes of ops.
+        profile_memory: Record memory allocations.
+        with_stack: Record Python stacks (needed for the memory timeline).
+        with_flops: Estimate FLOPs of matmuls and convolutions in the table.
+        sort_by: Column to sort the op table by (default: self device time on GPU, self CPU time otherwise).
+        row_limit: Rows of the op table.
+
+    Raises:
+        ValueError: at construction for ``active < 1``, negative steps, or an unknown ``sort_by``.
+
+    Example:
+        >>> import lightning.pytorch as pl
+        >>> trainer = pl.Trainer(callbacks=[ProfilerWindow(start_step=5, active=3)], accelerator="cpu", max_steps=10)
+    """
+
+    def __init__(
+        self,
+        start_step: int = 10,
+        warmup: int = 2,
+        active: int = 5,
+        every_n_steps: int | None = None,
+        max_windows: int = 1,
+        on_slow_step: float | None = None,
+        record_shapes: bool = True,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        sort_by: str | None = None,
+        row_limit: int = 20,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if active < 1:
+            raise ValueError(f"{name}(active={active}) must be >= 1")
+        for arg, value in (("start_step", start_step), ("warmup", warmup)):
+            if value < 0:
+                raise ValueError(f"{name}({arg}={value}) must be >= 0")
+        if every_n_steps is not None and every_n_steps < warmup + active:
+            raise ValueError(
+                f"{name}(every_n_steps={every_n_steps}) must be >= warmup + active ({warmup + active}) so windows do not overlap"
+            )
+        if max_windows < 1:
+            raise ValueError(f"{name}(max_windows={max_windows}) must be >= 1")
+        if on_slow_step is not None and on_slow_step <= 1.0:
+            raise ValueError(f"{name}(on_slow_step={on_slow_step}) must be > 1 (a multiple of the median step time)")
+        if sort_by is not None and sort_by not in SORT_KEYS:
+            raise ValueError(f"{name}(sort_by={sort_by!r}) is not a key_averages column; use one of {', '.join(SORT_KEYS)}")
+        if row_limit < 1:
+            raise ValueError(f"{name}(row_limit={row_limit}) must be >= 1")
+        self.start_step = start_step
+        self.warmup = warmup
+        self.active = active
+        self.every_n_steps = every_n_steps
+        self.max_windows = max_windows
+        self.on_slow_step = on_slow_step
+        self.record_shapes = record_shapes
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.with_flops = with_flops
+        self.sort_by = sort_by
+        self.row_limit = row_limit
+        self.windows_done: list[int] = []  # first active step of every window captured
+        self.slow_windows = 0
+        self.summaries: list[WindowSummary] = []
+        self._profiler: torch.profiler.profile | None = None
+        self._window: tuple[int, int] | None = None  # (first active step, last active step)
+        self._trainer: pl.Trainer | None = None
+        self._step_times: list[float] = []
+        self._last_end: float | None = None
+        self._slow_next: int | None = None
+        self._batch_step = 0
+
+    # -- state ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"windows_done": list(self.windows_done), "slow_windows": self.slow_windows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.windows_done = [int(s) for s in state_dict.get("windows_done", [])]
+        self.slow_windows = int(state_dict.get("slow_windows", 0))
+
+    # -- scheduling -----------------------------------------------------------------------------------
+    def scheduled_starts(self) -> list[int]:
+        """First active steps of the scheduled windows."""
+        if self.every_n_steps is None:
+            return [self.start_step]
+        return [self.start_step + k * self.every_n_steps for k in range(self.max_windows)]
+
+    def _window_beginning_at(self, step: int) -> int | None:
+        """The first active step of a window whose warm-up or first active step is ``step``, if one starts now."""
+        for first in self.scheduled_starts():
+            begin = max(0, first - self.warmup)
+            if step == begin and first not in self.windows_done:
+                return first
+        if self._slow_next is not None and step == self._slow_next:
+            return step + self.warmup
+        return None
+
+    @guarded
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(trainer.profiler, PyTorchProfiler):
+            self._disable(
+                "Trainer(profiler='pytorch') already runs torch.profiler and two profilers cannot run at once; "
+                "remove one of them"
+            )
+
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_step = trainer.global_step
+        if self._profiler is not None:
+            return
+        first = self._window_beginning_at(trainer.global_step)
+        if first is None:
+            return
+        if self._slow_next is not None and trainer.global_step == self._slow_next:
+            self._slow_next = None
+            self.slow_windows += 1
+        self._start(trainer, first)
+
+    def _start(self, trainer: pl.Trainer, first: int) -> None:
+        begin = max(0, first - self.warmup)
+        last = first + self.active - 1
+
+        def schedule(step: int) -> ProfilerAction:
+            if step < first:
+                return ProfilerAction.WARMUP
+            if step < last:
+                return ProfilerAction.RECORD
+            if step == last:
+                return ProfilerAction.RECORD_AND_SAVE
+            return ProfilerAction.NONE
+
+        activities = [ProfilerActivity.CPU]
+        if trainer.strategy.root_device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+        self._trainer = trainer
+        self._window = (first, last)
+        profiler = torch.profiler.profile(
+            activities=activities, schedule=schedule, on_trace_ready=self._on_trace_ready,
+            record_shapes=self.record_shapes or (self.profile_memory and self.with_stack),
+            profile_memory=self.profile_memory, with_stack=self.with_stack, with_flops=self.with_flops,
+        )
+        try:
+            start_profiler_at_step(profiler, begin)
+        except RuntimeError as err:  # another profiler (torch's or Lightning's) is already running
+            self._window = None
+            self._disable(f"could not start torch.profiler ({err}); is another profiler active?")
+            return
+        self._profiler = profiler
+
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._watch_step_time(trainer)
+        if self._profiler is None or self._window is None:
+            return
+        if trainer.global_step == self._batch_step:
+            return  # gradient accumulation: the optimizer step (and the profiler step) is not over yet
+        self._profiler.step()  # closes ProfilerStep#<step just run>, opens the next
+        if self._batch_step >= self._window[1]:
+            self._finish()
+
+    def _watch_step_time(self, trainer: pl.Trainer) -> None:
+        now = time.perf_counter()
+        last, self._last_end = self._last_end, now
+        if self.on_slow_step is None or last is None or self._profiler is not None:
+            return
+        duration = now - last
+        if len(self._step_times) >= 5 and self._slow_next is None and self.slow_windows < self.max_windows:
+            median = statistics.median(self._step_times[-50:])
+            if duration > self.on_slow_step * median:
+                self._slow_next = trainer.global_step  # the next step begins the window (warm-up first)
+        self._step_times.append(duration)
+
+    def _finish(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            profiler.stop()  # closes the open step range; the trace was saved by RECORD_AND_SAVE
+        self._window = None
+
+    @guarded
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_end = None  # validation time is not a slow training step
+
+    # -- output ---------------------------------------------------------------------------------------
+    def _out_dir(self, trainer: pl.Trainer) -> Path:
+        root = trainer.log_dir or trainer.default_root_dir
+        path = Path(root) / "profiler"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
+        trainer, window = self._trainer, self._window
+        if trainer is None or window is None:
+            return
+        try:
+            self._export(trainer, profiler, window)
+        except Exception as err:  # noqa: BLE001 - a broken export must not stop training
+            self._disable(f"exporting the profiler window failed with {type(err).__name__}: {err}")
+
+    def _export(self, trainer: pl.Trainer, profiler: torch.profiler.profile, window: tuple[int, int]) -> None:
+        first, last = window
+        self.windows_done.append(first)
+        index = len(self.windows_done)
+        rank = f"_rank{trainer.global_rank}" if trainer.world_size > 1 else ""
+        stem = f"window{index}_steps{first}-{last}{rank}"
+        out = self._out_dir(trainer)
+        trace_path = out / f"{stem}.pt.trace.json"
+        profiler.export_chrome_trace(str(trace_path))
+        on_gpu = trainer.strategy.root_device.type == "cuda"
+        sort_by = self.sort_by or ("self_cuda_time_total" if on_gpu else "self_cpu_time_total")
+        averages = profiler.key_averages()
+        table = averages.table(sort_by=sort_by, row_limit=self.row_limit)
+        (out / f"{stem}.key_averages.txt").write_text(table + "\n")
+        if self.profile_memory and self.with_stack:
+            try:
+                profiler.export_memory_timeline(str(out / f"{stem}.memory_timeline.html"))
+            except Exception as err:  # noqa: BLE001 - optional output (needs matplotlib)
+                self._warn_once("memory-timeline", f"ProfilerWindow: no memory timeline ({err}).")
+        summary = summarize_trace(trace_path)
+        if on_gpu:
+            summary.peak_memory_mb = torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**20
+        top_rows, top_fraction = _top_ops(averages, on_gpu, self.row_limit)
+        self.summaries.append(summary)
+        scalars = summary.scalars()
+        if top_fraction is not None:
+            scalars["profiler/top_op_fraction"] = top_fraction
+        log_scalars(trainer, scalars, step=trainer.global_step)
+        header = (f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
+                  f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n")
+        wrote = log_text(trainer, "profiler/top_ops", header + markdown_table(
+            ["op", "calls", "self time ms", "share"], top_rows), step=trainer.global_step)
+        log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=trainer.global_step)
+        if not wrote and trainer.is_global_zero:
+            self._warn_once("no-tb", "ProfilerWindow: no TensorBoard logger; traces and tables are written to "
+                            f"{out} but not shown in TensorBoard.")
+
+    # -- robustness -----------------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            try:
+                profiler.stop()
+            finally:
+                self._window = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Stopping a recording profiler saves its trace: the partial window is still written.
+        self._teardown()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._teardown()
+
+
+def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:
+    attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    rows = [(e.key, e.count, float(getattr(e, attr, 0.0) or 0.0)) for e in averages
+            if not e.key.startswith("ProfilerStep#") and not e.key.startswith("enumerate(DataLoader)")]
+    total = sum(t for _, _, t in rows)
+    rows.sort(key=lambda r: r[2], reverse=True)
+    table = [[f"`{k}`", n, f"{t / 1e3:.3f}", f"{100 * t / total:.1f}%" if total else "n/a"] for k, n, t in rows[:limit]]
+    return table, (rows[0][2] / total if rows and total > 0 else None)
+

@@ -1,0 +1,98 @@
+"""Summaries of one profiler window computed from the profiler's own events (its Chrome trace)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass
+class WindowSummary:
+    """What one profiler window measured."""
+
+    steps: list[int] = field(default_factory=list)
+    step_time_ms: float | None = None
+    dataloader_fraction: float | None = None
+    peak_memory_mb: float | None = None
+    gpu_idle_fraction: float | None = None
+    comm_overlap_fraction: float | None = None
+
+    def scalars(self) -> dict[str, float]:
+        out = {
+            "profiler/step_time_ms": self.step_time_ms,
+            "profiler/dataloader_fraction": self.dataloader_fraction,
+            "profiler/peak_memory_mb": self.peak_memory_mb,
+            "profiler/gpu_idle_fraction": self.gpu_idle_fraction,
+            "profiler/comm_overlap_fraction": self.comm_overlap_fraction,
+        }
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
+    """Step time, data-loader share, peak memory and (on GPU) idle and comm-overlap shares of a Chrome trace."""
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
+    steps = [(int(m.group(1)), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+             for e in events if e.get("ph") == "X" and (m := _STEP.match(str(e.get("name", ""))))]
+    summary = WindowSummary()
+    if not steps:
+        return summary
+    steps.sort()
+    summary.steps = [s for s, _, _ in steps]
+    lo, hi = min(s for _, s, _ in steps), max(e for _, _, e in steps)
+    span = hi - lo
+    summary.step_time_ms = sum(e - s for _, s, e in steps) / len(steps) / 1e3
+    loader = _merge([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+                     if e.get("ph") == "X" and str(e.get("name", "")).startswith("enumerate(DataLoader)")])
+    summary.dataloader_fraction = _length(_clip(loader, lo, hi)) / span if span > 0 else 0.0
+    allocated = [float(e["args"]["Total Allocated"]) for e in events
+                 if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]]
+    if allocated:
+        summary.peak_memory_mb = max(allocated) / 2**20
+    kernels = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"]
+    if kernels:
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
+        busy = _merge(_clip(spans, lo, hi))
+        summary.gpu_idle_fraction = max(0.0, 1.0 - _length(busy) / span) if span > 0 else None
+        comm = _merge([s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()])
+        compute = _merge([s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()])
+        if comm:
+            summary.comm_overlap_fraction = _intersection(comm, compute) / _length(comm)
+    return summary
