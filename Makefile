@@ -13,6 +13,9 @@ venv: $(PY)
 demo: $(PY)
 	$(PIP) install -e '.[all]'
 	$(VENV)/bin/lit-compute fit --config configs/quickstart.yaml
+	$(VENV)/bin/lit-compute report lightning_logs --latest --out lightning_logs/report.md
+	@echo "TensorBoard logs: $(CURDIR)/lightning_logs  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)"
+	@echo "Report:           $(CURDIR)/lightning_logs/report.md  (plots in lightning_logs/report_plots/)"
 
 test: $(PY)
 	$(PIP) install -e '.[all,dev]'

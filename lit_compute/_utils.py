@@ -89,6 +89,34 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
     clean = {k: float(v) for k, v in metrics.items()}
     for logger in trainer.loggers:
         logger.log_metrics(clean, step=step)
+    tags = trainer.__dict__.setdefault("_lit_compute_tags", set())
+    if not tags:
+        log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
+    new = set(clean) - tags
+    if new:
+        tags.update(new)
+        from lit_compute.tensorboard_layout import write_layout
+
+        write_layout(trainer, tags)  # rewritten only when a new tag appears: a handful of times per run
+
+
+def run_info(trainer: pl.Trainer) -> str:
+    """One Markdown table describing the run (read back by ``lit-compute report``)."""
+    import lightning
+    import torch
+
+    device = trainer.strategy.root_device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rows = [
+        ["precision", trainer.precision],
+        ["precision plugin", type(trainer.precision_plugin).__name__],
+        ["device", name],
+        ["world size", trainer.world_size],
+        ["strategy", type(trainer.strategy).__name__],
+        ["torch", torch.__version__],
+        ["lightning", lightning.__version__],
+    ]
+    return markdown_table(["key", "value"], rows)
 
 
 def tensorboard_logger(trainer: pl.Trainer) -> TensorBoardLogger | None:

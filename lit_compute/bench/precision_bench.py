@@ -29,14 +29,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
+                        help="channels-last memory format in every configuration")
     args = parser.parse_args(argv)
     emit(f"# bench precision: {args.model} at {args.image_size}px, batch {args.batch_size}, {args.rounds} rounds x "
-         f"{args.steps} steps per configuration, interleaved\n# {machine_line()}\n")
+         f"{args.steps} steps per configuration, interleaved, channels_last={args.channels_last}\n# {machine_line()}\n")
     loader = random_image_loader(args.batch_size * args.steps, args.batch_size, args.image_size)
     models, plugins_kwargs, timers, memory = {}, {}, {}, {}
     for name, make in CONFIGS.items():
         pl.seed_everything(0, verbose=False)
-        models[name] = ImageClassifier(args.model, num_classes=10)
+        models[name] = ImageClassifier(args.model, num_classes=10, channels_last=args.channels_last)
         plugins_kwargs[name] = make()  # one plugin instance per configuration, reused across rounds
         timers[name] = StepTimer(skip=2, sync=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,7 +68,8 @@ class FlopsLogger(MeasuringCallback):
         - ``compute/peak_tflops``: the per-device peak used as MFU's denominator.
         - ``compute/val_flops_per_step``, ``compute/val_flops_per_sample``, ``compute/val_tflops_per_sec``,
           ``compute/val_mfu``: the same for validation (forward only), once per validation run.
-        - hparam ``compute/forward_gflops_per_sample``; text ``compute/flops_by_module`` (per-module table).
+        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (also an hparam).
+        - text ``compute/flops_by_module`` (per-module table).
 
     Args:
         log_every_n_steps: Log every n optimizer steps (default: the trainer's ``log_every_n_steps``).
@@ -251,6 +252,7 @@ class FlopsLogger(MeasuringCallback):
             msg += f", forward {per_sample / 1e9:.4f} GFLOPs per sample"
             for logger in trainer.loggers:
                 logger.log_hyperparams({"compute/forward_gflops_per_sample": per_sample / 1e9})
+            log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample / 1e9})
         rank_zero_info(msg)
 
     @guarded

@@ -317,7 +317,7 @@ class ProfilerWindow(MeasuringCallback):
 def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:
     attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     rows = [(e.key, e.count, float(getattr(e, attr, 0.0) or 0.0)) for e in averages
-            if not e.key.startswith("ProfilerStep#") and not e.key.startswith("enumerate(DataLoader)")]
+            if not e.key.startswith("ProfilerStep") and not e.key.startswith("enumerate(DataLoader)")]
     total = sum(t for _, _, t in rows)
     rows.sort(key=lambda r: r[2], reverse=True)
     table = [[f"`{k}`", n, f"{t / 1e3:.3f}", f"{100 * t / total:.1f}%" if total else "n/a"] for k, n, t in rows[:limit]]
