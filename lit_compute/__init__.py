@@ -1,7 +1,7 @@
 """lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible."""
 
 from lit_compute.flops import FlopsLogger, count_flops, peak_flops
-from lit_compute.data import TorchvisionImageDataModule, make_synthetic_image_folder
+from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule, make_synthetic_image_folder
 from lit_compute.models import ImageClassifier
 from lit_compute.profiling import ProfilerWindow, profile_model
 from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
@@ -10,6 +10,7 @@ from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMoni
 __version__ = "0.1.0"
 
 __all__ = [
+    "DALIImageDataModule",
     "ProfilerWindow",
     "profile_model",
     "FP32BatchNormPrecision",

@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "flops": ("lit_compute.bench.flops_table", "our FLOP counts vs torchvision's published figures and plain FlopCounterMode"),
     "overhead": ("lit_compute.bench.overhead", "step time with and without a measuring callback, as a ratio"),
+    "loaders": ("lit_compute.bench.loaders", "images/s of the DALI pipeline vs the torchvision DataLoader"),
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
 }
 
