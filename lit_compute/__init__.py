@@ -1,15 +1,19 @@
 """lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible."""
 
-from lit_compute.flops import FlopsLogger, count_flops, peak_flops
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule, make_synthetic_image_folder
+from lit_compute.distributed import CommBenchmark, NCCLSettings, TunedDDPStrategy
+from lit_compute.flops import FlopsLogger, count_flops, peak_flops
 from lit_compute.models import ImageClassifier
-from lit_compute.profiling import ProfilerWindow, profile_model
-from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
 from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMonitor
+from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute.profiling import ProfilerWindow, profile_model
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommBenchmark",
+    "NCCLSettings",
+    "TunedDDPStrategy",
     "DALIImageDataModule",
     "ProfilerWindow",
     "profile_model",

@@ -74,3 +74,10 @@ def trainer_factory(tmp_path):
         return make_trainer(tmp_path, **kwargs)
 
     return factory
+
+
+@pytest.fixture(autouse=True)
+def _fresh_master_port(monkeypatch):
+    """Lightning keeps the MASTER_PORT of the first DDP run in os.environ; each test picks a fresh free port."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)

@@ -16,8 +16,11 @@ import lit_compute
 from .conftest import make_trainer, tiny_data, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+LIGHTNING_BASES = (Callback, LightningDataModule, LightningModule, pl.plugins.Precision, pl.strategies.Strategy,
+                   pl.loggers.Logger)
 COMPONENTS = sorted(
-    name for name in lit_compute.__all__ if inspect.isclass(getattr(lit_compute, name))
+    name for name in lit_compute.__all__
+    if inspect.isclass(getattr(lit_compute, name)) and issubclass(getattr(lit_compute, name), LIGHTNING_BASES)
 )
 # Defaults that would make a component too slow for a unit test (the defaults still build in test_builds...).
 TEST_ARGS: dict[str, dict] = {
@@ -27,12 +30,13 @@ TEST_ARGS: dict[str, dict] = {
     "PrometheusLogger": dict(port=0),
     "FlopsLogger": dict(peak="none"),
     "ProfilerWindow": dict(start_step=0, warmup=0, active=1),
+    "CommBenchmark": dict(max_mb=0.1, seconds=2),
+    "DALIImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8),
 }
 
 
 def _base(cls: type) -> type:
-    for base in (Callback, LightningDataModule, LightningModule, pl.plugins.Precision, pl.strategies.Strategy,
-                 pl.loggers.Logger):
+    for base in LIGHTNING_BASES:
         if issubclass(cls, base):
             return base
     raise AssertionError(f"{cls} is public but of no known component kind")
@@ -51,6 +55,8 @@ def _fit_twice(tmp_path: Path, name: str, obj) -> None:
             model = obj
         elif base is pl.plugins.Precision:
             kwargs["plugins"] = [obj]
+        elif base is pl.strategies.Strategy:
+            kwargs["strategy"] = obj
         elif base is pl.loggers.Logger:
             kwargs["logger"] = [pl.loggers.TensorBoardLogger(str(tmp_path), name="tb"), obj]
         trainer = make_trainer(tmp_path / f"fit{i}", max_steps=2, **kwargs)
@@ -98,3 +104,15 @@ def test_component_is_shown_in_readme_and_used_in_a_config(name):
     assert name in (ROOT / "README.md").read_text(), f"{name} missing from README.md"
     used = [p.name for p in (ROOT / "configs").glob("*.yaml") if name in p.read_text()]
     assert used, f"{name} is used by no file in configs/"
+
+
+def test_nccl_settings_parse_from_yaml_inside_the_strategy():
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=pl.strategies.Strategy)
+    cfg = parser.parse_string(
+        "strategy:\n  class_path: lit_compute.TunedDDPStrategy\n  init_args:\n    bucket_cap_mb: 50\n"
+        "    nccl:\n      algo: Tree\n      socket_nthreads: 4\n      nsocks_perthread: 4\n"
+    )
+    strategy = parser.instantiate_classes(cfg).strategy
+    assert strategy.nccl == lit_compute.NCCLSettings(algo="Tree", socket_nthreads=4, nsocks_perthread=4)
+    assert strategy.bucket_cap_mb == 50

@@ -16,6 +16,7 @@ from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
 
 from .conftest import make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
 
+
 def _all_close(points, expected) -> bool:
     return bool(points) and all(v == pytest.approx(expected, rel=1e-5) for _, v in points)
 

@@ -25,7 +25,7 @@ from lit_compute import (
 )
 from lit_compute.report import ReportError, build_report, load_run, main
 
-from .conftest import make_trainer, read_events, scalar_values, tiny_data, tiny_model
+from .conftest import make_trainer, read_events, scalar_values, tiny_model
 from .test_monitoring import _Images
 
 

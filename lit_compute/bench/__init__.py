@@ -9,6 +9,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "flops": ("lit_compute.bench.flops_table", "our FLOP counts vs torchvision's published figures and plain FlopCounterMode"),
     "overhead": ("lit_compute.bench.overhead", "step time with and without a measuring callback, as a ratio"),
     "loaders": ("lit_compute.bench.loaders", "images/s of the DALI pipeline vs the torchvision DataLoader"),
+    "allreduce": ("lit_compute.bench.distributed_bench:allreduce_main", "all-reduce bandwidth table (nccl-tests style)"),
+    "ddp": ("lit_compute.bench.distributed_bench:ddp_main", "DDP step time under bucket sizes and comm hooks"),
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
 }
 
@@ -18,5 +20,7 @@ def main(argv: list[str]) -> int:
         parser = argparse.ArgumentParser(prog="lit-compute bench")
         parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
         parser.parse_args(argv[:1])
-    module = importlib.import_module(BENCHMARKS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    target = BENCHMARKS[argv[0]][0]
+    module_name, _, func = target.partition(":")
+    module = importlib.import_module(module_name)
+    return int(getattr(module, func or "main")(argv[1:]) or 0)

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
          f"normalise), batch {args.batch_size}, {cores} workers/threads, {args.rounds} interleaved rounds\n"
          f"# {machine_line()}\n")
     rates: dict[str, list[float]] = {name: [] for name in loaders}
-    for name, (loader, device) in loaders.items():  # warm-up: worker start, pipeline build, page cache
+    for loader, device in loaders.values():  # warm-up: worker start, pipeline build, page cache
         _epoch_rate(loader, device)
     for r in range(args.rounds):
         names = list(loaders) if r % 2 == 0 else list(reversed(loaders))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
@@ -169,7 +168,7 @@ class TorchvisionImageDataModule(LightningDataModule):
         return self._loader(self.val_set, shuffle=False)
 
 
-def _to_rgb(path: str) -> "Image.Image":  # noqa: F821
+def _to_rgb(path: str) -> Image.Image:  # noqa: F821
     from PIL import Image
 
     with open(path, "rb") as f:

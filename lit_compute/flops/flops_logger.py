@@ -12,7 +12,14 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch.utils._pytree import tree_flatten
 
 from lit_compute._compat import eager_compiled_code
-from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table, resolve_every
+from lit_compute._utils import (
+    MeasuringCallback,
+    guarded,
+    log_scalars,
+    log_text,
+    markdown_table,
+    resolve_every,
+)
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, build_count
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops
 

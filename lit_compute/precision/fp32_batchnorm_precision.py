@@ -161,7 +161,7 @@ class FP32BatchNormPrecision(Precision):
     @staticmethod
     def _to_dtype(module: nn.Module, dtype: torch.dtype) -> None:
         with torch.no_grad():
-            for key, param in module._parameters.items():
+            for param in module._parameters.values():
                 if param is not None and param.is_floating_point() and param.dtype != dtype:
                     param.data = param.data.to(dtype)
                     if param.grad is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
-from torch.profiler import ProfilerActivity, ProfilerAction
+from torch.profiler import ProfilerAction, ProfilerActivity
 
 from lit_compute._compat import start_profiler_at_step
 from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table

@@ -1,0 +1,187 @@
+"""TunedDDPStrategy: Lightning's DDP with validated NCCL settings, bucket and comm-hook options, measured bandwidth."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lit_compute._utils import log_text, markdown_table
+from lit_compute.distributed.comm_benchmark import allreduce_sweep, default_sizes, log_results
+from lit_compute.distributed.nccl_settings import NCCLSettings
+
+
+class TunedDDPStrategy(DDPStrategy):
+    """Lightning's ``DDPStrategy`` with NCCL settings applied before the process group starts.
+
+    - ``nccl``: an :class:`NCCLSettings` (validated at construction). Its variables are written to the
+      environment of every rank in ``setup_environment()``, before ``init_process_group`` and before any
+      communicator exists, however the ranks were launched (Lightning's popen/spawn/fork launchers, torchrun,
+      SLURM). A variable the user already exported with a different value is overridden, with one warning
+      naming both values. On the gloo backend (CPU) they are recorded but inactive, said once.
+    - ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters``: passed to
+      ``DistributedDataParallel``.
+    - ``comm_hook``: ``"fp16"``/``"bf16"`` gradient compression or ``"powersgd"`` (torch's hooks), registered
+      on every backend (Lightning registers hooks only on CUDA; torch's hooks work with gloo too).
+    - ``benchmark_collectives``: an all-reduce bandwidth sweep at set-up (also available as the
+      :class:`CommBenchmark` callback), logged as ``comm/allreduce_busbw_gbps`` per size and as a table.
+
+    The effective configuration (backend, NCCL version, world size, variables, bucket size, hook) is logged
+    once as TensorBoard text ``ddp/config`` and as hparams ``ddp/*``.
+
+    Args:
+        nccl: NCCL environment settings.
+        bucket_cap_mb: DDP gradient bucket size in MiB (torch's default is 25).
+        gradient_as_bucket_view: Gradients are views into the buckets (saves a copy and memory).
+        static_graph: The model's graph and unused parameters do not change between iterations.
+        find_unused_parameters: Search for parameters without gradients every step (slower).
+        comm_hook: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"powersgd"``.
+        powersgd_rank: PowerSGD matrix approximation rank.
+        powersgd_start_iter: Plain all-reduce before this iteration, PowerSGD after (>= 2).
+        benchmark_collectives: Measure all-reduce bandwidth at set-up.
+        benchmark_max_mb: Largest message of the sweep (MiB).
+        benchmark_seconds: Time budget of the sweep.
+        start_method: Lightning's launcher: ``"popen"`` (scripts), ``"spawn"``, ``"fork"``, ``"forkserver"``.
+        process_group_backend: ``"nccl"``, ``"gloo"``... (default: nccl on CUDA, gloo on CPU).
+
+    Raises:
+        ValueError: at construction for bad values (NCCL values are checked by :class:`NCCLSettings`).
+
+    Example:
+        >>> strategy = TunedDDPStrategy(nccl=NCCLSettings(algo="Tree"), bucket_cap_mb=50, comm_hook="bf16")
+    """
+
+    def __init__(
+        self,
+        nccl: NCCLSettings | None = None,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool = True,
+        static_graph: bool = False,
+        find_unused_parameters: bool = False,
+        comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none",
+        powersgd_rank: int = 1,
+        powersgd_start_iter: int = 1000,
+        benchmark_collectives: bool = False,
+        benchmark_max_mb: float = 64.0,
+        benchmark_seconds: float = 10.0,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        process_group_backend: str | None = None,
+    ) -> None:
+        name = type(self).__name__
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
+            raise ValueError(f"{name}(bucket_cap_mb={bucket_cap_mb}) must be > 0 (MiB), or None for torch's 25")
+        if comm_hook not in ("none", "fp16", "bf16", "powersgd"):
+            raise ValueError(f"{name}(comm_hook={comm_hook!r}) must be one of 'none', 'fp16', 'bf16', 'powersgd'")
+        if powersgd_rank < 1:
+            raise ValueError(f"{name}(powersgd_rank={powersgd_rank}) must be >= 1")
+        if powersgd_start_iter < 2:
+            raise ValueError(f"{name}(powersgd_start_iter={powersgd_start_iter}) must be >= 2 (PowerSGD's error "
+                             "feedback needs plain all-reduce steps first)")
+        if nccl is not None and not isinstance(nccl, NCCLSettings):
+            raise ValueError(f"{name}(nccl={nccl!r}) must be an NCCLSettings")
+        ddp_kwargs: dict[str, Any] = {
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+            "static_graph": static_graph,
+            "find_unused_parameters": find_unused_parameters,
+        }
+        if bucket_cap_mb is not None:
+            ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
+        super().__init__(process_group_backend=process_group_backend, start_method=start_method, **ddp_kwargs)
+        self.nccl = nccl
+        self.bucket_cap_mb = bucket_cap_mb
+        self.comm_hook = comm_hook
+        self.powersgd_rank = powersgd_rank
+        self.powersgd_start_iter = powersgd_start_iter
+        self.benchmark_collectives = benchmark_collectives
+        self.benchmark_max_mb = benchmark_max_mb
+        self.benchmark_seconds = benchmark_seconds
+        self.applied_env: dict[str, str] = {}
+        self.benchmark_results: list[Any] = []
+
+    # -- environment, before the process group ----------------------------------------------------
+    def setup_environment(self) -> None:
+        self.apply_nccl_env()
+        super().setup_environment()  # creates the process group
+
+    def apply_nccl_env(self) -> dict[str, str]:
+        """Write the NCCL variables to this process's environment (idempotent)."""
+        if self.nccl is None:
+            return {}
+        for key, value in self.nccl.env().items():
+            previous = os.environ.get(key)
+            if previous is not None and previous != value and self.applied_env.get(key) != value:
+                rank_zero_warn(f"TunedDDPStrategy: {key} was exported as {previous!r}; the explicit setting {value!r} "
+                               "wins.")
+            os.environ[key] = value
+            self.applied_env[key] = value
+        return dict(self.applied_env)
+
+    # -- comm hooks on every backend ----------------------------------------------------------------
+    def _register_ddp_hooks(self) -> None:
+        if self.comm_hook == "none":
+            return super()._register_ddp_hooks()
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        model = self.model
+        if self.comm_hook == "fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif self.comm_hook == "bf16":
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        else:
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
+                                                start_powerSGD_iter=self.powersgd_start_iter)
+            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return None
+
+    # -- after set-up: the configuration, once -----------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        backend = dist.get_backend() if dist.is_initialized() else (self._process_group_backend or "none")
+        if self.nccl is not None and backend != "nccl":
+            rank_zero_info(f"TunedDDPStrategy: backend is {backend}; the NCCL settings are set in the environment but "
+                           "inactive (NCCL is not used).")
+        self._log_config(trainer, backend)
+        if self.benchmark_collectives and dist.is_initialized() and trainer.world_size > 1:
+            self.benchmark_results = allreduce_sweep(self.root_device, default_sizes(self.benchmark_max_mb),
+                                                     self.benchmark_seconds)
+            log_results(trainer, self.benchmark_results, backend)
+
+    def teardown(self) -> None:
+        super().teardown()
+        # The trainer attached its accelerator to this strategy; detach it so the same (YAML-built) strategy
+        # object can serve a second Trainer.fit.
+        self._accelerator = None
+
+    def effective_config(self, backend: str) -> dict[str, Any]:
+        nccl_version = None
+        if backend == "nccl" and torch.cuda.is_available():
+            try:
+                nccl_version = ".".join(str(v) for v in torch.cuda.nccl.version())
+            except Exception:  # noqa: BLE001
+                nccl_version = None
+        bucket = getattr(self.model, "bucket_bytes_cap", None)
+        config: dict[str, Any] = {
+            "backend": backend,
+            "nccl_version": nccl_version or "n/a",
+            "world_size": self.world_size,
+            "bucket_cap_mb": bucket / 2**20 if bucket else (self.bucket_cap_mb or 25.0),
+            "comm_hook": self.comm_hook,
+            "gradient_as_bucket_view": self._ddp_kwargs.get("gradient_as_bucket_view"),
+            "static_graph": self._ddp_kwargs.get("static_graph"),
+            "find_unused_parameters": self._ddp_kwargs.get("find_unused_parameters"),
+        }
+        for key, value in self.applied_env.items():
+            config[key] = value + ("" if backend == "nccl" else " (inactive: not NCCL)")
+        return config
+
+    def _log_config(self, trainer: Any, backend: str) -> None:
+        config = self.effective_config(backend)
+        log_text(trainer, "ddp/config", markdown_table(["setting", "value"], [[k, v] for k, v in config.items()]),
+                 step=0)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_hyperparams({f"ddp/{k}": v for k, v in config.items()})
