@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
-    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp (lit-compute bench --help)"),
+    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)"),
 }
 
 

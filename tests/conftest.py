@@ -49,6 +49,20 @@ def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
     return pl.Trainer(**defaults)
 
 
+class SpawnDDP(pl.strategies.DDPStrategy):
+    """Lightning's DDP with spawned processes that destroy their process group at teardown (left to interpreter
+    exit, gloo's threads can abort a rank at random; TunedDDPStrategy does the same)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(start_method="spawn", **kwargs)
+
+    def teardown(self):
+        super().teardown()
+        from lit_compute.distributed.tuned_ddp import destroy_process_group
+
+        destroy_process_group()
+
+
 def read_events(log_dir: str | Path) -> EventAccumulator:
     """Load every event file under ``log_dir`` with TensorBoard's own reader (scalars and text)."""
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})

@@ -14,7 +14,7 @@ from PIL import Image
 from lit_compute import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data import make_synthetic_image_folder
 
-from .conftest import TINY_DATA, make_trainer, tiny_model
+from .conftest import TINY_DATA, SpawnDDP, make_trainer, tiny_model
 
 pytest.importorskip("nvidia.dali", reason="DALI is part of the test install (.[all,dev])")
 pytestmark = pytest.mark.dali
@@ -153,7 +153,7 @@ def test_ddp_spawn_ranks_read_disjoint_shards_with_equal_batch_counts(tmp_path):
     dm = _dm(synthetic_images_per_class=9, num_threads=1)  # 36 images over 2 ranks, batches of 8
     dm.with_source_info = True
     trainer = make_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=None, devices=2,
-                           strategy="ddp_spawn", callbacks=[_WritePaths(tmp_path)], logger=False, limit_val_batches=0)
+                           strategy=SpawnDDP(), callbacks=[_WritePaths(tmp_path)], logger=False, limit_val_batches=0)
     trainer.fit(_PathModel(), datamodule=dm)
     ranks = [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)]
     assert ranks[0][0] == ranks[1][0] == "3"  # equal batch counts: nobody waits on the last batch

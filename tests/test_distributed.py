@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_compute import CommBenchmark, NCCLSettings, TunedDDPStrategy
 
-from .conftest import make_trainer, read_events, scalar_values, text_values
+from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, text_values
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_pa
         assert ranks[r]["bucket_bytes_cap"] == 1 * 2**20
         assert ranks[r]["comm_hook"] == "fp16_compress_hook"
     assert ranks[0]["params"] == ranks[1]["params"]  # identical across ranks after fit
-    plain = _fit(tmp_path, "plain", pl.strategies.DDPStrategy(start_method="spawn"))
+    plain = _fit(tmp_path, "plain", SpawnDDP())
     for a, b in zip(ranks[0]["params"], plain[0]["params"]):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=5e-3)
     config = text_values(read_events(tmp_path / "tb" / "version_0"), "ddp/config")[0]

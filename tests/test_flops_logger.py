@@ -14,7 +14,7 @@ from torch.utils.flop_counter import flop_registry
 from lit_compute import FlopsLogger, count_flops
 from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
 
-from .conftest import make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
+from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
 
 
 def _all_close(points, expected) -> bool:
@@ -232,7 +232,7 @@ def test_bad_arguments():
 def test_ddp_global_tflops_is_summed_over_ranks(tmp_path):
     cb = FlopsLogger(peak_flops=1e11, log_every_n_steps=2)
     trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=[cb], devices=2,
-                           strategy="ddp_spawn", limit_val_batches=0,
+                           strategy=SpawnDDP(), limit_val_batches=0,
                            logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="logs", version="ddp"))
     trainer.fit(tiny_model(), datamodule=tiny_data())
     acc = read_events(tmp_path / "logs" / "ddp")

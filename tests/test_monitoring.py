@@ -58,8 +58,8 @@ def test_slow_dataset_is_diagnosed_as_input_bound(tmp_path):
 
 def test_fast_dataset_is_not_input_bound(tmp_path):
     acc, stalls = _fit_with_step_time(tmp_path, sleep=0.0)
-    fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
-    assert fractions and max(fractions) < 0.2
+    fractions = sorted(v for _, v in scalar_values(acc, "time/data_wait_fraction"))
+    assert fractions and fractions[len(fractions) // 2] < 0.1  # median: one scheduler hiccup may spike a window
     assert stalls == []
     step = dict(scalar_values(acc, "time/step_ms"))
     compute = dict(scalar_values(acc, "time/compute_ms"))

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_compute import FP32BatchNormPrecision, LossScaleMonitor
 
-from .conftest import make_trainer, read_events, scalar_values, tiny_data, tiny_model
+from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, tiny_data, tiny_model
 
 EXPECTED_OTHER = {"16-mixed": torch.float32, "bf16-mixed": torch.float32, "bf16-true": torch.bfloat16}
 
@@ -168,13 +168,13 @@ def _norm_dtypes(module) -> list[str]:
     return rows + [f"conv {conv.weight.dtype}"]
 
 
-class _RecordingDDP(pl.strategies.DDPStrategy):
+class _RecordingDDP(SpawnDDP):
     """Records the norms' dtypes where DDP wraps the model (after Lightning's SyncBatchNorm conversion and the
     precision plugin's in-place conversion). DDP refuses SyncBatchNorm on CPU modules, so on CPU the layers are
     then turned back into BatchNorm to let the two processes train; a GPU run keeps them (test below)."""
 
     def __init__(self, out_dir, **kwargs):
-        super().__init__(start_method="spawn", **kwargs)
+        super().__init__(**kwargs)
         self.out_dir = out_dir
 
     def configure_ddp(self):

@@ -11,6 +11,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "loaders": ("lit_compute.bench.loaders", "images/s of the DALI pipeline vs the torchvision DataLoader"),
     "allreduce": ("lit_compute.bench.distributed_bench:allreduce_main", "all-reduce bandwidth table (nccl-tests style)"),
     "ddp": ("lit_compute.bench.distributed_bench:ddp_main", "DDP step time under bucket sizes and comm hooks"),
+    "recipe": ("lit_compute.bench.recipe", "baseline vs optimised training, one change at a time"),
+    "gpu": ("lit_compute.bench.gpu_checks", "every GPU-only check in one command (exits 0 without a GPU)"),
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
 }
 

@@ -23,7 +23,13 @@ def _accelerator(nprocs: int) -> str:
 
 
 def _sweep(fabric: Fabric, max_mb: float, seconds: float) -> list[Any]:
-    return allreduce_sweep(fabric.device, default_sizes(max_mb), seconds)
+    import torch.distributed as dist
+
+    results = allreduce_sweep(fabric.device, default_sizes(max_mb), seconds)
+    # Tear the group down explicitly: gloo's threads destroyed during interpreter exit can abort the process.
+    dist.barrier()
+    dist.destroy_process_group()
+    return results
 
 
 def allreduce_main(argv: list[str]) -> int:

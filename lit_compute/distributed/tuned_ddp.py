@@ -15,6 +15,20 @@ from lit_compute.distributed.comm_benchmark import allreduce_sweep, default_size
 from lit_compute.distributed.nccl_settings import NCCLSettings
 
 
+def destroy_process_group(barrier: bool = True) -> None:
+    """Destroy the default process group, all ranks together.
+
+    Left to interpreter exit, gloo's worker threads can be destroyed while still joinable ("terminate called
+    without an active exception"), which aborts a spawned rank. A later fit creates a new group.
+    """
+    if dist.is_available() and dist.is_initialized():
+        try:
+            if barrier:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
 class TunedDDPStrategy(DDPStrategy):
     """Lightning's ``DDPStrategy`` with NCCL settings applied before the process group starts.
 
@@ -150,8 +164,13 @@ class TunedDDPStrategy(DDPStrategy):
                                                      self.benchmark_seconds)
             log_results(trainer, self.benchmark_results, backend)
 
+    def on_exception(self, exception: BaseException) -> None:
+        self._failed = True  # no barrier at teardown: another rank may be gone
+        super().on_exception(exception)
+
     def teardown(self) -> None:
         super().teardown()
+        destroy_process_group(barrier=not getattr(self, "_failed", False))
         # The trainer attached its accelerator to this strategy; detach it so the same (YAML-built) strategy
         # object can serve a second Trainer.fit.
         self._accelerator = None

@@ -1,0 +1,160 @@
+"""``lit-compute bench gpu``: every check a CPU-only machine cannot run, in one command, one table.
+
+On a machine without an NVIDIA GPU it says so and exits 0 without running anything. Otherwise it runs, in a
+few minutes: the recipe on ResNet-50 at 224 px with GPU DALI decode; MFU of ResNet-50 and ViT-B/16 training
+in bf16 against the table peak and a measured one; the GPU DALI vs torchvision loader ratio;
+FP32BatchNormPrecision in 16-mixed with its GradScaler; a profiler window's gpu_idle_fraction; and a
+single-process NCCL TunedDDPStrategy start-up with its settings applied. Exits non-zero if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lit_compute.bench._common import emit, machine_line, markdown
+
+
+def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) -> Any:
+    import lightning.pytorch as pl
+
+    logger = pl.loggers.TensorBoardLogger(tmp, name=name, version=0)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, limit_val_batches=0, logger=logger,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=5, **kwargs)
+    trainer.fit(model, datamodule=data)
+    return trainer, logger.log_dir
+
+
+def _scalars(log_dir: str, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def check_mfu(tmp: str) -> str:
+    from lit_compute import FlopsLogger, FP32BatchNormPrecision, ImageClassifier, TorchvisionImageDataModule
+
+    parts = []
+    for arch in ("resnet50", "vit_b_16"):
+        for peak in ("table", "measure"):
+            data = TorchvisionImageDataModule(batch_size=128, image_size=224, synthetic_images_per_class=128)
+            _, log_dir = _fit(tmp, f"mfu_{arch}_{peak}", ImageClassifier(arch, num_classes=10, channels_last=arch == "resnet50"),
+                              data, 30, callbacks=[FlopsLogger(peak=peak, log_every_n_steps=5)],
+                              plugins=[FP32BatchNormPrecision("bf16-mixed")])
+            mfu, pk = _scalars(log_dir, "compute/mfu"), _scalars(log_dir, "compute/peak_tflops")
+            if not mfu:
+                raise RuntimeError(f"{arch} peak={peak}: no compute/mfu logged")
+            parts.append(f"{arch} {peak}: MFU {100 * mfu[-1]:.1f}% of {pk[-1]:.0f} TFLOP/s")
+    return "; ".join(parts)
+
+
+def check_recipe(tmp: str) -> str:
+    from lit_compute.bench import recipe
+
+    recipe.main(["--image-size", "224", "--batch-size", "128", "--steps", "30", "--images-per-class", "128",
+                 "--log-dir", str(Path(tmp) / "recipe")])
+    return "table above"
+
+
+def check_loaders(tmp: str) -> str:
+    from lit_compute.bench import loaders
+
+    loaders.main(["--image-size", "224", "--batch-size", "128", "--images-per-class", "128", "--rounds", "2"])
+    return "table above"
+
+
+def check_fp16(tmp: str) -> str:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from lit_compute import (
+        FP32BatchNormPrecision,
+        ImageClassifier,
+        LossScaleMonitor,
+        TorchvisionImageDataModule,
+    )
+
+    plugin = FP32BatchNormPrecision("16-mixed")
+    model = ImageClassifier("resnet50", num_classes=10)
+    data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
+    _, log_dir = _fit(tmp, "fp16", model, data, 20, plugins=[plugin], callbacks=[LossScaleMonitor(log_every_n_steps=5)])
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    if any(m.weight.dtype != torch.float32 or m.running_var.dtype != torch.float32 for m in norms):
+        raise RuntimeError("a BatchNorm is not float32")
+    scale = _scalars(log_dir, "amp/loss_scale")
+    if plugin.scaler is None or not scale:
+        raise RuntimeError("no GradScaler / no amp/loss_scale")
+    return f"{len(norms)} BatchNorms float32, loss scale {scale[-1]:.0f}"
+
+
+def check_profiler(tmp: str) -> str:
+    from lit_compute import ImageClassifier, ProfilerWindow, TorchvisionImageDataModule
+
+    data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
+    _, log_dir = _fit(tmp, "profiler", ImageClassifier("resnet50", num_classes=10), data, 12,
+                      callbacks=[ProfilerWindow(start_step=5, warmup=2, active=3)])
+    idle = _scalars(log_dir, "profiler/gpu_idle_fraction")
+    if not idle or not 0.0 <= idle[-1] <= 1.0:
+        raise RuntimeError(f"profiler/gpu_idle_fraction missing or out of range: {idle}")
+    return f"gpu_idle_fraction {idle[-1]:.3f}"
+
+
+def check_nccl(tmp: str) -> str:
+    import torch.distributed as dist
+
+    from lit_compute import ImageClassifier, NCCLSettings, TorchvisionImageDataModule, TunedDDPStrategy
+
+    strategy = TunedDDPStrategy(nccl=NCCLSettings(algo="Ring", proto="Simple"), process_group_backend="nccl",
+                                bucket_cap_mb=50, comm_hook="bf16")
+    data = TorchvisionImageDataModule(batch_size=32, image_size=64, synthetic_images_per_class=32)
+    trainer, _ = _fit(tmp, "nccl", ImageClassifier("resnet18", num_classes=10), data, 5, strategy=strategy)
+    backend = dist.get_backend() if dist.is_initialized() else strategy.effective_config("nccl")["backend"]
+    if os.environ.get("NCCL_ALGO") != "Ring" or os.environ.get("NCCL_PROTO") != "Simple":
+        raise RuntimeError("NCCL settings not in the environment")
+    config = strategy.effective_config("nccl")
+    return f"backend {backend}, NCCL {config['nccl_version']}, NCCL_ALGO=Ring, bucket {config['bucket_cap_mb']} MiB"
+
+
+CHECKS: list[tuple[str, Callable[[str], str]]] = [
+    ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
+    ("MFU ResNet-50 / ViT-B/16 bf16 (table, measure)", check_mfu),
+    ("DALI GPU vs torchvision loader", check_loaders),
+    ("FP32BatchNormPrecision 16-mixed + GradScaler", check_fp16),
+    ("ProfilerWindow gpu_idle_fraction", check_profiler),
+    ("TunedDDPStrategy single-process NCCL", check_nccl),
+]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__)
+    parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        emit("lit-compute bench gpu: no NVIDIA GPU on this machine (torch.cuda.is_available() is False); nothing run.")
+        return 0
+    emit(f"# bench gpu: {torch.cuda.get_device_name(0)}, {time.strftime('%Y-%m-%d')}\n# {machine_line()}\n")
+    rows, failed = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, check in CHECKS:
+            if args.only and not any(w.lower() in name.lower() for w in args.only):
+                continue
+            start = time.perf_counter()
+            try:
+                result, ok = check(tmp), "pass"
+            except Exception as err:  # noqa: BLE001 - one failing check must not hide the others
+                result, ok = f"{type(err).__name__}: {err}", "FAIL"
+                failed += 1
+                emit(traceback.format_exc())
+            rows.append([name, ok, result, f"{time.perf_counter() - start:.0f}s"])
+    emit(markdown(["check", "status", "result", "time"], rows))
+    return 1 if failed else 0

@@ -1,0 +1,133 @@
+"""``lit-compute bench recipe``: the same model on the same data, baseline vs optimised, one change at a time.
+
+Rows are cumulative: each adds one change to the row above. Every row runs a StepTimeMonitor (its overhead
+was measured at <= 1.01) so the data-wait fraction is known; the optimised row adds FlopsLogger, so the
+cost of observing is inside the optimised figure. MFU is the model's counted FLOPs per sample x samples/s,
+over the peak measured on this device in the row's dtype. Each row writes TensorBoard logs under
+``--log-dir``, so ``lit-compute report`` can compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median
+from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
+from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops
+from lit_compute.models import ImageClassifier
+from lit_compute.monitoring import StepTimeMonitor
+from lit_compute.precision import FP32BatchNormPrecision
+
+
+def low_precision(device: str) -> str:
+    """bf16-mixed where bf16 matmuls are fast (GPUs with bf16, CPUs with bf16 units), else 16-mixed on GPU."""
+    if device == "cuda":
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    fp32 = measure_peak_flops("cpu", torch.float32, size=1024, seconds=0.3)
+    bf16 = measure_peak_flops("cpu", torch.bfloat16, size=1024, seconds=0.3)
+    return "bf16-mixed" if bf16 > 1.2 * fp32 else "32-true"
+
+
+def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
+    precision = low_precision(device)
+    base: dict[str, Any] = {"workers": 0, "precision": "32-true", "channels_last": False, "dali": False,
+                            "observe": False, "tuned_ddp": False}
+    steps = [
+        ("baseline: 32-true, torchvision, num_workers=0", {}),
+        ("+ DataLoader workers (75% of cores), persistent", {"workers": None}),
+        (f"+ FP32BatchNormPrecision {precision}", {"precision": precision}),
+        ("+ channels_last", {"channels_last": True}),
+        ("+ DALIImageDataModule (optimised, FlopsLogger on)", {"dali": True, "observe": True,
+                                                               "tuned_ddp": args.devices > 1}),
+    ]
+    rows, current = [], dict(base)
+    for name, change in steps:
+        current = {**current, **change}
+        rows.append({"name": name, **current})
+    return rows
+
+
+def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path, index: int) -> dict[str, Any]:
+    from lit_compute.distributed import TunedDDPStrategy
+
+    pl.seed_everything(0, verbose=False)
+    common = dict(batch_size=args.batch_size, image_size=args.image_size, min_crop_scale=0.35,
+                  synthetic_images_per_class=args.images_per_class)
+    if row["dali"]:
+        data: pl.LightningDataModule = DALIImageDataModule(channels_last=row["channels_last"], **common)
+    else:
+        data = TorchvisionImageDataModule(num_workers=row["workers"], **common)
+    model = ImageClassifier(args.model, num_classes=10, channels_last=row["channels_last"])
+    timer = StepTimer(skip=3, sync=True)
+    callbacks: list[pl.Callback] = [timer, StepTimeMonitor(log_every_n_steps=5, window=20)]
+    if row["observe"]:
+        callbacks.append(FlopsLogger(peak="measure", log_every_n_steps=5))
+    kwargs: dict[str, Any] = {}
+    if row["precision"] != "32-true":
+        kwargs["plugins"] = [FP32BatchNormPrecision(row["precision"])]
+    if args.devices > 1:
+        # the baseline rows use plain settings (torch's 25 MiB buckets, no hook) through the same strategy class
+        kwargs["strategy"] = TunedDDPStrategy(start_method="spawn", bucket_cap_mb=100 if row["tuned_ddp"] else None,
+                                              gradient_as_bucket_view=row["tuned_ddp"])
+    logger = pl.loggers.TensorBoardLogger(str(log_dir), name=f"row{index}", version=0)
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, max_steps=args.steps,
+                         limit_val_batches=0, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=5, **kwargs)
+    trainer.fit(model, datamodule=data)
+    acc = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    waits = [e.value for e in acc.Scalars("time/data_wait_fraction")] if "time/data_wait_fraction" in scalars else []
+    sps = [e.value for e in acc.Scalars("time/samples_per_sec")] if "time/samples_per_sec" in scalars else []
+    step = median(timer.times) if timer.times else float("nan")
+    samples_per_sec = args.batch_size * args.devices / step if timer.times else (statistics.fmean(sps) if sps else float("nan"))
+    return {"samples_per_sec": samples_per_sec, "data_wait": statistics.fmean(waits) if waits else float("nan")}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute bench recipe", description=__doc__)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--images-per-class", type=int, default=100)
+    parser.add_argument("--log-dir", default="bench_logs/recipe")
+    args = parser.parse_args(argv)
+    device = "cuda" if args.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+    log_dir = Path(args.log_dir)
+    rows = rows_for(args, device)
+    with torch.device("meta"):
+        meta_model = ImageClassifier(args.model, num_classes=10).net.train()
+    # batch 2: BatchNorm in train mode refuses a batch of one
+    flops_per_sample = count_flops(meta_model, torch.zeros(2, 3, args.image_size, args.image_size), count_on="meta").total / 2
+    peaks = {}
+    results = []
+    for i, row in enumerate(rows):
+        dtype = torch.bfloat16 if row["precision"].startswith("bf16") else (
+            torch.float16 if row["precision"].startswith("16") else torch.float32)
+        if dtype not in peaks:
+            peaks[dtype] = measure_peak_flops(device, dtype) * args.devices
+        measured = run_row(row, args, log_dir, i)
+        measured["mfu"] = flops_per_sample * measured["samples_per_sec"] / peaks[dtype]
+        results.append(measured)
+        emit(f"  {row['name']}: {measured['samples_per_sec']:.1f} samples/s")
+    base = results[0]["samples_per_sec"]
+    table = [[row["name"], round(r["samples_per_sec"], 1), round(1e3 / r["samples_per_sec"], 2),
+              f"{100 * r['mfu']:.1f}%", f"{100 * r['data_wait']:.1f}%", f"{r['samples_per_sec'] / base:.2f}x"]
+             for row, r in zip(rows, results)]
+    emit(f"\n# bench recipe: {args.model} at {args.image_size}px, batch {args.batch_size}, {args.steps} steps per row, "
+         f"{args.devices} device(s) on {device}; forward+backward {flops_per_sample / 1e9:.3f} GFLOPs per sample\n"
+         f"# {machine_line()}\n# TensorBoard logs: {log_dir} (lit-compute report {log_dir} --out recipe.md)\n")
+    emit(markdown(["configuration", "samples/s", "ms per sample", "MFU", "data wait", "vs baseline"], table))
+    emit(f"\noptimised / baseline samples per second: {results[-1]['samples_per_sec'] / base:.2f}x")
+    return 0

@@ -1,0 +1,64 @@
+"""Benchmarks are not tests: these only check that each runs on tiny settings and prints its table."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lit_compute.cli import main
+
+
+def _rows(out: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("|") and not line.startswith("|-") and not line.startswith("|--")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "header"),
+    [
+        (["flops", "--models", "resnet18", "vit_b_32", "--plain-on", "meta"], "ours / published"),
+        (["overhead", "--callback", "flops", "--steps", "5", "--rounds", "2", "--image-size", "32", "--batch-size", "4"],
+         "ratio to without"),
+        (["overhead", "--callback", "profiler", "--steps", "5", "--rounds", "1", "--image-size", "32",
+          "--batch-size", "4"], "ratio to without"),
+        (["precision", "--model", "resnet18", "--image-size", "32", "--steps", "4", "--rounds", "1"],
+         "speed-up vs 32-true"),
+        (["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
+         "ratio to torchvision"),
+        (["allreduce", "--nprocs", "2", "--max-mb", "0.1", "--seconds", "5"], "busbw (GB/s)"),
+    ],
+    ids=["flops", "overhead-flops", "overhead-profiler", "precision", "loaders", "allreduce"],
+)
+def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    assert main(["bench", *argv]) == 0
+    out = capsys.readouterr().out
+    assert header in out
+    rows = _rows(out)
+    assert len(rows) >= 3  # header + at least two rows
+
+
+def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, capsys):
+    assert main(["bench", "recipe", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--steps", "6",
+                 "--images-per-class", "8", "--log-dir", str(tmp_path / "logs")]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)[1:]
+    assert [r[0].split(":")[0].split(" (")[0] for r in rows][:2] == ["baseline", "+ DataLoader workers"]
+    assert len(rows) == 5 and rows[-1][0].startswith("+ DALIImageDataModule")
+    base = float(rows[0][1])
+    for row in rows:
+        sps, ratio = float(row[1]), float(row[5].rstrip("x"))
+        assert ratio == pytest.approx(sps / base, abs=0.01)
+        assert float(row[2]) == pytest.approx(1e3 / sps, rel=0.01)
+    assert len(list((tmp_path / "logs").glob("row*/version_0/events.out.tfevents.*"))) == 5
+    assert re.search(r"optimised / baseline samples per second: [0-9.]+x", out)
+
+
+def test_bench_gpu_without_a_gpu_says_so_and_exits_0(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: bench gpu would run the real checks")
+    assert main(["bench", "gpu"]) == 0
+    assert "no NVIDIA GPU" in capsys.readouterr().out
