@@ -50,7 +50,7 @@ class ProfilerWindow(MeasuringCallback):
         - ``profiler/peak_memory_mb``: peak allocated memory in the window (``profile_memory=True``).
         - ``profiler/gpu_idle_fraction``: GPU only; window span minus merged kernel time, as a share.
         - ``profiler/comm_overlap_fraction``: GPU DDP only; share of NCCL kernel time overlapped by compute kernels.
-        - text ``profiler/top_ops``: top ops by self time, per window.
+        - text ``profiler/top_ops``: top ops by self time, per window; text ``profiler/key_averages``: the op table.
 
     Args:
         start_step: First profiled (active) step of the first window.
