@@ -51,7 +51,8 @@ def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, cap
         sps, ratio = float(row[1]), float(row[5].rstrip("x"))
         assert ratio == pytest.approx(sps / base, abs=0.01)
         assert float(row[2]) == pytest.approx(1e3 / sps, rel=0.01)
-    assert len(list((tmp_path / "logs").glob("row*/version_0/events.out.tfevents.*"))) == 5
+    runs = sorted(p.parts[-3] for p in (tmp_path / "logs").glob("*/version_0/events.out.tfevents.*"))
+    assert len(runs) == 5 and runs[0] == "0_baseline" and runs[-1] == "4_dali_optimised"
     assert re.search(r"optimised / baseline samples per second: [0-9.]+x", out)
 
 

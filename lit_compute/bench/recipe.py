@@ -40,21 +40,21 @@ def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
     base: dict[str, Any] = {"workers": 0, "precision": "32-true", "channels_last": False, "dali": False,
                             "observe": False, "tuned_ddp": False}
     steps = [
-        ("baseline: 32-true, torchvision, num_workers=0", {}),
-        ("+ DataLoader workers (75% of cores), persistent", {"workers": None}),
-        (f"+ FP32BatchNormPrecision {precision}", {"precision": precision}),
-        ("+ channels_last", {"channels_last": True}),
-        ("+ DALIImageDataModule (optimised, FlopsLogger on)", {"dali": True, "observe": True,
-                                                               "tuned_ddp": args.devices > 1}),
+        ("0_baseline", "baseline: 32-true, torchvision, num_workers=0", {}),
+        ("1_workers", "+ DataLoader workers (75% of cores), persistent", {"workers": None}),
+        (f"2_{precision}", f"+ FP32BatchNormPrecision {precision}", {"precision": precision}),
+        ("3_channels_last", "+ channels_last", {"channels_last": True}),
+        ("4_dali_optimised", "+ DALIImageDataModule (optimised, FlopsLogger on)",
+         {"dali": True, "observe": True, "tuned_ddp": args.devices > 1}),
     ]
     rows, current = [], dict(base)
-    for name, change in steps:
+    for slug, name, change in steps:
         current = {**current, **change}
-        rows.append({"name": name, **current})
+        rows.append({"slug": slug, "name": name, **current})
     return rows
 
 
-def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path, index: int) -> dict[str, Any]:
+def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     from lit_compute.distributed import TunedDDPStrategy
 
     pl.seed_everything(0, verbose=False)
@@ -76,7 +76,7 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path, index:
         # the baseline rows use plain settings (torch's 25 MiB buckets, no hook) through the same strategy class
         kwargs["strategy"] = TunedDDPStrategy(start_method="spawn", bucket_cap_mb=100 if row["tuned_ddp"] else None,
                                               gradient_as_bucket_view=row["tuned_ddp"])
-    logger = pl.loggers.TensorBoardLogger(str(log_dir), name=f"row{index}", version=0)
+    logger = pl.loggers.TensorBoardLogger(str(log_dir), name=row["slug"], version=0)
     trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, max_steps=args.steps,
                          limit_val_batches=0, num_sanity_val_steps=0, logger=logger, callbacks=callbacks,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -112,12 +112,12 @@ def main(argv: list[str]) -> int:
     flops_per_sample = count_flops(meta_model, torch.zeros(2, 3, args.image_size, args.image_size), count_on="meta").total / 2
     peaks = {}
     results = []
-    for i, row in enumerate(rows):
+    for row in rows:
         dtype = torch.bfloat16 if row["precision"].startswith("bf16") else (
             torch.float16 if row["precision"].startswith("16") else torch.float32)
         if dtype not in peaks:
             peaks[dtype] = measure_peak_flops(device, dtype) * args.devices
-        measured = run_row(row, args, log_dir, i)
+        measured = run_row(row, args, log_dir)
         measured["mfu"] = flops_per_sample * measured["samples_per_sec"] / peaks[dtype]
         results.append(measured)
         emit(f"  {row['name']}: {measured['samples_per_sec']:.1f} samples/s")
