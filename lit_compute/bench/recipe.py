@@ -88,7 +88,9 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
     waits = [e.value for e in acc.Scalars("time/data_wait_fraction")] if "time/data_wait_fraction" in scalars else []
     sps = [e.value for e in acc.Scalars("time/samples_per_sec")] if "time/samples_per_sec" in scalars else []
     step = median(timer.times) if timer.times else float("nan")
-    samples_per_sec = args.batch_size * args.devices / step if timer.times else (statistics.fmean(sps) if sps else float("nan"))
+    # under spawned DDP the timer lives in the children: fall back to rank 0's logged samples/s x ranks
+    samples_per_sec = args.batch_size * args.devices / step if timer.times else (
+        statistics.fmean(sps) * args.devices if sps else float("nan"))
     return {"samples_per_sec": samples_per_sec, "data_wait": statistics.fmean(waits) if waits else float("nan")}
 
 
