@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
+import nvidia.dali  # noqa: E402,F401 - part of the test install (.[all,dev]): a missing DALI fails, never skips
 import pytest
 import torch
 from PIL import Image
@@ -16,7 +17,6 @@ from lit_compute.data import make_synthetic_image_folder
 
 from .conftest import TINY_DATA, SpawnDDP, make_trainer, tiny_model
 
-pytest.importorskip("nvidia.dali", reason="DALI is part of the test install (.[all,dev])")
 pytestmark = pytest.mark.dali
 
 SMALL = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8)

@@ -24,10 +24,10 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench precision", description=__doc__)
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                         help="channels-last memory format in every configuration")

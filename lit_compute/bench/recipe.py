@@ -97,9 +97,9 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench recipe", description=__doc__)
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--images-per-class", type=int, default=100)
