@@ -101,7 +101,7 @@ def test_every_n_steps_gives_two_windows(tmp_path):
 
 
 def test_slow_step_triggers_a_window(tmp_path):
-    window = ProfilerWindow(start_step=1000, warmup=1, active=2, on_slow_step=3.0)
+    window = ProfilerWindow(start_step=1000, warmup=1, active=2, on_slow_step=20.0)  # 0.5 s vs ~10 ms steps
     trainer = make_trainer(tmp_path, max_steps=16, limit_train_batches=16, callbacks=[window], limit_val_batches=0)
     trainer.fit(_Small(sleep_at=9), train_dataloaders=_loader())
     traces = _traces(trainer)
