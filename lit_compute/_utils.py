@@ -33,6 +33,10 @@ class MeasuringCallback(Callback):
 
     Hooks decorated with :func:`guarded` catch any exception, warn once with what failed and what is now
     disabled, call :meth:`_teardown` and turn the callback off for the rest of the run.
+
+    Every lit_compute callback logs through :func:`log_scalars`, which also writes, once per run, the text
+    ``lit_compute/run`` (precision, device, world size, strategy) and keeps TensorBoard's custom-scalars layout
+    up to date with the tags logged so far.
     """
 
     _disabled: bool = False

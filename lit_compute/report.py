@@ -171,6 +171,13 @@ def _norm_share(run: Run) -> float | None:
     return 1.0 if "bn" in tables[0].lower() or "norm" in tables[0].lower() else 0.0
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     """PNG plots of one run (headless matplotlib)."""
     import matplotlib
@@ -191,10 +198,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel("ms per step")
         ax.set_title(f"Step time breakdown: {run.name}")
         ax.legend(loc="upper right")
-        fig.tight_layout()
-        paths.append(out_dir / f"run{index}_step_time.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out_dir / f"run{index}_step_time.png"))
     tflops, mfu = run.scalars.get("compute/global_tflops_per_sec"), run.scalars.get("compute/mfu")
     if tflops:
         fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -206,10 +210,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
             ax2.plot([s for s, _ in mfu], [100 * v for _, v in mfu], color="#c44e52", label="MFU %")
             ax2.set_ylabel("MFU %")
         ax.set_title(f"Throughput: {run.name}")
-        fig.tight_layout()
-        paths.append(out_dir / f"run{index}_tflops_mfu.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out_dir / f"run{index}_tflops_mfu.png"))
     scale = run.scalars.get("amp/loss_scale")
     if scale:
         fig, ax = plt.subplots(figsize=(7, 3))
@@ -218,10 +219,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel("loss scale")
         ax.set_title(f"Loss scale: {run.name}")
-        fig.tight_layout()
-        paths.append(out_dir / f"run{index}_loss_scale.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out_dir / f"run{index}_loss_scale.png"))
     return paths
 
 

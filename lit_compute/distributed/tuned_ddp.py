@@ -47,6 +47,11 @@ class TunedDDPStrategy(DDPStrategy):
     The effective configuration (backend, NCCL version, world size, variables, bucket size, hook) is logged
     once as TensorBoard text ``ddp/config`` and as hparams ``ddp/*``.
 
+    Logged metrics:
+        - text ``ddp/config`` and hparams ``ddp/<setting>``: the effective configuration, once.
+        - ``comm/allreduce_busbw_gbps``, ``comm/allreduce_algbw_gbps`` (step = message bytes) and text
+          ``comm/allreduce_table``: with ``benchmark_collectives=True``.
+
     Args:
         nccl: NCCL environment settings.
         bucket_cap_mb: DDP gradient bucket size in MiB (torch's default is 25).
