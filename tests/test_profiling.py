@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lit_compute import ProfilerWindow, profile_model
+from lit_compute.profiling.trace_summary import summarize_trace
 
 from .conftest import make_trainer, read_events, scalar_values, text_values
 
@@ -72,7 +73,30 @@ def _log_dir(trainer):
 def _profiler_steps(path) -> list[int]:
     events = json.loads(path.read_text())["traceEvents"]
     return sorted(int(m.group(1)) for e in events if e.get("ph") == "X"
+                  and not str(e.get("cat", "")).startswith("gpu_")  # the GPU timeline's copy of the range
                   and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
+
+
+def test_summary_of_a_cuda_trace_counts_each_step_once_and_measures_gpu_idle_and_overlap():
+    """The shape of a Kineto trace on CUDA: each ProfilerStep#N on the CPU and again on the GPU timeline."""
+    def x(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        x("user_annotation", "ProfilerStep#5", 0, 100), x("user_annotation", "ProfilerStep#6", 100, 100),
+        # GPU copies: the kernels lag the CPU ranges, the last ends at 250
+        x("gpu_user_annotation", "ProfilerStep#5", 20, 110), x("gpu_user_annotation", "ProfilerStep#6", 140, 110),
+        x("kernel", "sm90_gemm", 20, 60), x("kernel", "ncclDevKernel_AllReduce", 60, 40),  # 20 us overlap
+        x("kernel", "sm90_gemm", 140, 50), x("kernel", "elementwise", 230, 20),
+        x("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 100, 10),
+    ]
+    summary = summarize_trace({"traceEvents": events})
+    assert summary.steps == [5, 6]
+    assert summary.step_time_ms == pytest.approx(0.1)  # 100 us CPU steps, not the GPU copies
+    assert summary.dataloader_fraction == pytest.approx(10 / 200)
+    # window 0..250 us (GPU finished at 250): busy 20..100, 140..190, 230..250 = 150 us
+    assert summary.gpu_idle_fraction == pytest.approx(1 - 150 / 250)
+    assert summary.comm_overlap_fraction == pytest.approx(20 / 40)
 
 
 def test_window_at_steps_5_to_7_writes_trace_table_and_scalars(tmp_path):

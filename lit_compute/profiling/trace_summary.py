@@ -69,8 +69,18 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     if not isinstance(trace, dict):
         trace = json.loads(Path(trace).read_text())
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
-    steps = [(int(m.group(1)), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-             for e in events if e.get("ph") == "X" and (m := _STEP.match(str(e.get("name", ""))))]
+    # On CUDA, Kineto writes each ProfilerStep#N twice: the CPU range (cat "user_annotation") and its copy
+    # on the GPU timeline (cat "gpu_user_annotation", first to last kernel of the step, usually later than
+    # the CPU range because kernels run asynchronously). Steps and their times come from the CPU ranges; the
+    # GPU copies extend the window to where the GPU finished the window's work.
+    steps, gpu_ends = [], []
+    for e in events:
+        if e.get("ph") != "X" or not (m := _STEP.match(str(e.get("name", "")))):
+            continue
+        if str(e.get("cat", "")).lower().startswith("gpu_"):
+            gpu_ends.append(float(e["ts"]) + float(e.get("dur", 0)))
+        else:
+            steps.append((int(m.group(1)), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
     summary = WindowSummary()
     if not steps:
         return summary
@@ -89,8 +99,9 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     kernels = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"]
     if kernels:
         spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
-        busy = _merge(_clip(spans, lo, hi))
-        summary.gpu_idle_fraction = max(0.0, 1.0 - _length(busy) / span) if span > 0 else None
+        gpu_hi = max([hi] + gpu_ends)
+        busy = _merge(_clip(spans, lo, gpu_hi))
+        summary.gpu_idle_fraction = max(0.0, 1.0 - _length(busy) / (gpu_hi - lo)) if gpu_hi > lo else None
         comm = _merge([s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()])
         compute = _merge([s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()])
         if comm:
