@@ -216,6 +216,26 @@ def test_peak_values_are_dense_and_tf32_aware():
         assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == pytest.approx(156e12)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = True, False
         assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == pytest.approx(156e12)
+        # pre-Ampere: no TF32 units, the switches change nothing
+        torch.backends.cudnn.allow_tf32 = True
+        assert peak_flops("Tesla V100-SXM2-16GB", torch.float32) == pytest.approx(15.7e12)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_float32_peak_weighs_convolutions_and_matmuls_by_their_own_tf32_switch():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    by_op = {"aten.convolution": 3e9, "aten.convolution_backward": 6e9, "aten.mm": 1e9}
+    try:
+        # torch's defaults: convolutions on TF32 (156 TF on A100), matmuls in full float32 (19.5 TF)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        expected = 10e9 / (9e9 / 156e12 + 1e9 / 19.5e12)
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32, by_op) == pytest.approx(expected)
+        # a transformer (matmuls only) counts against the float32 peak, not TF32
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32, {"aten.mm": 1e9}) == pytest.approx(19.5e12)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.float32, by_op) == pytest.approx(156e12)
+        assert peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16, by_op) == pytest.approx(312e12)  # not float32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 

@@ -110,19 +110,38 @@ def check_profiler(tmp: str) -> str:
 
 
 def check_nccl(tmp: str) -> str:
+    import lightning.pytorch as pl
     import torch.distributed as dist
 
     from lit_compute import ImageClassifier, NCCLSettings, TorchvisionImageDataModule, TunedDDPStrategy
 
-    strategy = TunedDDPStrategy(nccl=NCCLSettings(algo="Ring", proto="Simple"), process_group_backend="nccl",
-                                bucket_cap_mb=50, comm_hook="bf16")
+    class Seen(pl.Callback):
+        """What the process looked like once training started (the group is destroyed at teardown)."""
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.backend = dist.get_backend() if dist.is_initialized() else "none"
+            self.env = {k: os.environ.get(k) for k in ("NCCL_ALGO", "NCCL_PROTO")}
+
+    nccl_log = Path(tmp) / "nccl.log"
+    strategy = TunedDDPStrategy(
+        nccl=NCCLSettings(algo="Ring", proto="Simple", debug="INFO", debug_subsys="INIT,ENV",
+                          extra={"NCCL_DEBUG_FILE": str(nccl_log)}),
+        process_group_backend="nccl", bucket_cap_mb=50, comm_hook="bf16")
+    seen = Seen()
     data = TorchvisionImageDataModule(batch_size=32, image_size=64, synthetic_images_per_class=32)
-    trainer, _ = _fit(tmp, "nccl", ImageClassifier("resnet18", num_classes=10), data, 5, strategy=strategy)
-    backend = dist.get_backend() if dist.is_initialized() else strategy.effective_config("nccl")["backend"]
-    if os.environ.get("NCCL_ALGO") != "Ring" or os.environ.get("NCCL_PROTO") != "Simple":
-        raise RuntimeError("NCCL settings not in the environment")
+    _fit(tmp, "nccl", ImageClassifier("resnet18", num_classes=10), data, 5, strategy=strategy, callbacks=[seen])
+    if seen.backend != "nccl":
+        raise RuntimeError(f"process group backend {seen.backend!r}, expected 'nccl'")
+    if seen.env != {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}:
+        raise RuntimeError(f"NCCL settings not in the environment during training: {seen.env}")
     config = strategy.effective_config("nccl")
-    return f"backend {backend}, NCCL {config['nccl_version']}, NCCL_ALGO=Ring, bucket {config['bucket_cap_mb']} MiB"
+    # NCCL reads its variables when its first communicator starts; its own log says what it saw
+    logged = nccl_log.read_text(errors="replace") if nccl_log.exists() else ""
+    confirmed = [line.split("NCCL INFO", 1)[-1].strip() for line in logged.splitlines()
+                 if "NCCL_ALGO" in line or "NCCL_PROTO" in line]
+    return (f"backend {seen.backend}, NCCL {config['nccl_version']}, NCCL_ALGO=Ring NCCL_PROTO=Simple set before "
+            f"init, bucket {config['bucket_cap_mb']:.0f} MiB, bf16 hook; NCCL's log: "
+            f"{'; '.join(confirmed[:2]) if confirmed else 'no line naming NCCL_ALGO/NCCL_PROTO'}")
 
 
 CHECKS: list[tuple[str, Callable[[str], str]]] = [

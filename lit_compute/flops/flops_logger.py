@@ -82,7 +82,9 @@ class FlopsLogger(MeasuringCallback):
 
     Args:
         log_every_n_steps: Log every n optimizer steps (default: the trainer's ``log_every_n_steps``).
-        peak: ``"table"``: the dense peak of the device and dtype from :data:`~lit_compute.flops.PEAK_TABLE`;
+        peak: ``"table"``: the dense peak of the device and dtype from :data:`~lit_compute.flops.PEAK_TABLE`
+            (float32 on CUDA: TF32 for the convolutions and matmuls whose TF32 switch is on, weighted by their
+            counted FLOPs);
             ``"measure"``: time a large GEMM in the training dtype on the device at fit start (how MFU works
             on CPUs and GPUs missing from the table); ``"none"``: no MFU.
         peak_flops: Per-device peak FLOP/s; overrides ``peak``.
@@ -156,6 +158,7 @@ class FlopsLogger(MeasuringCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset_run_state()
         self.peak_used = self._resolve_peak(trainer)
+        self._peak_refined = False
 
     def _resolve_peak(self, trainer: pl.Trainer) -> float | None:
         if self.peak_flops is not None:
@@ -213,7 +216,20 @@ class FlopsLogger(MeasuringCallback):
                 "lower bounds. Register a formula with torch.utils.flop_counter.register_flop_formula.",
             )
         self.counts[sig] = count
+        self._refine_peak(trainer, count)
         return count
+
+    def _refine_peak(self, trainer: pl.Trainer, count: FlopCount) -> None:
+        """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
+        if self.peak != "table" or self.peak_flops is not None or getattr(self, "_peak_refined", True):
+            return
+        device = trainer.strategy.root_device
+        if device.type != "cuda" or precision_dtype(trainer.precision) != torch.float32:
+            return
+        self._peak_refined = True
+        value = peak_flops(device, torch.float32, count.by_op)
+        if value:
+            self.peak_used = value
 
     # -- training -------------------------------------------------------------------------------------
     @guarded

@@ -95,13 +95,20 @@ def chip_for_name(device_name: str) -> str | None:
     return None
 
 
-def tf32_enabled() -> bool:
-    """True when float32 matmuls or cuDNN convolutions may run on TF32 tensor cores."""
-    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
+def tf32_enabled(kind: str = "any") -> bool:
+    """True when float32 work of ``kind`` may run on TF32 tensor cores.
+
+    ``"matmul"``: matmuls (``torch.backends.cuda.matmul.allow_tf32`` or a float32 matmul precision other than
+    ``"highest"``; off by default); ``"conv"``: cuDNN convolutions (``torch.backends.cudnn.allow_tf32``, on by
+    default); ``"any"``: either.
+    """
+    matmul = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    conv = bool(torch.backends.cudnn.allow_tf32)
+    return {"matmul": matmul, "conv": conv}.get(kind, matmul or conv)
 
 
-def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda") -> str:
-    """The table column for ``dtype``: float32 becomes ``tf32`` on CUDA when TF32 is enabled."""
+def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda", kind: str = "any") -> str:
+    """The table column for ``dtype``: float32 becomes ``tf32`` on CUDA when TF32 is enabled for ``kind``."""
     if isinstance(dtype, str):
         key = dtype
     elif dtype in _DTYPE_NAMES:
@@ -110,19 +117,23 @@ def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda") -> str:
         key = "float8"
     else:
         raise ValueError(f"peak_flops(dtype={dtype}) has no peak; use float32, tf32, bfloat16, float16 or float8")
-    if key == "float32" and device_type == "cuda" and tf32_enabled():
+    if key == "float32" and device_type == "cuda" and tf32_enabled(kind):
         return "tf32"
     return key
 
 
-def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str = torch.float32) -> float | None:
+def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str = torch.float32,
+               flops_by_op: dict[str, int] | None = None) -> float | None:
     """Dense peak FLOP/s of a GPU for ``dtype``, from :data:`PEAK_TABLE`; None when unknown (CPUs included).
 
     Args:
         device: A CUDA ``torch.device``/index (its name is read with ``torch.cuda.get_device_name``), or a
             device name string such as ``"NVIDIA H200"``.
-        dtype: The dtype the matmuls run in. float32 counts against the TF32 peak when TF32 is enabled for
-            matmuls or cuDNN convolutions.
+        dtype: The dtype the matmuls run in. float32 counts against the TF32 peak where TF32 is enabled.
+        flops_by_op: FLOPs per op (:attr:`FlopCount.by_op`). For float32, convolutions and matmuls have separate
+            TF32 switches (cuDNN's is on by default, matmul's off), so the peak is the one that makes the
+            time add up: ``total / sum(flops_op / peak_op)``. Without it, float32 counts against TF32 when either
+            switch is on.
 
     Example:
         >>> peak_flops("NVIDIA H200", torch.bfloat16) / 1e12
@@ -138,7 +149,21 @@ def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str
     chip = chip_for_name(name)
     if chip is None:
         return None
-    return PEAK_TABLE[chip].get(dtype_key(dtype, "cuda"))
+    peaks = PEAK_TABLE[chip]
+
+    def peak(kind: str) -> float | None:
+        key = dtype_key(dtype, "cuda", kind)
+        # before Ampere there are no TF32 units: torch's TF32 switches change nothing there
+        return peaks.get(key) or (peaks.get("float32") if key == "tf32" else None)
+
+    if dtype_key(dtype, "cpu") != "float32" or not flops_by_op:
+        return peak("any")
+    conv = sum(f for op, f in flops_by_op.items() if "convolution" in op)
+    other = sum(flops_by_op.values()) - conv
+    conv_peak, other_peak = peak("conv"), peak("matmul")
+    if conv_peak is None or other_peak is None or conv + other <= 0:
+        return peak("any")
+    return (conv + other) / (conv / conv_peak + other / other_peak)
 
 
 def measure_peak_flops(
