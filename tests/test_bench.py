@@ -63,3 +63,21 @@ def test_bench_gpu_without_a_gpu_says_so_and_exits_0(capsys):
         pytest.skip("this machine has a GPU: bench gpu would run the real checks")
     assert main(["bench", "gpu"]) == 0
     assert "no NVIDIA GPU" in capsys.readouterr().out
+
+
+def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvision(tmp_path, capsys, monkeypatch):
+    import lit_compute.bench.recipe as recipe
+
+    monkeypatch.setattr(recipe, "dali_available", lambda: False)
+    argv = ["bench", "recipe", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--steps", "6",
+            "--images-per-class", "8", "--log-dir", str(tmp_path / "logs")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "NVIDIA DALI is not installed" in err and "--no-dali" in err
+    assert not (tmp_path / "logs").exists()  # nothing trained
+    assert main([*argv, "--no-dali"]) == 0
+    rows = _rows(capsys.readouterr().out)[1:]
+    assert len(rows) == 5 and rows[-1][0].startswith("+ FlopsLogger on (optimised, torchvision loader)")
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir())[-1] == "4_optimised"

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from lit_compute.bench._common import emit, machine_line, markdown
+from lit_compute.data.dali_datamodule import dali_available
 
 
 def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) -> Any:
@@ -59,17 +60,26 @@ def check_mfu(tmp: str) -> str:
     return "; ".join(parts)
 
 
+NO_DALI = "NVIDIA DALI is not installed (pip install 'lit-compute[dali]')"
+
+
 def check_recipe(tmp: str) -> str:
     from lit_compute.bench import recipe
 
-    recipe.main(["--image-size", "224", "--batch-size", "128", "--steps", "30", "--images-per-class", "128",
-                 "--log-dir", str(Path(tmp) / "recipe")])
+    argv = ["--image-size", "224", "--batch-size", "128", "--steps", "30", "--images-per-class", "128",
+            "--log-dir", str(Path(tmp) / "recipe")]
+    if not dali_available():  # the rows that need no DALI still run and print their table
+        recipe.main([*argv, "--no-dali"])
+        raise RuntimeError(f"{NO_DALI}: the recipe ran with --no-dali (table above), its GPU DALI row did not")
+    recipe.main(argv)
     return "table above"
 
 
 def check_loaders(tmp: str) -> str:
     from lit_compute.bench import loaders
 
+    if not dali_available():
+        raise RuntimeError(f"{NO_DALI}: nothing to compare")
     loaders.main(["--image-size", "224", "--batch-size", "128", "--images-per-class", "128", "--rounds", "2"])
     return "table above"
 
@@ -170,7 +180,7 @@ def main(argv: list[str]) -> int:
             start = time.perf_counter()
             try:
                 result, ok = check(tmp), "pass"
-            except Exception as err:  # noqa: BLE001 - one failing check must not hide the others
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - one failing check must not hide the others
                 result, ok = f"{type(err).__name__}: {err}", "FAIL"
                 failed += 1
                 emit(traceback.format_exc())

@@ -10,6 +10,7 @@ import torch
 from lit_compute._utils import available_cpu_cores
 from lit_compute.bench._common import emit, machine_line, markdown, median
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
+from lit_compute.data.dali_datamodule import dali_available
 
 
 def _epoch_rate(loader, device: torch.device | None) -> float:
@@ -32,6 +33,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers = DALI threads (default: the cores)")
     args = parser.parse_args(argv)
+    if not dali_available():
+        parser.error("NVIDIA DALI is not installed, so there is nothing to compare: pip install 'lit-compute[dali]'")
     cores = args.workers or available_cpu_cores()
     common = dict(data_dir=args.data_dir, batch_size=args.batch_size, image_size=args.image_size,
                   synthetic_images_per_class=args.images_per_class)
@@ -64,4 +67,6 @@ def main(argv: list[str]) -> int:
     emit(markdown(["loader", "images/s (median)", "ratio to torchvision"], rows))
     ratio = median(rates["DALI CPU pipeline"]) / base
     emit(f"\nDALI CPU / torchvision images per second: {ratio:.2f}")
+    if "DALI GPU pipeline (mixed decode)" in rates:
+        emit(f"DALI GPU / torchvision images per second: {median(rates['DALI GPU pipeline (mixed decode)']) / base:.2f}")
     return 0

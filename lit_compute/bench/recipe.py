@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
+from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import StepTimeMonitor
@@ -47,6 +48,9 @@ def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
         ("4_dali_optimised", "+ DALIImageDataModule (optimised, FlopsLogger on)",
          {"dali": True, "observe": True, "tuned_ddp": args.devices > 1}),
     ]
+    if args.no_dali:  # the optimised row keeps the torchvision loader
+        steps[-1] = ("4_optimised", "+ FlopsLogger on (optimised, torchvision loader)",
+                     {"observe": True, "tuned_ddp": args.devices > 1})
     rows, current = [], dict(base)
     for slug, name, change in steps:
         current = {**current, **change}
@@ -104,7 +108,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--images-per-class", type=int, default=100)
     parser.add_argument("--log-dir", default="bench_logs/recipe")
+    parser.add_argument("--no-dali", action="store_true",
+                        help="the optimised row keeps the torchvision DataLoader (for machines without NVIDIA DALI)")
     args = parser.parse_args(argv)
+    if not args.no_dali and not dali_available():
+        parser.error("the optimised row uses DALIImageDataModule, and NVIDIA DALI is not installed: "
+                     "pip install 'lit-compute[dali]', or pass --no-dali to keep the torchvision loader")
     device = "cuda" if args.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
     log_dir = Path(args.log_dir)
     rows = rows_for(args, device)

@@ -37,6 +37,16 @@ def _import_dali() -> Any:
     return fn, pipeline_def, types, DALIGenericIterator, LastBatchPolicy
 
 
+def dali_available() -> bool:
+    """True when NVIDIA DALI is installed (found without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no "nvidia" namespace at all
+        return False
+
+
 def undecodable_files(folder: Path) -> list[Path]:
     """Image files under ``folder`` whose first bytes are not an image format DALI decodes."""
     bad = []

@@ -33,9 +33,10 @@ class _GpuReader:
         uuid = getattr(props, "uuid", None)
         handle = None
         if uuid is not None:  # robust to CUDA_VISIBLE_DEVICES reordering
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-            except nvml.NVMLError:
+            text = str(uuid)
+            try:  # NVML names GPUs "GPU-<uuid>" (MIG instances "MIG-..." are not found: the index is used)
+                handle = nvml.nvmlDeviceGetHandleByUUID((text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}").encode())
+            except (nvml.NVMLError, TypeError, ValueError):
                 handle = None
         self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
 

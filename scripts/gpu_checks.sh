@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every GPU-only check in one run, for a borrowed NVIDIA machine without network access:
+#
+#   bash scripts/gpu_checks.sh        (from the repository root)
+#
+# Uses the machine's own python3 (or $PYTHON) with its torch and lightning, and this checkout on PYTHONPATH (nothing to
+# build). Wheels placed in .whl/ (nvidia-dali-cuda120, jsonargparse, ...) are installed to /tmp/site first.
+# Prints and saves under ${OUT:-gpu_checks_out}/: versions.txt, bench_gpu.txt (`lit-compute bench gpu`, one
+# table) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
+set -uo pipefail
+out=${OUT:-gpu_checks_out}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+"$py" - <<'PY' 2>&1 | tee "$out/versions.txt"
+import sys
+
+import lightning
+import torch
+
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+try:
+    import nvidia.dali as dali
+    dali_version = dali.__version__
+except ImportError:
+    dali_version = "not installed"
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, lightning {lightning.__version__}, "
+      f"DALI {dali_version}, {gpu}")
+PY
+status=0
+timeout 480 "$py" -m lit_compute.cli bench gpu 2>&1 | tee "$out/bench_gpu.txt" || status=1
+tests="tests/test_gpu.py tests/test_precision.py"
+"$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/test_dali.py"
+# shellcheck disable=SC2086
+timeout 240 "$py" -m pytest -q -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
+exit $status

@@ -1,0 +1,122 @@
+"""The CUDA paths of every measuring component, as a user sees them (run by scripts/gpu_checks.sh on a GPU).
+
+On a machine without CUDA these are skipped: the CPU paths are covered by the other test files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lit_compute import (
+    DeviceMonitor,
+    FlopsLogger,
+    FP32BatchNormPrecision,
+    ProfilerWindow,
+    StepTimeMonitor,
+    peak_flops,
+)
+from lit_compute.flops.peaks import PEAK_TABLE, chip_for_name
+
+from .conftest import make_trainer, read_events, scalar_values, tiny_model
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+class _Images(Dataset):
+    def __init__(self, sleep: float = 0.0, n: int = 256):
+        self.sleep, self.n = sleep, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep:
+            time.sleep(self.sleep)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, 64, 64, generator=g), i % 4
+
+
+def _loader(sleep: float = 0.0) -> DataLoader:
+    return DataLoader(_Images(sleep), batch_size=16, num_workers=0)
+
+
+def _gpu_trainer(tmp_path, **kwargs):
+    return make_trainer(tmp_path, accelerator="gpu", limit_val_batches=0, **kwargs)
+
+
+def test_step_time_on_cuda_sees_the_gpu_wait_for_a_slow_loader(tmp_path):
+    monitor = StepTimeMonitor(log_every_n_steps=2, window=6)
+    trainer = _gpu_trainer(tmp_path, max_steps=8, limit_train_batches=8, callbacks=[monitor])
+    trainer.fit(tiny_model(), train_dataloaders=_loader(sleep=0.005))  # 80 ms of loading per batch
+    acc = read_events(trainer.logger.log_dir)
+    fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
+    assert fractions and min(fractions) > 0.5, fractions
+    assert min(v for _, v in scalar_values(acc, "time/data_wait_ms")) > 60
+
+
+def test_device_monitor_reads_nvml_for_the_training_gpu(tmp_path):
+    trainer = _gpu_trainer(tmp_path, max_steps=3, callbacks=[DeviceMonitor(log_every_n_steps=1)])
+    trainer.fit(tiny_model(), train_dataloaders=_loader())
+    acc = read_events(trainer.logger.log_dir)
+    total = scalar_values(acc, "device/gpu_memory_total_gb")[-1][1]
+    assert total == pytest.approx(torch.cuda.get_device_properties(0).total_memory / 1e9, rel=0.05)
+    assert 0 <= scalar_values(acc, "device/gpu_utilization_percent")[-1][1] <= 100
+    assert scalar_values(acc, "device/gpu_power_w")[-1][1] > 0
+    assert scalar_values(acc, "device/torch_max_memory_allocated_gb")[-1][1] > 0
+
+
+def test_flops_logger_mfu_against_the_dense_bf16_table_peak(tmp_path):
+    table = peak_flops(torch.device("cuda", 0), torch.bfloat16)
+    if table is None:
+        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in the peak table")
+    trainer = _gpu_trainer(tmp_path, max_steps=6, limit_train_batches=6, log_every_n_steps=2,
+                           callbacks=[FlopsLogger(peak="table")], plugins=[FP32BatchNormPrecision("bf16-mixed")])
+    trainer.fit(tiny_model(), train_dataloaders=_loader())
+    acc = read_events(trainer.logger.log_dir)
+    assert scalar_values(acc, "compute/peak_tflops")[-1][1] == pytest.approx(table / 1e12)
+    mfu = [v for _, v in scalar_values(acc, "compute/mfu")]
+    assert mfu and all(0 < v < 1 for v in mfu)
+
+
+def test_float32_peak_on_cuda_follows_each_tf32_switch(tmp_path):
+    chip = chip_for_name(torch.cuda.get_device_name(0))
+    if chip is None or "tf32" not in PEAK_TABLE[chip]:
+        pytest.skip(f"{torch.cuda.get_device_name(0)} has no TF32 peak in the table")
+    fp32, tf32 = PEAK_TABLE[chip]["float32"], PEAK_TABLE[chip]["tf32"]
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True  # torch's defaults
+        trainer = _gpu_trainer(tmp_path, max_steps=3, callbacks=[FlopsLogger(peak="table")])
+        trainer.fit(tiny_model(), train_dataloaders=_loader())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    used = scalar_values(read_events(trainer.logger.log_dir), "compute/peak_tflops")[-1][1] * 1e12
+    # a ResNet's convolutions run on TF32, its final linear layer in float32: in between, near TF32
+    assert fp32 < used < tf32
+    assert used > 0.5 * tf32
+
+
+def test_profiler_window_on_cuda_counts_each_step_once_and_measures_gpu_idle(tmp_path):
+    window = ProfilerWindow(start_step=3, warmup=1, active=2)
+    trainer = _gpu_trainer(tmp_path, max_steps=8, limit_train_batches=8, callbacks=[window])
+    trainer.fit(tiny_model(), train_dataloaders=_loader())
+    traces = sorted((Path(trainer.log_dir) / "profiler").glob("*.pt.trace.json"))
+    assert [t.name for t in traces] == ["window1_steps3-4.pt.trace.json"]
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    cpu_steps = sorted(int(m.group(1)) for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                       and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
+    assert cpu_steps == [3, 4]
+    assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity was recorded
+    acc = read_events(trainer.log_dir)
+    idle = scalar_values(acc, "profiler/gpu_idle_fraction")
+    assert len(idle) == 1 and 0.0 <= idle[0][1] < 1.0
