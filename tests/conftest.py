@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,28 @@ _CACHE = Path(os.environ.get("PYTEST_LIT_COMPUTE_CACHE", "/tmp/lit_compute_test_
 os.environ["LIT_COMPUTE_CACHE"] = str(_CACHE)
 
 import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from lit_compute import ImageClassifier, TorchvisionImageDataModule  # noqa: E402
 
 TINY_DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8, num_workers=0)
+
+
+class RandomImages(torch.utils.data.Dataset):
+    """``n`` seeded random images (4 classes), each taking ``sleep`` seconds to "load"."""
+
+    def __init__(self, sleep: float = 0.0, n: int = 64, size: int = 32):
+        self.sleep, self.n, self.size = sleep, n, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep:
+            time.sleep(self.sleep)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, self.size, self.size, generator=g), i % 4
 
 
 def tiny_model(**kwargs) -> ImageClassifier:

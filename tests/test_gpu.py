@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from lit_compute import (
     DeviceMonitor,
@@ -24,7 +23,7 @@ from lit_compute import (
 )
 from lit_compute.flops.peaks import PEAK_TABLE, chip_for_name
 
-from .conftest import make_trainer, read_events, scalar_values, tiny_model
+from .conftest import RandomImages, make_trainer, read_events, scalar_values, tiny_model
 
 pytestmark = [
     pytest.mark.cuda,
@@ -32,22 +31,8 @@ pytestmark = [
 ]
 
 
-class _Images(Dataset):
-    def __init__(self, sleep: float = 0.0, n: int = 256):
-        self.sleep, self.n = sleep, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.sleep:
-            time.sleep(self.sleep)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(3, 64, 64, generator=g), i % 4
-
-
 def _loader(sleep: float = 0.0) -> DataLoader:
-    return DataLoader(_Images(sleep), batch_size=16, num_workers=0)
+    return DataLoader(RandomImages(sleep, n=256, size=64), batch_size=16, num_workers=0)
 
 
 def _gpu_trainer(tmp_path, **kwargs):

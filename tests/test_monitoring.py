@@ -3,34 +3,18 @@
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
 import warnings
 
 import lightning.pytorch as pl
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from lit_compute import DeviceMonitor, PrometheusLogger, StepTimeMonitor
 from lit_compute.monitoring import prometheus_name
 
-from .conftest import make_trainer, read_events, scalar_values, text_values, tiny_model
-
-
-class _Images(Dataset):
-    def __init__(self, sleep: float = 0.0, n: int = 64):
-        self.sleep, self.n = sleep, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.sleep:
-            time.sleep(self.sleep)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(3, 32, 32, generator=g), i % 4
+from .conftest import RandomImages, make_trainer, read_events, scalar_values, text_values, tiny_model
 
 
 def _fit_with_step_time(tmp_path, sleep):
@@ -39,7 +23,7 @@ def _fit_with_step_time(tmp_path, sleep):
                            limit_val_batches=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(sleep), batch_size=4, num_workers=0))
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(sleep), batch_size=4, num_workers=0))
     stalls = [str(w.message) for w in caught if "input-bound" in str(w.message)]
     return read_events(trainer.logger.log_dir), stalls
 
@@ -72,7 +56,7 @@ def test_device_monitor_logs_cpu_and_says_gpu_is_off(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=4, callbacks=[DeviceMonitor(log_every_n_steps=1)],
                            limit_val_batches=0)
     with pytest.warns(UserWarning, match="GPU metrics are off"):
-        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
     acc = read_events(trainer.logger.log_dir)
     tags = set(acc.Tags()["scalars"])
     assert {"device/cpu_percent", "device/rss_gb", "device/system_cpu_percent", "device/load_avg_1m"} <= tags
@@ -98,7 +82,7 @@ def test_device_monitor_nvml_read_error_warns_once_and_training_goes_on(tmp_path
     trainer.callbacks.append(Inject())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
     assert len([w for w in caught if "GPU_IS_LOST" in str(w.message)]) == 1
     assert trainer.global_step == 4
     assert scalar_values(read_events(trainer.logger.log_dir), "device/cpu_percent")
@@ -122,7 +106,7 @@ def test_prometheus_endpoint_during_and_after_fit(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=5, logger=[tb, prom],
                            callbacks=[StepTimeMonitor(log_every_n_steps=1), ScrapeDuringFit()], limit_val_batches=0)
     try:
-        trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(), batch_size=4))
+        trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
         assert "lit_compute_train_loss" in seen and "lit_compute_time_step_ms" in seen
         sample = seen["lit_compute_train_loss"][0]
         assert sample.labels == {"run": "demo", "rank": "0"} and sample.value > 0

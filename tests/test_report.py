@@ -25,8 +25,7 @@ from lit_compute import (
 )
 from lit_compute.report import ReportError, build_report, load_run, main
 
-from .conftest import make_trainer, read_events, scalar_values, tiny_model
-from .test_monitoring import _Images
+from .conftest import RandomImages, make_trainer, read_events, scalar_values, tiny_model
 
 
 def _train(root: Path, name: str, sleep: float = 0.0, steps: int = 8) -> Path:
@@ -36,7 +35,7 @@ def _train(root: Path, name: str, sleep: float = 0.0, steps: int = 8) -> Path:
     logger = pl.loggers.TensorBoardLogger(str(root), name=name, version=0)
     trainer = make_trainer(root, max_steps=steps, limit_train_batches=steps, callbacks=callbacks, logger=logger,
                            plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
-    trainer.fit(tiny_model(), train_dataloaders=DataLoader(_Images(sleep, n=64), batch_size=8))
+    trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(sleep, n=64), batch_size=8))
     return Path(logger.log_dir)
 
 
