@@ -5,6 +5,7 @@ few minutes: the recipe on ResNet-50 at 224 px with GPU DALI decode; MFU of ResN
 in bf16 against the table peak and a measured one; the GPU DALI vs torchvision loader ratio;
 FP32BatchNormPrecision in 16-mixed with its GradScaler; a profiler window's gpu_idle_fraction; and a
 single-process NCCL TunedDDPStrategy start-up with its settings applied. Exits non-zero if any check fails.
+Without NVIDIA DALI the two DALI checks fail and say so (the recipe still prints its other rows).
 """
 
 from __future__ import annotations
