@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,3 +55,76 @@ def start_profiler_at_step(profiler: Any, step: int) -> None:
     if hasattr(profiler, "_prev_schedule_action"):
         profiler._prev_schedule_action = profiler.current_action
     profiler.start()
+
+
+# -- the training loop's notion of a step (read by lit_compute.timeline) -----------------------------------
+def batches_that_stepped(trainer: Any) -> int:
+    """The step number Lightning's own ``self.log`` writes at: the fit loop's ``_batches_that_stepped`` (optimizer
+    steps under automatic optimization, training batches under manual optimization). Falls back to
+    ``global_step`` where a Lightning version lacks it."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    value = getattr(loop, "_batches_that_stepped", None)
+    return int(value) if isinstance(value, int) else int(trainer.global_step)
+
+
+def batch_completes_step(trainer: Any, global_step_at_batch_start: int) -> bool:
+    """Whether the training batch now ending completes a step (Lightning's ``not _should_accumulate()``: always
+    under manual optimization, at the accumulation boundary or the epoch's last batch otherwise)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    should_accumulate = getattr(loop, "_should_accumulate", None)
+    if callable(should_accumulate):
+        try:
+            return not should_accumulate()
+        except Exception:  # noqa: BLE001 - another Lightning version's internals: fall back below
+            pass
+    module = getattr(trainer, "lightning_module", None)
+    if module is not None and not getattr(module, "automatic_optimization", True):
+        return True
+    return trainer.global_step > global_step_at_batch_start
+
+
+def compile_activity() -> tuple[int, float] | None:
+    """A mark that changes whenever ``torch.compile`` compiles (frames compiled, seconds spent); None when
+    dynamo was never imported (nothing compiled)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    try:
+        frames = int(utils.counters["frames"]["total"])
+        seconds = float(sum(utils.compilation_time_metrics.get("_compile.compile_inner", [])))
+        return frames, seconds
+    except Exception:  # noqa: BLE001 - another torch version's internals
+        return None
+
+
+def mark_checkpoint_saving(trainer: Any, timeline: Any) -> None:
+    """Make ``trainer.save_checkpoint`` a labelled ``checkpoint`` interval of the timeline (an instance attribute
+    wrapping the bound method; every ``ModelCheckpoint`` save goes through it)."""
+    original = getattr(trainer, "save_checkpoint", None)
+    if original is None or getattr(original, "_lit_compute_marked", False):
+        return
+
+    @functools.wraps(original)
+    def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        with timeline.interval("checkpoint", "save_checkpoint"):
+            return original(*args, **kwargs)
+
+    save_checkpoint._lit_compute_marked = True  # type: ignore[attr-defined]
+    try:
+        trainer.save_checkpoint = save_checkpoint
+    except AttributeError:  # pragma: no cover - a trainer class with __slots__
+        pass
+
+
+def is_last_training_step(trainer: Any) -> bool:
+    """Whether the step now ending is the run's last (``max_steps``, the last batch of the last epoch, or a stop
+    request); False when it cannot be told."""
+    try:
+        if trainer.should_stop or trainer.fit_loop.done:
+            return True
+        epoch_loop = trainer.fit_loop.epoch_loop
+        max_epochs = trainer.max_epochs
+        return bool(epoch_loop._num_ready_batches_reached() and max_epochs is not None and max_epochs >= 0
+                    and trainer.current_epoch + 1 >= max_epochs)
+    except Exception:  # noqa: BLE001 - another Lightning version's internals
+        return False

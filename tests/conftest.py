@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -113,3 +115,89 @@ def _fresh_master_port(monkeypatch):
     """Lightning keeps the MASTER_PORT of the first DDP run in os.environ; each test picks a fresh free port."""
     monkeypatch.delenv("MASTER_PORT", raising=False)
     monkeypatch.delenv("MASTER_ADDR", raising=False)
+
+
+class DrivenClock:
+    """A clock the test advances by hand: install it as a trainer's timeline clock
+    (``timeline_for(trainer).clock = clock``) so every lit_compute figure is exact and independent of load."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class TimedImages(torch.utils.data.Dataset):
+    """Random images whose loading advances ``clock`` by ``load_s`` per item (in-process loading only)."""
+
+    def __init__(self, clock: DrivenClock, load_s: float = 0.0, n: int = 64, size: int = 16) -> None:
+        self.clock, self.load_s, self.n, self.size = clock, load_s, n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        self.clock.advance(self.load_s)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, self.size, self.size, generator=g), i % 4
+
+
+class TimedNet(pl.LightningModule):
+    """A small conv net whose training step advances ``clock`` by ``compute_s`` (``slow`` maps a step to its own
+    compute time); logs ``train/loss`` like any LightningModule."""
+
+    def __init__(self, clock: DrivenClock | None = None, compute_s: float = 0.01, slow: dict | None = None) -> None:
+        super().__init__()
+        self.clock, self.compute_s, self.slow = clock, compute_s, dict(slow or {})
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                       torch.nn.Flatten(), torch.nn.Linear(8, 4))
+
+    def training_step(self, batch, batch_idx):
+        if self.clock is not None:
+            self.clock.advance(self.slow.get(self.global_step, self.compute_s))
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def clocked_trainer(tmp_path: Path, clock: DrivenClock, **kwargs) -> pl.Trainer:
+    """:func:`make_trainer` whose lit_compute timeline runs on ``clock``."""
+    from lit_compute.timeline import timeline_for
+
+    trainer = make_trainer(tmp_path, **kwargs)
+    timeline_for(trainer).clock = clock
+    return trainer
+
+
+def run_script(tmp_path: Path, source: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``source`` as a Python script in a new process group; a run past ``timeout`` seconds is killed with
+    all its processes (DDP ranks included) and fails the test instead of hanging the suite."""
+    import signal
+    import textwrap
+
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, str(script), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the script did not finish within {timeout} s (a hang?); its output ended with:\n{out[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")

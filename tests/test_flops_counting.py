@@ -71,8 +71,12 @@ def test_sdpa_cpu_kernel_forward_and_backward():
     assert plain.get_total_flops() == 0
     count = count_flops(Attn(), q, count_on="real")
     assert count.forward == attn
-    assert count.backward == 2.5 * attn  # recompute scores + 4 gradient matmuls
+    # model FLOPs: 4 gradient matmuls (2 x forward); hardware FLOPs: the kernel also recomputes the scores
+    assert count.backward == 2 * attn
+    assert count.hardware == count.forward + 2.5 * attn and count.recompute == 0.5 * attn
     assert "aten._scaled_dot_product_flash_attention_for_cpu" in count.by_op
+    meta = count_flops(Attn(), q, count_on="meta")  # the math path on meta: the same model FLOPs
+    assert (meta.forward, meta.backward) == (count.forward, count.backward) and meta.recompute == 0
 
 
 class _SelfAttention(nn.Module):
@@ -115,9 +119,10 @@ def test_transformer_encoder_backward_counted():
     count = count_flops(layer, x, count_on="real")
     attn = 2 * 2 * B * L * L * E
     linear = count.forward - attn
-    # every projection has an input and a weight gradient, the flash-attention backward recomputes the scores
-    # (2.5x its forward), and the input x needs a gradient too
-    assert count.backward == 2 * linear + 2.5 * attn
+    # every projection has an input and a weight gradient and the input x needs a gradient too; attention
+    # backward is 2x its forward in model FLOPs, the CPU flash kernel's score recomputation is hardware FLOPs
+    assert count.backward == 2 * linear + 2 * attn
+    assert count.hardware == count.forward + 2 * linear + 2.5 * attn
 
 
 def test_counting_changes_nothing():

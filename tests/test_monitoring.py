@@ -14,42 +14,7 @@ from torch.utils.data import DataLoader
 from lit_compute import DeviceMonitor, PrometheusLogger, StepTimeMonitor
 from lit_compute.monitoring import prometheus_name
 
-from .conftest import RandomImages, make_trainer, read_events, scalar_values, text_values, tiny_model
-
-
-def _fit_with_step_time(tmp_path, sleep):
-    monitor = StepTimeMonitor(log_every_n_steps=2, window=6, stall_fraction=0.3)
-    trainer = make_trainer(tmp_path, max_steps=10, limit_train_batches=10, callbacks=[monitor],
-                           limit_val_batches=0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(sleep), batch_size=4, num_workers=0))
-    stalls = [str(w.message) for w in caught if "input-bound" in str(w.message)]
-    return read_events(trainer.logger.log_dir), stalls
-
-
-def test_slow_dataset_is_diagnosed_as_input_bound(tmp_path):
-    acc, stalls = _fit_with_step_time(tmp_path, sleep=0.03)  # 120 ms of loading per batch of 4
-    fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
-    assert fractions and min(fractions) > 0.5
-    assert len(stalls) == 1 and "num_workers=0" in stalls[0] and "DALIImageDataModule" in stalls[0]
-    assert "num_workers=0" in text_values(acc, "time/advice")[0]
-    for tag in ("time/data_wait_ms", "time/compute_ms", "time/step_ms", "time/step_ms_p90", "time/samples_per_sec"):
-        assert scalar_values(acc, tag), tag
-    wait = dict(scalar_values(acc, "time/data_wait_ms"))
-    assert min(wait.values()) > 100  # the 4 x 30 ms sleeps
-
-
-def test_fast_dataset_is_not_input_bound(tmp_path):
-    acc, stalls = _fit_with_step_time(tmp_path, sleep=0.0)
-    fractions = sorted(v for _, v in scalar_values(acc, "time/data_wait_fraction"))
-    assert fractions and fractions[len(fractions) // 2] < 0.1  # median: one scheduler hiccup may spike a window
-    assert stalls == []
-    step = dict(scalar_values(acc, "time/step_ms"))
-    compute = dict(scalar_values(acc, "time/compute_ms"))
-    wait = dict(scalar_values(acc, "time/data_wait_ms"))
-    for s in step:
-        assert step[s] == pytest.approx(compute[s] + wait[s], rel=1e-6)
+from .conftest import RandomImages, make_trainer, read_events, scalar_values, tiny_model
 
 
 def test_device_monitor_logs_cpu_and_says_gpu_is_off(tmp_path):

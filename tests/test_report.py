@@ -25,24 +25,35 @@ from lit_compute import (
 )
 from lit_compute.report import ReportError, build_report, load_run, main
 
-from .conftest import RandomImages, make_trainer, read_events, scalar_values, tiny_model
+from .conftest import DrivenClock, TimedImages, clocked_trainer, read_events, scalar_values, tiny_model
 
 
-def _train(root: Path, name: str, sleep: float = 0.0, steps: int = 8) -> Path:
+def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Path:
     callbacks = [FlopsLogger(peak_flops=1e11, log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2, window=4),
                  DeviceMonitor(log_every_n_steps=2), LossScaleMonitor(log_every_n_steps=2),
                  ProfilerWindow(start_step=3, warmup=1, active=2)]
     logger = pl.loggers.TensorBoardLogger(str(root), name=name, version=0)
-    trainer = make_trainer(root, max_steps=steps, limit_train_batches=steps, callbacks=callbacks, logger=logger,
-                           plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
-    trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(sleep, n=64), batch_size=8))
+    clock = DrivenClock()
+    trainer = clocked_trainer(root, clock, max_steps=steps, limit_train_batches=steps, callbacks=callbacks,
+                              logger=logger, plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
+    model = tiny_model()
+    model.training_step = _timed(model.training_step, clock, 0.02)
+    trainer.fit(model, train_dataloaders=DataLoader(TimedImages(clock, load_s, n=64, size=32), batch_size=8))
     return Path(logger.log_dir)
+
+
+def _timed(step, clock: DrivenClock, seconds: float):
+    def training_step(*args, **kwargs):
+        clock.advance(seconds)
+        return step(*args, **kwargs)
+
+    return training_step
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return root, _train(root, "fast"), _train(root, "slow", sleep=0.03)
+    return root, _train(root, "fast"), _train(root, "slow", load_s=0.004)  # 32 ms of loading per batch of 8
 
 
 def test_report_sections_match_the_event_file(runs, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,39 +34,53 @@ def default_sizes(max_mb: float) -> list[int]:
 
 
 def allreduce_sweep(device: torch.device, sizes: list[int], seconds: float = 10.0, iters: int = 20,
-                    warmup: int = 3) -> list[AllReduceResult]:
-    """Time ``all_reduce`` (sum, float32) over message sizes on the default process group.
+                    warmup: int = 3, group: Any = None) -> list[AllReduceResult]:
+    """Time ``all_reduce`` (sum, float32) over message sizes on ``group`` (default: the default process group).
 
     Bandwidths follow nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n. The sweep stops early when
     ``seconds`` are used up; every rank takes the same decisions (rank 0's clock is broadcast). Must run on
     every rank.
     """
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     results = []
     deadline = time.perf_counter() + seconds
     for size in sizes:
         stop = torch.tensor([1.0 if time.perf_counter() > deadline else 0.0], device=device)
-        dist.broadcast(stop, src=0)
+        dist.broadcast(stop, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         if stop.item():
             break
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         for _ in range(warmup):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = (time.perf_counter() - start) / iters
         slowest = torch.tensor([elapsed], device=device, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         t = float(slowest.item())
         algbw = size / t / 1e9
         results.append(AllReduceResult(size, t * 1e6, algbw, algbw * 2 * (world - 1) / world))
     return results
+
+
+def timed_sweep(trainer: Any, sizes: list[int], seconds: float) -> list[AllReduceResult]:
+    """:func:`allreduce_sweep` as instrument time of the trainer's timeline, on a process group of its own whose
+    timeout bounds the wait if one rank fails mid-sweep (so the others raise instead of hanging)."""
+    from lit_compute.timeline import timeline_for
+
+    timeout = timedelta(seconds=max(60.0, 6 * seconds))
+    with timeline_for(trainer).instrument("comm_benchmark"):
+        group = dist.new_group(timeout=timeout)
+        try:
+            return allreduce_sweep(trainer.strategy.root_device, sizes, seconds, group=group)
+        finally:
+            dist.destroy_process_group(group)
 
 
 def results_table(results: list[AllReduceResult]) -> str:
@@ -87,8 +102,9 @@ def log_results(trainer: pl.Trainer, results: list[AllReduceResult], backend: st
 class CommBenchmark(MeasuringCallback):
     """At fit start, measure all-reduce bandwidth over message sizes (bounded in time) and log it.
 
-    Runs on every rank (it is collective) when a process group exists; says so once and does nothing in a
-    single process. Bus bandwidth uses the nccl-tests formula busbw = algbw x 2(n-1)/n.
+    Runs on every rank (it is collective) when a process group exists, on a process group of its own with a
+    bounded timeout, as instrument time of the shared timeline (left out of every step and throughput
+    figure); says so once and does nothing in a single process. Bus bandwidth uses the nccl-tests formula busbw = algbw x 2(n-1)/n.
 
     Logged metrics:
         - ``comm/allreduce_busbw_gbps``, ``comm/allreduce_algbw_gbps``: per message size (the step is the size
@@ -118,5 +134,5 @@ class CommBenchmark(MeasuringCallback):
         if not (dist.is_available() and dist.is_initialized()) or trainer.world_size < 2:
             self._warn_once("single", "CommBenchmark: no multi-process group in this run; nothing to measure.")
             return
-        self.results = allreduce_sweep(trainer.strategy.root_device, default_sizes(self.max_mb), self.seconds)
+        self.results = timed_sweep(trainer, default_sizes(self.max_mb), self.seconds)
         log_results(trainer, self.results, dist.get_backend())

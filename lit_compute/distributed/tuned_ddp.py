@@ -11,7 +11,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute._utils import log_text, markdown_table
-from lit_compute.distributed.comm_benchmark import allreduce_sweep, default_sizes, log_results
+from lit_compute.distributed.comm_benchmark import default_sizes, log_results, timed_sweep
 from lit_compute.distributed.nccl_settings import NCCLSettings
 
 
@@ -165,8 +165,7 @@ class TunedDDPStrategy(DDPStrategy):
                            "inactive (NCCL is not used).")
         self._log_config(trainer, backend)
         if self.benchmark_collectives and dist.is_initialized() and trainer.world_size > 1:
-            self.benchmark_results = allreduce_sweep(self.root_device, default_sizes(self.benchmark_max_mb),
-                                                     self.benchmark_seconds)
+            self.benchmark_results = timed_sweep(trainer, default_sizes(self.benchmark_max_mb), self.benchmark_seconds)
             log_results(trainer, self.benchmark_results, backend)
 
     def on_exception(self, exception: BaseException) -> None:

@@ -1,15 +1,24 @@
-"""The counting engine: ``torch.utils.flop_counter.FlopCounterMode`` with the missing attention formulas,
-failure-safe counting, stable module paths, and :func:`count_flops`.
+"""The counting engine: ``torch.utils.flop_counter.FlopCounterMode`` with the missing formulas, model and
+hardware FLOPs, a module tracker that cannot break autograd, stable module paths, and :func:`count_flops`.
 
-Convention: one multiply-add = 2 FLOPs; matmul, convolution and attention (every SDPA backend, the
-``nn.MultiheadAttention`` fast path, the fused ``nn.TransformerEncoderLayer`` path) are counted;
-elementwise ops, normalisation, pooling and softmax are not. This is the convention of torchvision's
-published ``_ops`` figures (GMACs, so FLOPs = 2 x ``_ops``) and of MFU.
+Convention: one multiply-add = 2 FLOPs; matmul, convolution, attention (every SDPA backend, the
+``nn.MultiheadAttention`` fast path, the fused ``nn.TransformerEncoderLayer`` path), expert and recurrent
+matmuls are counted; elementwise ops, normalisation, pooling and softmax are not. This is the convention of
+torchvision's published ``_ops`` figures (GMACs, so FLOPs = 2 x ``_ops``) and of MFU.
+
+Two counts, PaLM's definitions (Chowdhery et al. 2022, appendix B):
+
+- **model FLOPs**: the forward and backward of the model as written. Activation recomputation
+  (``torch.utils.checkpoint``) is not counted, and every attention backward counts 2 x its forward (the four
+  matmuls of the math path) whichever kernel ran, so the meta path and real kernels agree. MFU uses these.
+- **hardware FLOPs**: everything the step executed: the recomputed forward of checkpointed segments and the
+  score recomputation inside fused attention backward kernels included. HFU uses these.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,13 +26,25 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.module_tracker import ModuleTracker
 
 from lit_compute._compat import eager_compiled_code, seed_module_names
-from lit_compute.flops.formulas import extra_formulas
+from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas
 
-# Ops that do heavy arithmetic: seen without a formula, they make a count a lower bound (we say so).
-_HEAVY_OP = re.compile(r"(conv|mm|matmul|attention|linear|lstm|gru|rnn|einsum|tensordot)", re.IGNORECASE)
 _ROOT = "model"
+# Ops whose names say they do heavy arithmetic: seen without a formula, they make a count a lower bound.
+_HEAVY_TOKENS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "einsum", "tensordot", "linear", "bilinear",
+                 "trilinear", "lstm", "gru", "rnn", "attention", "convolution"}
+_NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
+
+
+def is_heavy_op(name: str) -> bool:
+    """True for ops whose name says matmul/convolution/attention/RNN (``aten._grouped_mm``, ``aten.mkldnn_rnn_layer``),
+    false for elementwise look-alikes (``lgamma``, ``upsample_bilinear2d``, ``_thnn_fused_lstm_cell``)."""
+    tokens = [t for t in re.split(r"[._]", name.split("::")[-1].lower()) if t]
+    if not tokens or any(t in _NOT_HEAVY_TOKENS for t in tokens):
+        return False
+    return any(t in _HEAVY_TOKENS or t.startswith("conv") or (t.endswith("mm") and len(t) <= 8) for t in tokens)
 
 
 @dataclass
@@ -31,17 +52,24 @@ class FlopCount:
     """FLOPs of one forward (+ backward) pass.
 
     Attributes:
-        forward: FLOPs of the forward pass.
-        backward: FLOPs of the backward pass (0 when not counted).
-        by_module: module path (``""`` excluded; ``"layer1"``, ``"layer1.0.conv1"`` ...) -> forward + backward FLOPs.
-        forward_by_module: module path -> forward FLOPs.
-        by_op: op name (``"aten.convolution"``) -> FLOPs, forward + backward.
+        forward: Model FLOPs of the forward pass.
+        backward: Model FLOPs of the backward pass (0 when not counted): no recomputation, attention backward
+            = 2 x its forward.
+        hardware: Every FLOP executed: forward, backward, recomputed checkpoint segments and fused-attention score
+            recomputation (equal to ``forward + backward`` when nothing is recomputed).
+        recompute: The recomputed part of ``hardware``.
+        by_module: module path (``"layer1"``, ``"layer1.0.conv1"``; the root excluded) -> model FLOPs, forward +
+            backward.
+        forward_by_module: module path -> model forward FLOPs.
+        by_op: op name (``"aten.convolution"``) -> hardware FLOPs, forward + backward.
         uncounted_ops: heavy ops that ran without a FLOP formula (the count is then a lower bound).
         errors: formula failures (the count is then a lower bound).
     """
 
     forward: int = 0
     backward: int = 0
+    hardware: int = 0
+    recompute: int = 0
     by_module: dict[str, int] = field(default_factory=dict)
     forward_by_module: dict[str, int] = field(default_factory=dict)
     by_op: dict[str, int] = field(default_factory=dict)
@@ -50,6 +78,7 @@ class FlopCount:
 
     @property
     def total(self) -> int:
+        """Model FLOPs, forward + backward."""
         return self.forward + self.backward
 
     @property
@@ -58,7 +87,7 @@ class FlopCount:
         return not self.uncounted_ops and not self.errors
 
     def table(self, depth: int = 2) -> list[tuple[str, int, int]]:
-        """``(module path, forward FLOPs, forward + backward FLOPs)`` rows up to ``depth`` levels deep."""
+        """``(module path, model forward FLOPs, model forward + backward FLOPs)`` rows up to ``depth`` levels deep."""
         rows = []
         for path in sorted(self.by_module):
             if path.count(".") + 1 <= depth:
@@ -66,81 +95,198 @@ class FlopCount:
         return rows
 
 
-class SafeFlopCounterMode(FlopCounterMode):
-    """``FlopCounterMode`` with lit_compute's extra formulas that never raises from a formula.
+class HooklessModuleTracker(ModuleTracker):
+    """torch's ``ModuleTracker`` without autograd hooks: it cannot break the tracked code's autograd.
 
-    A formula that fails (an unexpected shape, a nested tensor) is recorded in :attr:`errors` and the op's
-    result is returned untouched, so counting inside a real training step cannot break the step. Heavy ops
-    without a formula are recorded in :attr:`uncounted`.
+    torch's tracker registers gradient hooks on every module's inputs and outputs to see which module's backward
+    runs; those hooks raise under ``torch.autograd.grad`` on leaves (gradient penalties), double backward and
+    some user hooks. This tracker follows the forward with the same global module hooks (names only) and, in
+    the backward, asks autograd which node is executing (``torch._C._current_autograd_node()``) and maps it, by
+    its sequence number, to the modules that were running when the forward created it.
     """
 
-    def __init__(self, root: nn.Module | None = None, depth: int = 99) -> None:
-        super().__init__(depth=depth, display=False, custom_mapping=extra_formulas())
+    def __init__(self) -> None:
+        self._stack: list[str] = []
+        self._by_sequence: dict[int, frozenset[str]] = {}
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def parents(self) -> set[str]:
+        if torch._C._current_graph_task_id() == -1:
+            return {"Global", *self._stack}
+        try:
+            node = torch._C._current_autograd_node()
+            found = self._by_sequence.get(node._sequence_nr()) if node is not None else None
+        except Exception:  # noqa: BLE001 - another torch version's internals: attribute to Global only
+            found = None
+        return set(found) if found else {"Global"}
+
+    @parents.setter
+    def parents(self, value: set[str]) -> None:  # ModuleTracker.__init__ assigns {"Global"}
+        self._stack = [v for v in value if v != "Global"]
+
+    def note_forward_op(self, args: Any) -> None:
+        """Called for each forward op: remember the modules around the autograd node this op just created."""
+        if not torch.is_grad_enabled():
+            return
+        flat, _ = tree_flatten(args)
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
+            self._by_sequence[torch._C._autograd._get_sequence_nr() - 1] = frozenset(("Global", *self._stack))
+
+    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+        try:
+            self._stack.append(self._get_mod_name(mod))
+        except Exception:  # noqa: BLE001 - the tracker must never raise inside the tracked code
+            pass
+
+    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
+        try:
+            name = self._get_mod_name(mod)
+            for i in range(len(self._stack) - 1, -1, -1):
+                if self._stack[i] == name:
+                    del self._stack[i]
+                    break
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __exit__(self, *args: Any) -> None:
+        super().__exit__(*args)
+        self._stack.clear()
+
+
+def _phase() -> str:
+    """``"forward"``, ``"backward"`` or ``"recompute"`` (a checkpointed segment re-running its forward in backward)."""
+    if torch._C._current_graph_task_id() == -1:
+        return "forward"
+    if not torch.is_grad_enabled():
+        return "backward"
+    frame = sys._getframe(2)
+    while frame is not None:  # grad enabled inside backward: checkpoint recomputation, or create_graph=True
+        if frame.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
+            return "recompute"
+        frame = frame.f_back
+    return "backward"
+
+
+class SafeFlopCounterMode(FlopCounterMode):
+    """``torch.utils.flop_counter.FlopCounterMode`` with lit_compute's formulas, model and hardware FLOPs, and no
+    formula that can raise.
+
+    A drop-in for ``FlopCounterMode``: the same constructor (``mods``, ``depth``, ``display``, ``custom_mapping``),
+    the same module names (``ResNet.layer1``), the same ``get_total_flops()`` / ``get_flop_counts()`` /
+    ``get_table()``. Differences, all additive:
+
+    - lit_compute's formulas (:mod:`lit_compute.flops.formulas`) are registered under the user's
+      ``custom_mapping`` (which wins on a clash), and depthwise-convolution backward is counted correctly;
+    - a formula that fails (an unexpected shape) is recorded in :attr:`errors` instead of raising, and heavy
+      ops without a formula in :attr:`uncounted`, so counting inside a real training step cannot break it;
+    - :meth:`result` splits the count into model and hardware FLOPs (see :mod:`lit_compute.flops.counting`).
+      ``get_total_flops()`` stays torch's figure: everything executed (hardware FLOPs).
+
+    Options (keyword-only, off by default):
+
+    Args:
+        mods: Accepted and ignored, as by ``FlopCounterMode``.
+        depth: Depth of the printed table.
+        display: Print the table on exit.
+        custom_mapping: ``{op: formula}`` added to the registry.
+        module_paths: Name modules by their path in this module (``model.layer1``, stable whichever wrapper -
+            DDP, ``torch.compile``, a LightningModule - the forward was entered through) instead of torch's
+            class-name naming.
+        hookless: Track modules with :class:`HooklessModuleTracker` (no autograd hooks: ``torch.autograd.grad``
+            and double backward inside the counted code keep working).
+    """
+
+    def __init__(
+        self,
+        mods: nn.Module | list[nn.Module] | None = None,
+        depth: int = 2,
+        display: bool = True,
+        custom_mapping: dict[Any, Any] | None = None,
+        *,
+        module_paths: nn.Module | None = None,
+        hookless: bool = False,
+    ) -> None:
+        super().__init__(mods=mods, depth=depth, display=display,
+                         custom_mapping={**extra_formulas(), **(custom_mapping or {})})
         self.errors: list[str] = []
         self.uncounted: set[str] = set()
-        self._root = root
+        self._module_paths = module_paths
+        self._hookless = hookless
+        if hookless:
+            self.mod_tracker = HooklessModuleTracker()
+        self._reset_counts()
+
+    def _reset_counts(self) -> None:
+        self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
+        self._recompute = 0
 
     def __enter__(self) -> SafeFlopCounterMode:
+        self._reset_counts()
+        self.errors.clear()
+        self.uncounted.clear()
         super().__enter__()
-        if self._root is not None:
-            seed_module_names(self.mod_tracker, self._root, _ROOT)
+        if self._module_paths is not None:
+            seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
 
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-        if func_packet not in self.flop_registry:
-            name = str(func_packet)
-            if _HEAVY_OP.search(name.split(".")[-1]):
-                self.uncounted.add(name)
-            return out
         try:
-            return super()._count_flops(func_packet, out, args, kwargs)
+            phase = _phase()
+            if phase == "forward" and self._hookless:
+                self.mod_tracker.note_forward_op(args)
+            formula = self.flop_registry.get(func_packet)
+            if formula is None:
+                if is_heavy_op(str(func_packet)):
+                    self.uncounted.add(str(func_packet))
+                return out
+            hardware = int(formula(*args, **kwargs, out_val=out))
+            recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
+            model = hardware - recompute
+            self._recompute += recompute
+            column = 0 if phase == "forward" else 1
+            for parent in set(self.mod_tracker.parents):
+                self.flop_counts[parent][func_packet] += hardware
+                self._model.setdefault(parent, [0, 0])[column] += model
         except Exception as err:  # noqa: BLE001 - counting must never break the computation
             self.errors.append(f"{func_packet}: {type(err).__name__}: {err}")
-            return out
+        return out
 
     # -- reading -----------------------------------------------------------------------------------
-    def snapshot(self) -> tuple[int, dict[str, int], dict[str, int]]:
-        """``(total, by_module, by_op)`` so far."""
-        counts = self.get_flop_counts()
-        total = sum(counts.get("Global", {}).values())
+    def get_model_flops(self) -> tuple[int, int]:
+        """``(forward, backward)`` model FLOPs so far."""
+        forward, backward = self._model.get("Global", [0, 0])
+        return forward, backward
+
+    def result(self) -> FlopCount:
+        """What was counted, as a :class:`FlopCount` (module paths relative to ``module_paths`` when given)."""
+        forward, backward = self.get_model_flops()
         by_module: dict[str, int] = {}
-        for name, ops in counts.items():
-            path = _module_path(name)
+        forward_by_module: dict[str, int] = {}
+        for name, (fwd, bwd) in self._model.items():
+            path = _module_path(name) if self._module_paths is not None else (None if name == "Global" else name)
             if path:
-                by_module[path] = sum(ops.values())
-        by_op = {str(op): n for op, n in counts.get("Global", {}).items()}
-        return total, by_module, by_op
+                by_module[path] = fwd + bwd
+                forward_by_module[path] = fwd
+        counts = self.get_flop_counts()
+        return FlopCount(
+            forward=forward,
+            backward=backward,
+            hardware=self.get_total_flops(),
+            recompute=self._recompute,
+            by_module=by_module,
+            forward_by_module=forward_by_module,
+            by_op={str(op): n for op, n in counts.get("Global", {}).items()},
+            # convolution backward variants are covered by the convolution_backward formula
+            uncounted_ops=sorted(op for op in self.uncounted if "backward" not in op or "convolution" not in op),
+            errors=list(self.errors),
+        )
 
 
 def _module_path(name: str) -> str | None:
     if name.startswith(_ROOT + "."):
         return name[len(_ROOT) + 1 :]
     return None
-
-
-def build_count(
-    counter: SafeFlopCounterMode, forward_snapshot: tuple[int, dict[str, int], dict[str, int]] | None
-) -> FlopCount:
-    """A :class:`FlopCount` from a finished counter and the snapshot taken when the forward ended."""
-    total, by_module, by_op = counter.snapshot()
-    fwd_total, fwd_modules, _ = forward_snapshot if forward_snapshot is not None else (total, by_module, by_op)
-    # convolution backward variants are covered by the convolution_backward formula
-    uncounted = sorted(op for op in counter.uncounted if "backward" not in op or "convolution" not in op)
-    return FlopCount(
-        forward=fwd_total,
-        backward=total - fwd_total,
-        by_module=by_module,
-        forward_by_module=fwd_modules,
-        by_op=by_op,
-        uncounted_ops=uncounted,
-        errors=list(counter.errors),
-    )
-
-
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_like(x, device="meta").requires_grad_(x.requires_grad)
-    return x
 
 
 def _grad_outputs(out: Any) -> list[torch.Tensor]:
@@ -150,7 +296,7 @@ def _grad_outputs(out: Any) -> list[torch.Tensor]:
 
 def _run(model: nn.Module, args: tuple, kwargs: dict, backward: bool, params: list[torch.Tensor],
          call: Any) -> FlopCount:
-    counter = SafeFlopCounterMode(root=model)
+    counter = SafeFlopCounterMode(display=False, depth=99, module_paths=model, hookless=True)
     leaves = [p for p in params if p.requires_grad]
     leaves += [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
     saved_grads = [t.grad for t in leaves]
@@ -159,30 +305,38 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, backward: bool, params: li
             t.grad = None
         with counter:
             out = call(args, kwargs)
-            fwd = counter.snapshot()
             if backward:
                 outputs = _grad_outputs(out)
                 if not outputs:
                     raise RuntimeError(
                         "count_flops(backward=True): the model's output has no floating tensor that requires grad"
                     )
-                # .backward rather than autograd.grad: torch's ModuleTracker hooks refuse autograd.grad on leaves.
                 torch.autograd.backward(outputs, grad_tensors=[torch.ones_like(o) for o in outputs])
     finally:
         for t, g in zip(leaves, saved_grads):
             t.grad = g
-    return build_count(counter, fwd if backward else None)
+    return counter.result()
 
 
 def _count_meta(model: nn.Module, args: tuple, kwargs: dict, backward: bool) -> FlopCount:
-    params = {n: _to_meta(p) for n, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {n: _to_meta(b) for n, b in model.named_buffers(remove_duplicate=False)}
-    margs, mkwargs = tree_map(_to_meta, args), tree_map(_to_meta, kwargs)
+    memo: dict[int, torch.Tensor] = {}
+
+    def to_meta(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in memo:  # tied weights (GPT-2's embedding and head) stay one tensor on meta too
+            memo[id(x)] = torch.empty_like(x, device="meta").requires_grad_(x.requires_grad)
+        return memo[id(x)]
+
+    params = {n: to_meta(p) for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n: to_meta(b) for n, b in model.named_buffers(remove_duplicate=False)}
+    margs, mkwargs = tree_map(to_meta, args), tree_map(to_meta, kwargs)
 
     def call(a: tuple, k: dict) -> Any:
-        return torch.func.functional_call(model, {**params, **buffers}, a, k, strict=False)
+        return torch.func.functional_call(model, {**params, **buffers}, a, k, strict=False, tie_weights=True)
 
-    return _run(model, margs, mkwargs, backward, list(params.values()), call)
+    unique = list({id(t): t for t in params.values()}.values())
+    return _run(model, margs, mkwargs, backward, unique, call)
 
 
 def _count_real(model: nn.Module, args: tuple, kwargs: dict, backward: bool) -> FlopCount:
@@ -213,6 +367,7 @@ def count_flops(
     the backward, when asked for, is the gradient of every floating output with respect to the parameters.
 
     Convention: one multiply-add = 2 FLOPs; matmul, convolution and attention count, elementwise ops do not.
+    ``forward``/``backward``/``total`` are model FLOPs, ``hardware`` everything executed (see the module docstring).
 
     Args:
         model: Any ``nn.Module`` (a DDP or ``torch.compile`` wrapper is unwrapped: the original module is counted).

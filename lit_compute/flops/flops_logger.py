@@ -1,30 +1,27 @@
-"""FlopsLogger: FLOPs per step counted from the real batches, achieved TFLOP/s and MFU."""
+"""FlopsLogger: model and hardware FLOPs per step counted from the real batches, TFLOP/s, MFU and HFU."""
 
 from __future__ import annotations
 
 import contextlib
-import time
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.data import extract_batch_size
-from torch.utils._pytree import tree_flatten
 
+from lit_compute import _batch
 from lit_compute._compat import eager_compiled_code
-from lit_compute._utils import (
-    MeasuringCallback,
-    guarded,
-    log_scalars,
-    log_text,
-    markdown_table,
-    resolve_every,
-)
-from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, build_count
+from lit_compute._utils import MeasuringCallback, guarded, log_text, markdown_table
+from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops
+from lit_compute.flops.predict import ShapePredictor
+from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+_MAX_FAILED_COUNTS = 3
+_STAGE_PREFIX = {"validate": "val", "test": "test"}
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -41,60 +38,76 @@ def precision_dtype(precision: str) -> torch.dtype:
     return torch.float32
 
 
-def batch_signature(stage: str, batch: Any) -> str:
-    """Shapes and dtypes of the tensors in a batch (plus the stage): one FLOP count per distinct signature."""
-    leaves, _ = tree_flatten(batch)
-    parts = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in leaves if isinstance(t, torch.Tensor)]
-    return repr((stage, tuple(parts)))
+def batch_signature(stage: str, batch: Any) -> tuple:
+    """Paths, shapes and dtypes of every tensor in a batch (dataclasses and custom objects included), and the
+    stage: one FLOP count per distinct signature."""
+    return _batch.signature(stage, batch)
 
 
 class FlopsLogger(MeasuringCallback):
-    """FLOPs per training step counted automatically from the real batches, TFLOP/s and MFU.
+    """Model and hardware FLOPs per training step, counted from the real batches; TFLOP/s, MFU and HFU.
 
-    The first batch of each distinct *signature* (shapes and dtypes of the batch's tensors) runs its real
-    training step (forward, loss, backward; the optimizer update is outside) under
-    ``torch.utils.flop_counter.FlopCounterMode`` extended with lit_compute's formulas (every attention
-    path, corrected depthwise-convolution backward). Nothing else happens in that step: it is the step the
-    trainer runs anyway, so training is bitwise unchanged. Later batches of that signature reuse the count.
-    ``torch.compile``d code runs eagerly during that one step so every op is seen. Cost of one count: the
-    dispatch mode's bookkeeping, measured at 24 ms on top of a 160 ms ResNet-18 step (batch 32, 64 px, 2 CPU
-    cores), once per signature.
+    **Counting.** The first batch of each distinct *signature* (paths, shapes and dtypes of every tensor in the
+    batch, inside dataclasses and custom objects too) runs its real ``training_step`` - forward, loss, every
+    backward and every optimizer step of the batch, however many optimizers - under
+    :class:`~lit_compute.flops.SafeFlopCounterMode` (hookless module tracking: ``torch.autograd.grad`` and
+    double backward keep working). Nothing else happens in that step: it is the step the trainer runs anyway,
+    so training is bitwise unchanged. ``torch.compile``d code runs eagerly during that one step so every op is
+    seen. If counting a batch fails, the batch's count is abandoned with one warning and the step completes as
+    without FlopsLogger; after three failed counts counting stops.
 
-    Convention: one multiply-add = 2 FLOPs; matmul, convolution and attention are counted, elementwise
-    ops are not (the convention of torchvision's published figures and of MFU).
+    **Variable shapes.** With ``predict_shapes=True`` new signatures of a structure already counted several
+    times are predicted by an exact polynomial fit of the counts in the varying dimensions (see
+    :mod:`lit_compute.flops.predict`); one new shape in 25 is still counted to check the fit, and a miss
+    above 0.1% turns prediction off for that structure. Variable-length token batches are then counted a
+    handful of times per run, not once per length.
 
-    Timing: the time between two logging steps (wall clock, including data loading, optimizer and
-    everything else the loop does; validation time excluded). On CUDA the device is synchronised only at
-    logging steps. The step of a new signature (slowed by counting) is excluded from the window.
+    Convention: one multiply-add = 2 FLOPs; matmul, convolution, attention, expert and RNN matmuls are counted,
+    elementwise ops are not (the convention of torchvision's published figures and of MFU). *Model FLOPs*
+    (MFU, ``flops_per_step``, the per-module table): forward and backward of the model as written, no
+    activation recomputation, attention backward = 2 x forward. *Hardware FLOPs* (HFU): everything executed,
+    recomputation included (PaLM's definitions).
+
+    Timing: from the shared timeline (:mod:`lit_compute.timeline`): the steps between two logging steps, each
+    from the previous step's end to its own (data wait, forward, backward, optimizer), with instrument work,
+    validation and checkpoint saving removed, and steps tainted by instrument work (a counted step, a profiled
+    window, compilation, the first batch of an epoch) left out. On CUDA the times come from CUDA events read at
+    logging steps (one synchronisation per logging step). ``global_tflops_per_sec`` sums every rank's figure in
+    one all-reduce at every logging step on every rank (NaN from a rank that knows nothing).
 
     Logged metrics:
-        - ``compute/flops_per_step``: FLOPs of one optimizer step (forward + backward of every micro-batch
+        - ``compute/flops_per_step``: model FLOPs of the logging step (forward + backward of every micro-batch
           accumulated into it).
-        - ``compute/flops_per_sample``: forward + backward FLOPs per training sample.
-        - ``compute/tflops_per_sec``: achieved TFLOP/s of this device (rank 0's).
-        - ``compute/global_tflops_per_sec``: achieved TFLOP/s summed over all ranks (all-reduce).
-        - ``compute/mfu``: ``global_tflops_per_sec / (world_size * peak_tflops)``; one device: achieved / peak.
-        - ``compute/peak_tflops``: the per-device peak used as MFU's denominator.
+        - ``compute/hardware_flops_per_step``: hardware FLOPs of the same step.
+        - ``compute/flops_per_sample``: model FLOPs of that step per training sample.
+        - ``compute/tflops_per_sec``: achieved model TFLOP/s of this device (rank 0's).
+        - ``compute/global_tflops_per_sec``: achieved model TFLOP/s summed over all ranks.
+        - ``compute/mfu``: ``global_tflops_per_sec / (world_size * peak_tflops)``.
+        - ``compute/hfu``: the same from hardware FLOPs.
+        - ``compute/peak_tflops``: the per-device peak used as the denominator.
         - ``compute/val_flops_per_step``, ``compute/val_flops_per_sample``, ``compute/val_tflops_per_sec``,
-          ``compute/val_mfu``: the same for validation (forward only), once per validation run.
-        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (also an hparam).
-        - text ``compute/flops_by_module`` (per-module table).
+          ``compute/val_mfu`` (and ``compute/test_*`` under ``trainer.test``): the same for evaluation (forward
+          only), once per evaluation run.
+        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once.
+        - text ``compute/flops_by_module`` (model FLOPs per module, TensorBoard only).
 
     Args:
-        log_every_n_steps: Log every n optimizer steps (default: the trainer's ``log_every_n_steps``).
+        log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
         peak: ``"table"``: the dense peak of the device and dtype from :data:`~lit_compute.flops.PEAK_TABLE`
             (float32 on CUDA: TF32 for the convolutions and matmuls whose TF32 switch is on, weighted by their
-            counted FLOPs);
-            ``"measure"``: time a large GEMM in the training dtype on the device at fit start (how MFU works
-            on CPUs and GPUs missing from the table); ``"none"``: no MFU.
+            counted FLOPs); ``"measure"``: time a large GEMM in the training dtype on the device at set-up (how
+            MFU works on CPUs and GPUs missing from the table); ``"none"``: no MFU.
         peak_flops: Per-device peak FLOP/s; overrides ``peak``.
         module_depth: Depth of the per-module table.
-        count_validation: Also count and log validation FLOPs.
+        count_validation: Also count and log validation and test FLOPs.
+        predict_shapes: Predict the counts of new batch shapes from counted ones (see above).
 
     Example:
         >>> import lightning.pytorch as pl
         >>> trainer = pl.Trainer(callbacks=[FlopsLogger(peak="measure")], max_steps=1, accelerator="cpu")
     """
+
+    _reduce_keys = {"train": ("tflops", "hw_tflops"), "validate": ("tflops",), "test": ("tflops",)}
 
     def __init__(
         self,
@@ -103,13 +116,14 @@ class FlopsLogger(MeasuringCallback):
         peak_flops: float | None = None,
         module_depth: int = 2,
         count_validation: bool = True,
+        predict_shapes: bool = True,
     ) -> None:
         super().__init__()
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"FlopsLogger(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
         if peak not in ("table", "measure", "none"):
             raise ValueError(f"FlopsLogger(peak={peak!r}) must be one of 'table', 'measure', 'none'")
-        if peak_flops is not None and peak_flops <= 0:
+        if peak_flops is not None and not (peak_flops > 0 and math.isfinite(peak_flops)):
             raise ValueError(f"FlopsLogger(peak_flops={peak_flops}) must be > 0 (FLOP/s per device) or None")
         if module_depth < 1:
             raise ValueError(f"FlopsLogger(module_depth={module_depth}) must be >= 1")
@@ -118,46 +132,55 @@ class FlopsLogger(MeasuringCallback):
         self.peak_flops = peak_flops
         self.module_depth = module_depth
         self.count_validation = count_validation
-        # signature -> FlopCount (None: counting failed for it)
-        self.counts: dict[str, FlopCount | None] = {}
+        self.predict_shapes = predict_shapes
+        self.counts: dict[tuple, FlopCount | None] = {}  # exact counts by signature (None: counting failed)
         self.peak_used: float | None = None
-        self._counting: tuple[str, SafeFlopCounterMode, contextlib.ExitStack] | None = None
-        self._fwd_snapshot: Any = None
-        self._count_started = 0.0
+        self.counted_batches = 0
+        self.predicted_batches = 0
+        self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
+        self._predictor = ShapePredictor(verify_every=25, tolerance=1e-3)
+        self._failed_counts = 0
+        self._table: FlopCount | None = None
+        self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
+        self._reset_run()
+
+    def _reset_run(self) -> None:
         self._table_logged = False
-        self._reset_run_state()
+        self._batch_values: tuple[int, int, int] | None = None
+        self._step = [0, 0, 0]  # model forward, model backward, hardware FLOPs of the step in progress
+        self._step_known = True
+        self._window: list[tuple[StepRecord, int, int]] = []
+        self._last: tuple[int, int, int | None] | None = None  # (model, hardware, samples) of the last step
+        self._eval = {"flops": 0, "samples": 0, "batches": 0, "valid": True, "excluded": 0.0, "start": 0.0,
+                      "instrument": 0.0}
 
     # -- state ----------------------------------------------------------------------------------------
-    def _reset_run_state(self) -> None:
-        self._win_start: float | None = None
-        self._win_flops = 0
-        self._win_valid = True
-        self._paused = 0.0
-        self._pause_start: float | None = None
-        self._step_flops = 0
-        self._step_known = True
-        self._last_step_flops: int | None = None
-        self._last_sample_flops: float | None = None
-        self._batch_global_step = 0
-        self._batch_sig = ""
-        self._counted_in_batch = False
-        self._last_batch_size: int | None = None
-        self._val = {"flops": 0, "samples": 0, "batches": 0, "excluded": 0.0, "valid": True, "start": 0.0}
-
     def state_dict(self) -> dict[str, Any]:
+        table = self._table
         return {
-            "counts": {sig: [c.forward, c.backward] for sig, c in self.counts.items() if c is not None},
+            "counts": [[sig, [c.forward, c.backward, c.hardware]] for sig, c in self.counts.items() if c is not None],
+            "table": None if table is None else {"forward": table.forward, "backward": table.backward,
+                                                 "by_module": table.by_module,
+                                                 "forward_by_module": table.forward_by_module},
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for sig, (fwd, bwd) in state_dict.get("counts", {}).items():
-            self.counts[sig] = FlopCount(forward=int(fwd), backward=int(bwd))
+        for sig, (fwd, bwd, hw) in state_dict.get("counts", []):
+            sig = _as_tuple(sig)
+            self.counts[sig] = FlopCount(forward=int(fwd), backward=int(bwd), hardware=int(hw))
+            self._predictor.add(sig, (int(fwd), int(bwd), int(hw)))
+        table = state_dict.get("table")
+        if table:
+            self._table = FlopCount(forward=table["forward"], backward=table["backward"],
+                                    by_module=dict(table["by_module"]),
+                                    forward_by_module=dict(table["forward_by_module"]))
 
     # -- set-up ---------------------------------------------------------------------------------------
     @guarded
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset_run_state()
-        self.peak_used = self._resolve_peak(trainer)
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._reset_run()
+        with timeline_for(trainer).instrument("peak_measure"):
+            self.peak_used = self._resolve_peak(trainer)
         self._peak_refined = False
 
     def _resolve_peak(self, trainer: pl.Trainer) -> float | None:
@@ -169,7 +192,7 @@ class FlopsLogger(MeasuringCallback):
         dtype = precision_dtype(trainer.precision)
         if self.peak == "measure":
             measured = measure_peak_flops(device, dtype)
-            rank_zero_info(f"FlopsLogger: measured peak {measured / 1e12:.2f} TFLOP/s ({dtype}, {device})")
+            rank_zero_info(f"FlopsLogger: measured peak {measured / 1e12:.3g} TFLOP/s ({dtype}, {device})")
             return measured
         value = peak_flops(device, dtype)
         if value is None:
@@ -181,32 +204,53 @@ class FlopsLogger(MeasuringCallback):
             )
         return value
 
+    def _logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool:
+        if stage == "train":
+            return super()._logs_at(trainer, stage, step)
+        return self.count_validation and not trainer.sanity_checking
+
     # -- counting -------------------------------------------------------------------------------------
-    def _start_count(self, sig: str, pl_module: pl.LightningModule) -> None:
+    def _values_for(self, sig: tuple) -> tuple[int, int, int] | None:
+        """Known or predicted (model forward, model backward, hardware) FLOPs of a signature; None: count it."""
+        if sig in self.counts:
+            c = self.counts[sig]
+            return None if c is None else (c.forward, c.backward, c.hardware)
+        if self.predict_shapes:
+            guess = self._predictor.predict(sig)
+            if guess is not None:
+                self.predicted_batches += 1
+                return guess
+        return None
+
+    def _begin_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any) -> None:
+        sig = batch_signature(stage, batch)
+        self._batch_values = self._values_for(sig)
+        if self._batch_values is not None or sig in self.counts or self._failed_counts >= _MAX_FAILED_COUNTS:
+            return
         stack = contextlib.ExitStack()
-        counter = SafeFlopCounterMode(root=pl_module)
+        counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pl_module, hookless=True)
         stack.enter_context(eager_compiled_code())
         stack.enter_context(counter)
-        self._counting = (sig, counter, stack)
-        self._fwd_snapshot = None
-        self._count_started = time.perf_counter()
+        self._counting = (sig, counter, stack, timeline_for(trainer).raw())
 
-    def _finish_count(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> FlopCount | None:
+    def _end_batch(self, trainer: pl.Trainer) -> tuple[int, int, int] | None:
+        """Close a count started for this batch; the batch's values (None when unknown)."""
         if self._counting is None:
-            return None
-        sig, counter, stack = self._counting
+            return self._batch_values
+        sig, counter, stack, _ = self._counting
         self._counting = None
         stack.close()
-        count = build_count(counter, self._fwd_snapshot)
+        count = counter.result()
+        self.counted_batches += 1
         if count.total == 0 or count.errors:
+            self._failed_counts += 1
             reason = "; ".join(count.errors[:3]) or (
                 f"no matmul, convolution or attention ran ({', '.join(count.uncounted_ops) or 'no op with a formula'})"
             )
-            self._warn_once(
-                f"fail:{sig}",
-                f"FlopsLogger could not count FLOPs for batches {sig}: {reason}. Nothing is logged for them; "
-                "training goes on.",
-            )
+            self._warn_once("count-failed", f"FlopsLogger could not count the FLOPs of batches {_short(sig)}: {reason}. "
+                            "Nothing is logged for them; training goes on"
+                            + (" (counting is now off: three batches failed)." if self._failed_counts >=
+                               _MAX_FAILED_COUNTS else "."))
             self.counts[sig] = None
             return None
         if count.uncounted_ops:
@@ -216,8 +260,15 @@ class FlopsLogger(MeasuringCallback):
                 "lower bounds. Register a formula with torch.utils.flop_counter.register_flop_formula.",
             )
         self.counts[sig] = count
-        self._refine_peak(trainer, count)
-        return count
+        values = (count.forward, count.backward, count.hardware)
+        if self.predict_shapes and not self._predictor.add(sig, values):
+            self._warn_once("prediction-miss", f"FlopsLogger: the predicted count of batches {_short(sig)} missed the "
+                            "real count; their shapes are counted for real from now on.")
+        if sig[0] == "train":
+            if self._table is None:
+                self._table = count
+            self._refine_peak(trainer, count)
+        return values
 
     def _refine_peak(self, trainer: pl.Trainer, count: FlopCount) -> None:
         """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
@@ -232,184 +283,177 @@ class FlopsLogger(MeasuringCallback):
             self.peak_used = value
 
     # -- training -------------------------------------------------------------------------------------
-    @guarded
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._batch_global_step = trainer.global_step
-        try:
-            self._last_batch_size = int(extract_batch_size(batch))
-        except Exception:  # noqa: BLE001 - a batch without a recognisable size
-            self._last_batch_size = None
-        self._batch_sig = batch_signature("train", batch)
-        self._counted_in_batch = self._batch_sig not in self.counts
-        if self._counted_in_batch:
-            self._start_count(self._batch_sig, pl_module)
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset_run()
 
-    @guarded
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        self._begin_batch(trainer, pl_module, "train", batch)
         if self._counting is not None:
-            self._fwd_snapshot = self._counting[1].snapshot()
+            timeline_for(trainer).taint("flop_count")
 
-    @guarded
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self._counting is not None and self._batch_sig.startswith("('train'"):
-            count = self._finish_count(trainer, pl_module)
-            self._after_train_count(trainer, count)
+    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                   record: StepRecord | None) -> None:
+        values = self._end_batch(trainer)
+        if values is None:
+            self._step_known = False
+        else:
+            self._step = [a + b for a, b in zip(self._step, values)]
+        self._log_table_once(trainer, batch)
+        if record is None:
+            return
+        model, hardware = self._step[0] + self._step[1], self._step[2]
+        known, self._step, self._step_known = self._step_known, [0, 0, 0], True
+        self._last = (model, hardware, record.samples) if known else None
+        if known and record.clean:
+            self._window.append((record, model, hardware))
 
-    def _after_train_count(self, trainer: pl.Trainer, count: FlopCount | None) -> None:
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
+                  event: LogEvent) -> None:
+        if not self._logs_at(trainer, "train", record.index):
+            return
+        window, self._window = self._window, []
+        seconds = sum(sum(r.device_times()) for r, _, _ in window)
+        model = sum(m for _, m, _ in window)
+        hardware = sum(h for _, _, h in window)
+        local = model / seconds / 1e12 if seconds > 0 and window else math.nan
+        local_hw = hardware / seconds / 1e12 if seconds > 0 and window else math.nan
+        self.last_local_tflops = local if math.isfinite(local) else None
+        if self._last is not None:
+            step_model, step_hw, samples = self._last
+            event.log({"compute/flops_per_step": step_model, "compute/hardware_flops_per_step": step_hw})
+            if samples:
+                event.log({"compute/flops_per_sample": step_model / samples})
+        world, peak = trainer.world_size, self.peak_used
+
+        def finish(reduced: dict[str, float]) -> dict[str, float]:
+            total, total_hw = reduced.get("tflops", math.nan), reduced.get("hw_tflops", math.nan)
+            if not (math.isfinite(local) and math.isfinite(total)):
+                return {}
+            out = {"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": total}
+            if peak:
+                out["compute/peak_tflops"] = peak / 1e12
+                out["compute/mfu"] = total / (world * peak / 1e12)
+                if math.isfinite(total_hw):
+                    out["compute/hfu"] = total_hw / (world * peak / 1e12)
+            return out
+
+        self._contribute(trainer, {"tflops": local, "hw_tflops": local_hw}, finish)
+
+    def _log_table_once(self, trainer: pl.Trainer, batch: Any) -> None:
+        count = self._table
         if count is None or self._table_logged or not trainer.is_global_zero:
             return
         self._table_logged = True
-        samples = self._last_batch_size
-        per_sample = count.forward / samples if samples else None
+        samples = _batch.batch_size(batch)
         rows = [
             [f"`{path}`", f"{fwd / 1e9:.4f}", f"{tot / 1e9:.4f}", f"{100 * tot / count.total:.1f}%"]
             for path, fwd, tot in count.table(self.module_depth)
         ]
         table = markdown_table(["module", "forward GFLOPs", "fwd+bwd GFLOPs", "share"], rows)
         head = (
-            f"Batch {self._batch_sig}: forward {count.forward / 1e9:.4f} GFLOPs, backward {count.backward / 1e9:.4f} "
-            f"GFLOPs, total {count.total / 1e9:.4f} GFLOPs (1 multiply-add = 2 FLOPs).\n\n"
+            f"Model FLOPs of one training batch of {samples or '?'} samples: forward {count.forward / 1e9:.4f} GFLOPs, "
+            f"backward {count.backward / 1e9:.4f} GFLOPs, total {count.total / 1e9:.4f} GFLOPs "
+            "(1 multiply-add = 2 FLOPs; no recomputation).\n\n"
         )
-        log_text(trainer, "compute/flops_by_module", head + table)
-        msg = f"FlopsLogger: {count.total / 1e9:.3f} GFLOPs per batch (forward {count.forward / 1e9:.3f})"
-        if per_sample is not None:
-            msg += f", forward {per_sample / 1e9:.4f} GFLOPs per sample"
-            for logger in trainer.loggers:
-                logger.log_hyperparams({"compute/forward_gflops_per_sample": per_sample / 1e9})
-            log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample / 1e9})
-        rank_zero_info(msg)
+        wrote = log_text(trainer, "compute/flops_by_module", head + table, step=0)
+        if not wrote:
+            self._warn_once("no-tb", "FlopsLogger: no TensorBoard logger; the per-module FLOPs table "
+                            "(compute/flops_by_module) is not written. The scalars go to every logger.")
+        if samples:
+            per_sample = count.forward / samples / 1e9
+            from lit_compute._utils import log_scalars
 
-    @guarded
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        counted_now = self._counted_in_batch
-        if self._counting is not None:  # gradient accumulation: no optimizer step ran in this batch
-            self._after_train_count(trainer, self._finish_count(trainer, pl_module))
-        count = self.counts.get(self._batch_sig)
-        if count is not None:
-            self._step_flops += count.total
-            if self._last_batch_size:
-                self._last_sample_flops = count.total / self._last_batch_size
-        else:
-            self._step_known = False
-        stepped = trainer.global_step > self._batch_global_step
-        now = self._now(trainer, sync=counted_now)
-        if counted_now or self._win_start is None:
-            self._open_window(now)
-        else:
-            self._win_flops += count.total if count is not None else 0
-            self._win_valid &= count is not None
-        if not stepped:
-            return
-        self._last_step_flops = self._step_flops if self._step_known else None
-        self._step_flops, self._step_known = 0, True
-        every = resolve_every(trainer, self.log_every_n_steps)
-        if trainer.global_step % every == 0 and not counted_now:
-            self._log_train(trainer, self._now(trainer, sync=True))
+            log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
+            rank_zero_info(f"FlopsLogger: forward {per_sample:.4g} GFLOPs per sample, {count.total / 1e9:.4g} GFLOPs "
+                           "per training batch (forward + backward, model FLOPs)")
 
-    def _now(self, trainer: pl.Trainer, sync: bool) -> float:
-        device = trainer.strategy.root_device
-        if sync and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    def _open_window(self, now: float) -> None:
-        self._win_start, self._win_flops, self._win_valid, self._paused = now, 0, True, 0.0
-
-    def _log_train(self, trainer: pl.Trainer, now: float) -> None:
-        elapsed = now - (self._win_start or now) - self._paused
-        local = self._win_flops / elapsed / 1e12 if self._win_valid and elapsed > 0 and self._win_flops else float("nan")
-        world = trainer.world_size
-        reduced = trainer.strategy.reduce(
-            torch.tensor(local, dtype=torch.float64, device=trainer.strategy.root_device), reduce_op="sum"
-        )
-        global_tflops = float(reduced)
-        self._open_window(now)
-        metrics: dict[str, float] = {}
-        if self._last_step_flops is not None:
-            metrics["compute/flops_per_step"] = float(self._last_step_flops)
-        if self._last_sample_flops is not None:
-            metrics["compute/flops_per_sample"] = self._last_sample_flops
-        if local == local and global_tflops == global_tflops:  # not NaN on any rank
-            metrics["compute/tflops_per_sec"] = local
-            metrics["compute/global_tflops_per_sec"] = global_tflops
-            if self.peak_used:
-                metrics["compute/peak_tflops"] = self.peak_used / 1e12
-                metrics["compute/mfu"] = global_tflops / (world * self.peak_used / 1e12)
-        if trainer.is_global_zero:
-            log_scalars(trainer, metrics)
-
-    # -- validation -----------------------------------------------------------------------------------
-    @guarded
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        now = time.perf_counter()
-        if trainer.training or trainer.state.fn == "fit":
-            self._pause_start = now
-        self._val = {"flops": 0, "samples": 0, "batches": 0, "excluded": 0.0, "valid": True, "start": now}
+    # -- validation and test --------------------------------------------------------------------------
+    def _eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        timeline = timeline_for(trainer)
+        self._eval = {"flops": 0, "samples": 0, "batches": 0, "valid": True, "excluded": 0.0,
+                      "start": timeline.raw(), "instrument": timeline.totals.get("instrument", 0.0)}
 
     @guarded
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
-        if not self.count_validation:
-            return
-        self._batch_sig = batch_signature("val", batch)
-        if self._batch_sig not in self.counts:
-            self._start_count(self._batch_sig, pl_module)
+        self._eval_batch_start(trainer, pl_module, "val", batch)
 
     @guarded
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
-        if not self.count_validation:
-            return
-        if self._counting is not None:
-            self._finish_count(trainer, pl_module)
-            self._val["excluded"] += self._now(trainer, sync=True) - self._count_started
-            return
-        count = self.counts.get(batch_signature("val", batch))
-        if count is None:
-            self._val["valid"] = False
-            return
-        self._val["flops"] += count.forward
-        self._val["batches"] += 1
-        try:
-            self._val["samples"] += int(extract_batch_size(batch))
-        except Exception:  # noqa: BLE001
-            pass
+        self._eval_batch_end(trainer, batch)
 
     @guarded
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        now = self._now(trainer, sync=True)
-        if self._pause_start is not None:
-            self._paused += now - self._pause_start
-            self._pause_start = None
-        v = self._val
-        if trainer.sanity_checking or not self.count_validation or not v["batches"] or not v["valid"]:
+    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                            batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_start(trainer, pl_module, "test", batch)
+
+    @guarded
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch_end(trainer, batch)
+
+    def _eval_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any) -> None:
+        if self.count_validation and not trainer.sanity_checking:
+            self._begin_batch(trainer, pl_module, stage, batch)
+
+    def _eval_batch_end(self, trainer: pl.Trainer, batch: Any) -> None:
+        if not self.count_validation or trainer.sanity_checking:
             return
-        elapsed = now - v["start"] - v["excluded"]
-        local = v["flops"] / elapsed / 1e12 if elapsed > 0 else float("nan")
-        reduced = float(trainer.strategy.reduce(
-            torch.tensor(local, dtype=torch.float64, device=trainer.strategy.root_device), reduce_op="sum"
-        ))
-        metrics = {"compute/val_flops_per_step": v["flops"] / v["batches"]}
-        if v["samples"]:
-            metrics["compute/val_flops_per_sample"] = v["flops"] / v["samples"]
-        if local == local and reduced == reduced:
-            metrics["compute/val_tflops_per_sec"] = local
-            if self.peak_used:
-                metrics["compute/val_mfu"] = reduced / (trainer.world_size * self.peak_used / 1e12)
-        if trainer.is_global_zero:
-            log_scalars(trainer, metrics)
+        counting = self._counting
+        values = self._end_batch(trainer)
+        if counting is not None:  # a counted batch's time is instrument time
+            self._eval["excluded"] += timeline_for(trainer).raw() - counting[3]
+            return
+        if values is None:
+            self._eval["valid"] = False
+            return
+        self._eval["flops"] += values[0]
+        self._eval["batches"] += 1
+        self._eval["samples"] += _batch.batch_size(batch) or 0
+
+    def _eval_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, event: LogEvent) -> None:
+        if not self._logs_at(trainer, stage, event.step):
+            return
+        timeline, v = timeline_for(trainer), self._eval
+        prefix = _STAGE_PREFIX.get(stage, stage)
+        local = math.nan
+        if v["batches"] and v["valid"]:
+            instrument = timeline.totals.get("instrument", 0.0) - v["instrument"]
+            elapsed = timeline.raw() - v["start"] - instrument - v["excluded"]
+            local = v["flops"] / elapsed / 1e12 if elapsed > 0 else math.nan
+            event.log({f"compute/{prefix}_flops_per_step": v["flops"] / v["batches"]})
+            if v["samples"]:
+                event.log({f"compute/{prefix}_flops_per_sample": v["flops"] / v["samples"]})
+        world, peak = trainer.world_size, self.peak_used
+
+        def finish(reduced: dict[str, float]) -> dict[str, float]:
+            total = reduced.get("tflops", math.nan)
+            if not (math.isfinite(local) and math.isfinite(total)):
+                return {}
+            out = {f"compute/{prefix}_tflops_per_sec": local}
+            if peak:
+                out[f"compute/{prefix}_mfu"] = total / (world * peak / 1e12)
+            return out
+
+        self._contribute(trainer, {"tflops": local}, finish)
 
     # -- clean-up -------------------------------------------------------------------------------------
     def _teardown(self) -> None:
         if self._counting is not None:
-            _, _, stack = self._counting
+            stack = self._counting[2]
             self._counting = None
             stack.close()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._teardown()
 
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._teardown()
+def _short(sig: tuple) -> str:
+    stage, leaves = sig
+    shown = ", ".join(f"{path or 'batch'}: {tuple(shape)}" for path, shape, _ in leaves[:4])
+    return f"{stage} [{shown}{', ...' if len(leaves) > 4 else ''}]"
+
+
+def _as_tuple(x: Any) -> Any:
+    """Signatures come back from checkpoints as lists; make them tuples again (hashable)."""
+    if isinstance(x, (list, tuple)):
+        return tuple(_as_tuple(v) for v in x)
+    return x

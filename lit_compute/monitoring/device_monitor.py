@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from lit_compute._utils import MeasuringCallback, guarded, log_scalars, resolve_every
+from lit_compute._utils import MeasuringCallback
+from lit_compute.timeline import LogEvent, StepRecord
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -65,6 +66,9 @@ class _GpuReader:
 class DeviceMonitor(MeasuringCallback):
     """Device utilisation, memory, power and temperature, and the training process's CPU use.
 
+    Read once per logging step (an optimizer step, or a batch under manual optimization: see
+    :mod:`lit_compute.timeline`), in the same event as every other lit_compute metric.
+
     GPU metrics come from NVML (``pip install 'lit-compute[monitor]'``) for the device this process trains
     on; on a machine without NVIDIA GPUs (or when training on CPU) only the CPU part is logged, and that is
     said once. An NVML error warns once, turns the GPU part off, and training goes on. Under DDP the
@@ -100,8 +104,7 @@ class DeviceMonitor(MeasuringCallback):
         self._gpu_reader: _GpuReader | None = None
         self._process: psutil.Process | None = None
 
-    @guarded
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.cpu:
             self._process = psutil.Process(os.getpid())
             self._process.cpu_percent(None)  # first call starts the interval
@@ -123,12 +126,10 @@ class DeviceMonitor(MeasuringCallback):
             self._warn_once("nvml-init", f"DeviceMonitor: NVML failed to start ({err}); GPU metrics are off.")
         return None
 
-    @guarded
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if trainer.global_step % resolve_every(trainer, self.log_every_n_steps) != 0:
-            return
-        log_scalars(trainer, self.read())
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
+                  event: LogEvent) -> None:
+        if self._logs_at(trainer, "train", record.index):
+            event.log(self.read())
 
     def read(self) -> dict[str, float]:
         """One reading of every enabled metric."""
@@ -154,5 +155,3 @@ class DeviceMonitor(MeasuringCallback):
             self._gpu_reader.close()
             self._gpu_reader = None
 
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._teardown()

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import torch
-from lightning.pytorch.utilities.data import extract_batch_size
-
-from lit_compute._utils import (
-    MeasuringCallback,
-    available_cpu_cores,
-    guarded,
-    log_scalars,
-    log_text,
-    resolve_every,
-)
+from lit_compute._utils import MeasuringCallback, available_cpu_cores, log_text
+from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -31,35 +21,19 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-class _Marks:
-    """Per-step time marks: host clock on CPU, CUDA events (read later, at logging steps) on GPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (end - start) * 1e3
-
-
 class StepTimeMonitor(MeasuringCallback):
     """Splits every training step into time waiting for the batch and time computing it.
 
-    *Data wait* runs from the end of the previous step to the arrival of this step's batch (the trainer
-    fetching it from the DataLoader, including worker hand-off and host-to-device copy); *compute* runs
-    from the batch's arrival to the end of the step (forward, backward, optimizer). On CUDA both are
-    measured with CUDA events on the current stream, read only at logging steps (no per-step
-    synchronisation): the data wait is then the time the GPU sat idle between steps. The first step of an
-    epoch and the first step after validation are not timed (their wait includes start-up and validation).
+    Reads the shared timeline (:mod:`lit_compute.timeline`): a *step* is an optimizer step (the micro-batches
+    of an accumulated step add up) or, under manual optimization, a training batch. *Data wait* runs from the
+    end of the previous batch to the arrival of this one (the trainer fetching it from the DataLoader,
+    including worker hand-off and host-to-device copy); *compute* runs from the batch's arrival to the end of
+    the step (forward, backward, optimizer). Instrument work of every lit_compute component (a profiler
+    trace's export, FLOP counting, benchmarks), validation and checkpoint saving are removed from both, and
+    steps tainted by instrument work that cannot be cut out (a counted or profiled step, compilation, the
+    first batch of an epoch) are left out of every figure. On CUDA both spans come from CUDA events on the
+    current stream, read only at logging steps (no per-step synchronisation): the data wait is then the time
+    the GPU sat idle between steps. An interval whose steps were all tainted logs nothing.
 
     When the data-wait fraction over the last ``window`` steps exceeds ``stall_fraction``, it warns once
     with advice computed from the run (the DataLoader's ``num_workers`` vs the cores available,
@@ -72,6 +46,8 @@ class StepTimeMonitor(MeasuringCallback):
         - ``time/step_ms_p50``, ``time/step_ms_p90``, ``time/step_ms_max``: over the last ``window`` steps.
         - ``time/data_wait_fraction``: wait / step time since the last log.
         - ``time/samples_per_sec``: samples / step time since the last log (this process).
+        - ``time/instrument_ms``: lit_compute's own instrument time per step since the last log (excluded from
+          every other figure; it shows what observing costs).
         - text ``time/advice``: the input-bound diagnosis, when it fires.
 
     Args:
@@ -99,12 +75,10 @@ class StepTimeMonitor(MeasuringCallback):
         self._reset()
 
     def _reset(self) -> None:
-        self._marks: _Marks | None = None
-        self._prev_end: Any = None
-        self._start: Any = None
-        self._pending: list[tuple[Any, Any, Any, int]] = []  # (prev_end, start, end, samples)
+        self._interval: list[StepRecord] = []  # clean steps since the last log
+        self._steps_since_log = 0
+        self._instrument_mark = 0.0
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)  # (wait_ms, compute_ms)
-        self._interval: list[tuple[float, float, int]] = []
 
     def state_dict(self) -> dict[str, Any]:
         return {"advice": self.advice}
@@ -112,68 +86,45 @@ class StepTimeMonitor(MeasuringCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.advice = state_dict.get("advice")
 
-    @guarded
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
-        self._marks = _Marks(trainer.strategy.root_device)
+        self._instrument_mark = timeline_for(trainer).totals.get("instrument", 0.0)
 
-    @guarded
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._prev_end = None
-
-    @guarded
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._prev_end = None
-
-    @guarded
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        if self._marks is not None:
-            self._start = self._marks.mark()
-
-    @guarded
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if self._marks is None or self._start is None:
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
+                  event: LogEvent) -> None:
+        self._steps_since_log += 1
+        if record.clean:
+            self._interval.append(record)
+        if not self._logs_at(trainer, "train", record.index):
             return
-        end = self._marks.mark()
-        if self._prev_end is not None:
-            try:
-                samples = int(extract_batch_size(batch))
-            except Exception:  # noqa: BLE001 - batches without a recognisable size
-                samples = 0
-            self._pending.append((self._prev_end, self._start, end, samples))
-        self._prev_end, self._start = end, None
-        every = resolve_every(trainer, self.log_every_n_steps)
-        if len(self._pending) >= every:
-            self._flush(trainer)
-
-    def _flush(self, trainer: pl.Trainer) -> None:
-        assert self._marks is not None
-        for prev_end, start, end, samples in self._pending:
-            wait, compute = self._marks.elapsed_ms(prev_end, start), self._marks.elapsed_ms(start, end)
-            self._recent.append((wait, compute))
-            self._interval.append((wait, compute, samples))
-        self._pending.clear()
-        waits = sum(w for w, _, _ in self._interval)
-        computes = sum(c for _, c, _ in self._interval)
-        samples = sum(s for _, _, s in self._interval)
-        n = len(self._interval)
+        records, self._interval = self._interval, []
+        steps, self._steps_since_log = self._steps_since_log, 0
+        instrument = timeline_for(trainer).totals.get("instrument", 0.0)
+        instrument_ms, self._instrument_mark = (instrument - self._instrument_mark) * 1e3 / steps, instrument
+        event.log({"time/instrument_ms": instrument_ms})
+        if not records:
+            return
+        times = [r.device_times() for r in records]
+        for wait, compute in times:
+            self._recent.append((wait * 1e3, compute * 1e3))
+        waits = sum(w for w, _ in times) * 1e3
+        computes = sum(c for _, c in times) * 1e3
         total = waits + computes
-        steps = [w + c for w, c in self._recent]
+        n = len(records)
+        recent = [w + c for w, c in self._recent]
         metrics = {
             "time/data_wait_ms": waits / n,
             "time/compute_ms": computes / n,
             "time/step_ms": total / n,
-            "time/step_ms_p50": _percentile(steps, 0.5),
-            "time/step_ms_p90": _percentile(steps, 0.9),
-            "time/step_ms_max": max(steps),
+            "time/step_ms_p50": _percentile(recent, 0.5),
+            "time/step_ms_p90": _percentile(recent, 0.9),
+            "time/step_ms_max": max(recent),
             "time/data_wait_fraction": waits / total if total > 0 else 0.0,
         }
-        if samples and total > 0:
-            metrics["time/samples_per_sec"] = samples / (total / 1e3)
-        self._interval.clear()
-        log_scalars(trainer, metrics)
+        samples = [r.samples for r in records]
+        if all(s for s in samples) and total > 0:
+            metrics["time/samples_per_sec"] = sum(samples) / (total / 1e3)
+        event.log(metrics)
         self._check_stall(trainer)
 
     def _check_stall(self, trainer: pl.Trainer) -> None:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lit_compute._compat import grad_scaler_scale_tensor
-from lit_compute._utils import MeasuringCallback, guarded, log_scalars, resolve_every
+from lit_compute._utils import MeasuringCallback
+from lit_compute.timeline import LogEvent, StepRecord
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -18,10 +19,12 @@ class LossScaleMonitor(MeasuringCallback):
 
     A GradScaler skips the optimizer step when it finds inf/NaN gradients and then lowers the scale by its
     backoff factor; a skipped step is counted as an optimizer step after which the scale went down. After
-    every optimizer step (once per accumulation cycle, after ``scaler.update()``) the scale tensor is copied
-    on the device (no sync);
-    the copies are read only at logging steps, since reading the scale forces a device sync. With no scaler
-    (bf16, fp32) it logs nothing and says so once.
+    every step (an optimizer step, once per accumulation cycle, after ``scaler.update()``; see
+    :mod:`lit_compute.timeline`) the scale tensor is copied on the device (no sync); the copies are read only
+    at logging steps, since reading the scale forces a device sync. Steps not yet counted when a checkpoint is
+    saved are counted into it, and the last scale is saved too, so a resumed run counts exactly. With bf16 or
+    fp32 there is no scaler and it logs nothing, silently (that is expected); under ``16-mixed`` without a
+    scaler it says so once.
 
     Logged metrics:
         - ``amp/loss_scale``: the current loss scale.
@@ -48,53 +51,57 @@ class LossScaleMonitor(MeasuringCallback):
         self._pending: list[torch.Tensor] = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped_steps": self.skipped_steps, "optimizer_steps": self.optimizer_steps}
+        self._count_pending()  # steps not yet counted at a checkpoint are counted into it
+        last = float(self._last.float().cpu().reshape(())) if self._last is not None else None
+        return {"skipped_steps": self.skipped_steps, "optimizer_steps": self.optimizer_steps, "last_scale": last}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.optimizer_steps = int(state_dict.get("optimizer_steps", 0))
+        last = state_dict.get("last_scale")
+        self._last = torch.tensor(float(last)) if last is not None else None
+        self._pending.clear()
 
-    @guarded
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._pending.clear()
         if self._scaler is None or not hasattr(self._scaler, "get_scale"):
             self._scaler = None
-            self._warn_once(
-                "no-scaler",
-                f"LossScaleMonitor: precision={trainer.precision!r} uses no GradScaler (only '16-mixed' does), "
-                "so there is no loss scale to log; it logs nothing.",
-            )
+            if str(trainer.precision).startswith("16"):
+                self._warn_once("no-scaler", f"LossScaleMonitor: precision={trainer.precision!r} runs without a "
+                                "GradScaler, so there is no loss scale to log; it logs nothing.")
+            return
+        if self._last is not None:  # resumed: compare the first steps with the scale saved at the checkpoint
             return
         scale = grad_scaler_scale_tensor(self._scaler)
         # before the first step the scaler holds no tensor yet and get_scale() is the initial scale (no sync)
         self._last = scale.detach().clone() if scale is not None else torch.tensor(float(self._scaler.get_scale()))
 
-    @guarded
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._step_before = trainer.global_step
-
-    @guarded
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
+                  event: LogEvent) -> None:
         if self._scaler is None:
             return
-        if trainer.global_step > getattr(self, "_step_before", trainer.global_step):  # an optimizer step ran
-            scale = grad_scaler_scale_tensor(self._scaler)
-            if scale is not None:
-                self._pending.append(scale.detach().clone())  # a device copy, no sync
-        if not self._pending or trainer.global_step % resolve_every(trainer, self.log_every_n_steps) != 0:
+        scale = grad_scaler_scale_tensor(self._scaler)
+        if scale is not None:
+            self._pending.append(scale.detach().clone())  # a device copy, no sync
+        if not self._pending or not self._logs_at(trainer, "train", record.index):
             return
-        scales = torch.stack([s.reshape(()) for s in self._pending]).float().cpu()  # one sync, on logging steps
+        latest = self._pending[-1]
+        self._count_pending()
+        event.log({
+            "amp/loss_scale": float(latest.float().cpu().reshape(())),
+            "amp/skipped_steps": float(self.skipped_steps),
+            "amp/skipped_step_fraction": self.skipped_steps / max(1, self.optimizer_steps),
+        })
+
+    def _count_pending(self) -> None:
+        """Count the steps since the last count: a step after which the scale went down was skipped (one sync)."""
+        if not self._pending:
+            return
+        scales = torch.stack([s.reshape(()).float().cpu() for s in self._pending])
         previous = self._last.float().cpu().reshape(()) if self._last is not None else scales[0]
         chain = torch.cat([previous.reshape(1), scales])
         self.skipped_steps += int((chain[1:] < chain[:-1]).sum())
         self.optimizer_steps += len(self._pending)
         self._last = self._pending[-1]
-        self._pending.clear()
-        log_scalars(trainer, {
-            "amp/loss_scale": float(scales[-1]),
-            "amp/skipped_steps": float(self.skipped_steps),
-            "amp/skipped_step_fraction": self.skipped_steps / max(1, self.optimizer_steps),
-        })
+        self._pending = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +10,10 @@ import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from lit_compute._compat import start_profiler_at_step
+from lit_compute import _compat
 from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table
 from lit_compute.profiling.trace_summary import WindowSummary, summarize_trace
+from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -29,8 +29,15 @@ SORT_KEYS = (
 class ProfilerWindow(MeasuringCallback):
     """Runs ``torch.profiler`` over chosen windows of training steps and turns each window into files and scalars.
 
-    A window profiles ``active`` training steps (``global_step`` numbers) starting at ``start_step``, after
-    ``warmup`` steps of profiler warm-up (recorded, then discarded, so start-up cost stays out of the trace).
+    A window profiles ``active`` training steps starting at ``start_step``, after ``warmup`` steps of profiler
+    warm-up (recorded, then discarded, so start-up cost stays out of the trace). Steps are the shared
+    timeline's (:mod:`lit_compute.timeline`): optimizer steps, or training batches under manual optimization
+    (a GAN's two ``optimizer.step()`` calls are one step), numbered as Lightning's ``self.log`` numbers them.
+    A window opens at the first step at or after its warm-up's start (a run resumed inside a window records
+    what is left of it; a window wholly before the resume step is reported once) and files are named after
+    the steps they really hold (a window cut short by ``max_steps``/``max_time`` or an exception is written
+    with the steps it got). Profiled steps are marked on the timeline, so other lit_compute callbacks leave
+    them out of their figures, and the export is an instrument interval, so it never shows up as data wait.
     ``every_n_steps`` repeats the window every n steps, up to ``max_windows``; ``on_slow_step=k`` also captures
     the next window after a step slower than k times the running median step time (at most ``max_windows``
     such windows). Outside a window no profiler exists: zero overhead. Validation running inside a window
@@ -41,9 +48,11 @@ class ProfilerWindow(MeasuringCallback):
     https://ui.perfetto.dev), ``...key_averages.txt`` (the op table), and, when memory is profiled with stacks,
     ``...memory_timeline.html``. The op table also goes to TensorBoard text.
 
-    Summary scalars come from the window's own trace events, logged at its last step.
+    Summary scalars come from the window's own trace events, logged at its last step, with the export's own
+    duration.
 
     Logged metrics:
+        - ``profiler/export_ms``: how long writing the window's trace and tables took (instrument time).
         - ``profiler/step_time_ms``: mean duration of the window's ``ProfilerStep#N`` ranges.
         - ``profiler/dataloader_fraction``: share of the window spent in ``enumerate(DataLoader)`` (waiting for batches).
         - ``profiler/top_op_fraction``: share of all op self time taken by the most expensive op.
@@ -120,16 +129,16 @@ class ProfilerWindow(MeasuringCallback):
         self.with_flops = with_flops
         self.sort_by = sort_by
         self.row_limit = row_limit
-        self.windows_done: list[int] = []  # first active step of every window captured
+        self.windows_done: list[int] = []  # planned first active step of every window captured or reported missed
         self.slow_windows = 0
         self.summaries: list[WindowSummary] = []
+        self.exported: list[Path] = []
         self._profiler: torch.profiler.profile | None = None
-        self._window: tuple[int, int] | None = None  # (first active step, last active step)
+        self._window: dict[str, Any] | None = None
         self._trainer: pl.Trainer | None = None
-        self._step_times: list[float] = []
-        self._last_end: float | None = None
+        self._durations: list[float] = []
         self._slow_next: int | None = None
-        self._batch_step = 0
+        self._pending_scalars: dict[str, float] = {}
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -146,14 +155,17 @@ class ProfilerWindow(MeasuringCallback):
             return [self.start_step]
         return [self.start_step + k * self.every_n_steps for k in range(self.max_windows)]
 
-    def _window_beginning_at(self, step: int) -> int | None:
-        """The first active step of a window whose warm-up or first active step is ``step``, if one starts now."""
+    def _plan_at(self, step: int) -> tuple[int, int, int] | None:
+        """``(planned first active step, first active step, last active step)`` of a window that should be running
+        at ``step``: the first step at or after its warm-up begins (a run resumed inside a window records what
+        is left of it)."""
         for first in self.scheduled_starts():
-            begin = max(0, first - self.warmup)
-            if step == begin and first not in self.windows_done:
-                return first
-        if self._slow_next is not None and step == self._slow_next:
-            return step + self.warmup
+            last = first + self.active - 1
+            if first not in self.windows_done and max(0, first - self.warmup) <= step <= last:
+                return first, max(first, step), last
+        if self._slow_next is not None and step >= self._slow_next:
+            first = self._slow_next + self.warmup
+            return first, max(first, step), first + self.active - 1
         return None
 
     @guarded
@@ -164,24 +176,35 @@ class ProfilerWindow(MeasuringCallback):
                 "remove one of them"
             )
 
-    @guarded
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._batch_step = trainer.global_step
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._durations, self._slow_next, self._pending_scalars = [], None, {}
+        current = _compat.batches_that_stepped(trainer)
+        for first in self.scheduled_starts():
+            last = first + self.active - 1
+            if first not in self.windows_done and last < current:
+                self.windows_done.append(first)
+                self._warn_once(f"missed{first}", f"ProfilerWindow: the window of steps {first}-{last} was not "
+                                f"captured: this run starts at step {current}, after it (resumed from a checkpoint).")
+
+    def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        timeline = timeline_for(trainer)
         if self._profiler is not None:
+            timeline.taint("profiler")
             return
-        first = self._window_beginning_at(trainer.global_step)
-        if first is None:
+        step = timeline.current
+        if step is None or step.batches > 0:  # windows open at a step's first micro-batch only
             return
-        if self._slow_next is not None and trainer.global_step == self._slow_next:
+        plan = self._plan_at(step.index)
+        if plan is None:
+            return
+        if self._slow_next is not None and plan[0] == self._slow_next + self.warmup:
             self._slow_next = None
             self.slow_windows += 1
-        self._start(trainer, first)
+        self._start(trainer, *plan, begin=step.index)
+        if self._profiler is not None:
+            timeline.taint("profiler")
 
-    def _start(self, trainer: pl.Trainer, first: int) -> None:
-        begin = max(0, first - self.warmup)
-        last = first + self.active - 1
-
+    def _start(self, trainer: pl.Trainer, planned: int, first: int, last: int, begin: int) -> None:
         def schedule(step: int) -> ProfilerAction:
             if step < first:
                 return ProfilerAction.WARMUP
@@ -196,53 +219,55 @@ class ProfilerWindow(MeasuringCallback):
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
         self._trainer = trainer
-        self._window = (first, last)
+        self._window = {"planned": planned, "first": first, "last": last, "recorded": [], "current": begin}
         profiler = torch.profiler.profile(
             activities=activities, schedule=schedule, on_trace_ready=self._on_trace_ready,
             record_shapes=self.record_shapes or (self.profile_memory and self.with_stack),
             profile_memory=self.profile_memory, with_stack=self.with_stack, with_flops=self.with_flops,
         )
         try:
-            start_profiler_at_step(profiler, begin)
+            _compat.start_profiler_at_step(profiler, begin)
         except RuntimeError as err:  # another profiler (torch's or Lightning's) is already running
             self._window = None
             self._disable(f"could not start torch.profiler ({err}); is another profiler active?")
             return
         self._profiler = profiler
 
-    @guarded
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        self._watch_step_time(trainer)
-        if self._profiler is None or self._window is None:
-            return
-        if trainer.global_step == self._batch_step:
-            return  # gradient accumulation: the optimizer step (and the profiler step) is not over yet
-        self._profiler.step()  # closes ProfilerStep#<step just run>, opens the next
-        if self._batch_step >= self._window[1]:
-            self._finish()
+    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                   record: StepRecord | None) -> None:
+        window = self._window
+        if self._profiler is None or window is None or record is None:
+            return  # gradient accumulation: the step (and the profiler step) is not over yet
+        if record.index >= window["first"]:
+            window["recorded"].append(record.index)
+        window["current"] = record.index + 1
+        with timeline_for(trainer).instrument("profiler_export"):
+            if record.index < window["last"] and _compat.is_last_training_step(trainer):
+                self._finish()  # training ends inside the window: write what it holds, without an empty next step
+            else:
+                self._profiler.step()  # closes ProfilerStep#<step just run>; after the last one, exports the window
+                if record.index >= window["last"]:
+                    self._finish()
 
-    def _watch_step_time(self, trainer: pl.Trainer) -> None:
-        now = time.perf_counter()
-        last, self._last_end = self._last_end, now
-        if self.on_slow_step is None or last is None or self._profiler is not None:
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
+                  event: LogEvent) -> None:
+        if self._pending_scalars:
+            event.log(self._pending_scalars)
+            self._pending_scalars = {}
+        if self.on_slow_step is None or self._profiler is not None or not record.clean:
             return
-        duration = now - last
-        if len(self._step_times) >= 5 and self._slow_next is None and self.slow_windows < self.max_windows:
-            median = statistics.median(self._step_times[-50:])
+        duration = record.duration_s
+        if len(self._durations) >= 5 and self._slow_next is None and self.slow_windows < self.max_windows:
+            median = statistics.median(self._durations[-50:])
             if duration > self.on_slow_step * median:
-                self._slow_next = trainer.global_step  # the next step begins the window (warm-up first)
-        self._step_times.append(duration)
+                self._slow_next = record.index + 1  # the next step begins the window (warm-up first)
+        self._durations.append(duration)
 
     def _finish(self) -> None:
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
             profiler.stop()  # closes the open step range; the trace was saved by RECORD_AND_SAVE
         self._window = None
-
-    @guarded
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._last_end = None  # validation time is not a slow training step
 
     # -- output ---------------------------------------------------------------------------------------
     def _out_dir(self, trainer: pl.Trainer) -> Path:
@@ -260,15 +285,26 @@ class ProfilerWindow(MeasuringCallback):
         except Exception as err:  # noqa: BLE001 - a broken export must not stop training
             self._disable(f"exporting the profiler window failed with {type(err).__name__}: {err}")
 
-    def _export(self, trainer: pl.Trainer, profiler: torch.profiler.profile, window: tuple[int, int]) -> None:
-        first, last = window
-        self.windows_done.append(first)
+    def _export(self, trainer: pl.Trainer, profiler: torch.profiler.profile, window: dict[str, Any]) -> None:
+        timeline = timeline_for(trainer)
+        started = timeline.raw()
+        recorded = window["recorded"]
+        first = recorded[0] if recorded else window["first"]
+        last = recorded[-1] if recorded else first
+        if timeline.in_batch and window["current"] >= first:  # stopped inside a step (an exception): it is in the trace
+            last = window["current"]
+        self.windows_done.append(window["planned"])
         index = len(self.windows_done)
         rank = f"_rank{trainer.global_rank}" if trainer.world_size > 1 else ""
         stem = f"window{index}_steps{first}-{last}{rank}"
         out = self._out_dir(trainer)
         trace_path = out / f"{stem}.pt.trace.json"
-        profiler.export_chrome_trace(str(trace_path))
+        try:
+            profiler.export_chrome_trace(str(trace_path))
+        except BaseException:
+            for partial in out.glob(f"{stem}.pt.trace.json*"):  # a full disk leaves a partial trace: remove it
+                partial.unlink(missing_ok=True)
+            raise
         on_gpu = trainer.strategy.root_device.type == "cuda"
         sort_by = self.sort_by or ("self_cuda_time_total" if on_gpu else "self_cpu_time_total")
         averages = profiler.key_averages()
@@ -284,34 +320,39 @@ class ProfilerWindow(MeasuringCallback):
             summary.peak_memory_mb = torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**20
         top_rows, top_fraction = _top_ops(averages, on_gpu, self.row_limit)
         self.summaries.append(summary)
+        self.exported.append(trace_path)
         scalars = summary.scalars()
         if top_fraction is not None:
             scalars["profiler/top_op_fraction"] = top_fraction
-        log_scalars(trainer, scalars, step=trainer.global_step)
         header = (f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
                   f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n")
         wrote = log_text(trainer, "profiler/top_ops", header + markdown_table(
-            ["op", "calls", "self time ms", "share"], top_rows), step=trainer.global_step)
-        log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=trainer.global_step)
+            ["op", "calls", "self time ms", "share"], top_rows), step=last)
+        log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=last)
         if not wrote and trainer.is_global_zero:
             self._warn_once("no-tb", "ProfilerWindow: no TensorBoard logger; traces and tables are written to "
                             f"{out} but not shown in TensorBoard.")
+        scalars["profiler/export_ms"] = (timeline_for(trainer).raw() - started) * 1e3
+        event = timeline_for(trainer).event
+        if event is not None and event.stage == "train" and event.step == last:
+            self._pending_scalars = scalars  # written with the rest of this step's event
+        else:
+            log_scalars(trainer, scalars, step=last)
 
     # -- robustness -----------------------------------------------------------------------------------
     def _teardown(self) -> None:
         profiler, self._profiler = self._profiler, None
-        if profiler is not None:
-            try:
-                profiler.stop()
-            finally:
-                self._window = None
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # Stopping a recording profiler saves its trace: the partial window is still written.
-        self._teardown()
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._teardown()
+        window = self._window
+        if profiler is None:
+            return
+        try:
+            if window is not None and window["current"] < window["first"]:
+                self._warn_once(f"warmup{window['planned']}", f"ProfilerWindow: the window of steps {window['first']}-"
+                                f"{window['last']} was not captured: the run ended at step {window['current']}, during "
+                                "its warm-up.")
+            profiler.stop()  # a recording profiler saves what it recorded: a window cut short is still written
+        finally:
+            self._window = None
 
 
 def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:

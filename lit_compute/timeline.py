@@ -1,0 +1,422 @@
+"""The measurement timeline every lit_compute callback shares: one clock, one notion of step, one logging event.
+
+One :class:`Timeline` exists per trainer (:func:`timeline_for`). lit_compute's callbacks feed it from their
+hooks (the first callback to reach a point takes the mark, the others read it), so every callback sees the
+same marks whatever their order in ``Trainer(callbacks=[...])``:
+
+- **batch ready** (``on_train_batch_start``), **batch end** (``on_train_batch_end``); the data wait of a batch
+  runs from the previous batch's end to its ready mark, its compute from ready to end.
+- **step**: Lightning's optimizer step under automatic optimization (the micro-batches of an accumulated
+  step are one step) and one training batch under manual optimization, whatever the number of
+  ``optimizer.step()`` calls. Its number is the step Lightning's own ``self.log`` writes at for the same
+  batch (the fit loop's ``_batches_that_stepped``, equal to ``global_step`` - 1 after the step under
+  automatic optimization). A callback logs at step ``n`` when ``(n + 1) % log_every_n_steps == 0``, as
+  Lightning does.
+- **labelled intervals** that every consumer leaves out of step time, data wait and throughput:
+  ``instrument`` (lit_compute's own work: trace export, FLOP counting, peak measurement, collective
+  benchmarks; any code can mark its own with :meth:`Timeline.instrument`), ``validation``, ``checkpoint``
+  (``trainer.save_checkpoint``). The timeline's :meth:`Timeline.now` is a clock from which these intervals
+  are removed.
+- **taints**: a step inside which instrument work ran that cannot be cut out as an interval (the FLOP
+  counter's dispatch mode, a profiler recording, ``torch.compile`` compiling, the first batch of an epoch
+  whose wait includes the loader's start) is *tainted*; consumers leave tainted steps out of their figures.
+- **one logging event** per step or validation run: every lit_compute metric of it is written with one
+  ``log_metrics`` call at one step number, and the values that need all ranks go through **one** all-reduce
+  whose layout depends only on configuration and the step number (never on a rank's own data or
+  failures): a rank with nothing to say contributes NaN.
+
+The clock is ``time.perf_counter`` looked up at every call (so ``mock.patch("time.perf_counter")`` drives it,
+as Lightning's own callback tests do), or any callable given as :attr:`Timeline.clock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lit_compute import _compat
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lit_compute._utils import MeasuringCallback
+
+CATEGORIES = ("instrument", "validation", "checkpoint")
+
+
+def _perf_counter() -> float:
+    return time.perf_counter()
+
+
+@dataclass
+class BatchFacts:
+    """What a batch holds, read once per batch by the timeline for every consumer."""
+
+    samples: int | None = None
+    tokens: int | None = None  # positions computed (``input_ids.numel()``), when the batch has tokens
+    real_tokens: Any = None  # non-padding positions: an int, or a device tensor read only at logging steps
+
+
+@dataclass
+class StepRecord:
+    """One training step (one optimizer step, or one batch under manual optimization) as the timeline saw it.
+
+    ``wait_s``/``compute_s`` are host-clock seconds with every labelled interval removed. On CUDA,
+    :meth:`device_times` gives the same spans from CUDA events (read lazily: call it at logging steps only).
+    """
+
+    index: int
+    batches: int = 0
+    wait_s: float = 0.0
+    compute_s: float = 0.0
+    samples: int | None = 0
+    tokens: int | None = None
+    real_tokens: Any = None
+    taints: set[str] = field(default_factory=set)
+    _events: list[tuple[Any, Any, Any, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def duration_s(self) -> float:
+        return self.wait_s + self.compute_s
+
+    @property
+    def clean(self) -> bool:
+        """No instrument work, compilation or start-up inside this step: fit for every figure."""
+        return not self.taints
+
+    def device_times(self) -> tuple[float, float]:
+        """``(wait_s, compute_s)`` measured on the device (CUDA events), labelled host intervals removed.
+
+        Falls back to the host figures when no CUDA events were recorded (CPU runs)."""
+        if not self._events:
+            return self.wait_s, self.compute_s
+        wait = compute = 0.0
+        for prev_end, ready, end, excluded_in_wait in self._events:
+            end.synchronize()
+            if prev_end is not None:
+                wait += max(0.0, prev_end.elapsed_time(ready) / 1e3 - excluded_in_wait)
+            compute += ready.elapsed_time(end) / 1e3
+        return wait, compute
+
+    def real_token_count(self) -> int | None:
+        """Non-padding tokens of the step (reads a device tensor: call at logging steps)."""
+        if self.real_tokens is None:
+            return None
+        value = self.real_tokens
+        return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+
+
+@dataclass
+class LogEvent:
+    """Everything lit_compute logs for one step (``stage="train"``) or one evaluation run, at one step number."""
+
+    stage: str
+    step: int
+    record: StepRecord | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    _reduce: dict[tuple[int, str], float] = field(default_factory=dict)
+    _finish: list[tuple[Any, Callable[[dict[str, float]], dict[str, float]]]] = field(default_factory=list)
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Add metrics to this event (written once, by rank 0, when the event is flushed)."""
+        self.metrics.update({k: float(v) for k, v in metrics.items()})
+
+
+class Timeline:
+    """The shared clock, step marks and logging events of one trainer (see the module docstring).
+
+    Attributes:
+        clock: The raw clock in seconds (default: ``time.perf_counter``, looked up at each call).
+        totals: Seconds spent in labelled intervals so far, by category (``"instrument"``) and by
+            ``"category:label"`` (``"instrument:profiler_export"``).
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock: Callable[[], float] = clock or _perf_counter
+        self.totals: dict[str, float] = {}
+        self._stack: list[tuple[str, str]] = []  # open intervals (category, label)
+        self._pause_start: float | None = None
+        self._paused = 0.0
+        self._category_start: dict[str, float] = {}
+        self.device: torch.device | None = None
+        self.event: LogEvent | None = None
+        self.tags: set[str] = set()  # tags logged so far (for TensorBoard's custom-scalars layout)
+        self.failed_loggers: set[int] = set()  # loggers that raised once: skipped by every lit_compute callback
+        self.token_spec: Any = None  # lit_compute._batch.TokenSpec (None: auto-detect input_ids/attention_mask)
+        self._reset_loop()
+
+    def _reset_loop(self) -> None:
+        self._in_batch = False
+        self._last_end: float | None = None  # user clock at the previous batch end (None: unknown)
+        self._last_end_event: Any = None
+        self._excluded_since_end = 0.0
+        self._ready = 0.0
+        self._global_step_at_start = 0
+        self._batch_taints: set[str] = set()
+        self._step: StepRecord | None = None  # the step in progress (several batches under accumulation)
+        self._last_result: tuple[int, StepRecord | None] = (-1, None)
+        self._serial = 0
+        self._compile_mark: tuple[int, float] | None = None
+        self._steps_done = 0
+
+    # -- the clock ------------------------------------------------------------------------------------
+    def raw(self) -> float:
+        """The raw clock (seconds)."""
+        return float(self.clock())
+
+    def now(self) -> float:
+        """The clock with every labelled interval removed (seconds)."""
+        raw = self.raw()
+        open_for = raw - self._pause_start if self._pause_start is not None else 0.0
+        return raw - self._paused - open_for
+
+    def begin(self, category: str, label: str = "") -> None:
+        """Open a labelled interval (use :meth:`interval` where a ``with`` block fits)."""
+        raw = self.raw()
+        if not self._stack:
+            self._pause_start = raw
+        if not any(c == category for c, _ in self._stack):
+            self._category_start[category] = raw
+        self._stack.append((category, label))
+
+    def end(self, category: str, label: str = "") -> float:
+        """Close the innermost open interval of ``category``; returns its length in seconds (0 if none was open)."""
+        for i in range(len(self._stack) - 1, -1, -1):
+            if self._stack[i][0] == category:
+                _, opened_label = self._stack.pop(i)
+                break
+        else:
+            return 0.0
+        raw = self.raw()
+        length = 0.0
+        if not any(c == category for c, _ in self._stack):
+            length = max(0.0, raw - self._category_start.pop(category, raw))
+            self._add_total(category, opened_label or label, length)
+        if not self._stack and self._pause_start is not None:
+            paused = max(0.0, raw - self._pause_start)
+            self._paused += paused
+            self._excluded_since_end += paused
+            self._pause_start = None
+        return length
+
+    def _add_total(self, category: str, label: str, seconds: float) -> None:
+        self.totals[category] = self.totals.get(category, 0.0) + seconds
+        if label:
+            key = f"{category}:{label}"
+            self.totals[key] = self.totals.get(key, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def interval(self, category: str, label: str = "") -> Iterator[None]:
+        """A labelled interval: the time inside is left out of every step, data-wait and throughput figure."""
+        self.begin(category, label)
+        try:
+            yield
+        finally:
+            self.end(category, label)
+
+    def instrument(self, label: str) -> contextlib.AbstractContextManager[None]:
+        """Mark instrument work (trace export, a benchmark, ...): ``with timeline.instrument("my_export"): ...``."""
+        return self.interval("instrument", label)
+
+    @property
+    def current(self) -> StepRecord | None:
+        """The step in progress (its ``batches`` counts the micro-batches already ended), None between steps."""
+        return self._step if self._in_batch or (self._step is not None and self._step.batches) else None
+
+    @property
+    def in_batch(self) -> bool:
+        """True between a training batch's start and end marks."""
+        return self._in_batch
+
+    def in_interval(self, category: str) -> bool:
+        return any(c == category for c, _ in self._stack)
+
+    def taint(self, label: str) -> None:
+        """Mark the batch in progress as holding instrument work that cannot be cut out (see the module docstring)."""
+        self._batch_taints.add(label)
+
+    # -- the training loop ------------------------------------------------------------------------------
+    def train_start(self, trainer: pl.Trainer) -> None:
+        """Fit or training (re)starts: forget marks of an earlier run. Idempotent before the first batch."""
+        if self._in_batch:
+            return
+        self.device = trainer.strategy.root_device
+        self._reset_loop()
+
+    def epoch_start(self) -> None:
+        """A new epoch: the first batch's wait includes the loader's start, so its step is tainted."""
+        if not self._in_batch:
+            self._last_end = None
+            self._last_end_event = None
+
+    def batch_start(self, trainer: pl.Trainer, batch: Any) -> None:
+        """The batch is ready (first caller per batch takes the mark)."""
+        if self._in_batch:
+            return
+        self._in_batch = True
+        self._serial += 1
+        now = self.now()
+        self._ready = now
+        self._global_step_at_start = trainer.global_step
+        self._compile_mark = _compat.compile_activity()
+        if self._step is None:
+            self._step = StepRecord(index=_compat.batches_that_stepped(trainer))
+        step = self._step
+        if self._last_end is None:
+            step.taints.add("start")
+        else:
+            step.wait_s += max(0.0, now - self._last_end)
+        ready_event = self._cuda_event()
+        if ready_event is not None:
+            step._events.append((self._last_end_event, ready_event, None, self._excluded_since_end))
+        facts = read_batch(batch, self.token_spec)
+        if step.samples is not None:
+            step.samples = step.samples + facts.samples if facts.samples is not None else None
+        if facts.tokens is not None:
+            step.tokens = (step.tokens or 0) + facts.tokens
+        if facts.real_tokens is not None:
+            step.real_tokens = facts.real_tokens if step.real_tokens is None else step.real_tokens + facts.real_tokens
+
+    def batch_end(self, trainer: pl.Trainer) -> StepRecord | None:
+        """The batch ended (first caller per batch takes the mark). Returns the step it completed, or None while
+        gradients accumulate. Every later caller in the same batch gets the same answer."""
+        if not self._in_batch:
+            serial, record = self._last_result
+            return record if serial == self._serial else None
+        self._in_batch = False
+        now = self.now()
+        step = self._step
+        if step is None:  # pragma: no cover - batch_end without batch_start
+            return None
+        step.compute_s += max(0.0, now - self._ready)
+        step.batches += 1
+        end_event = self._cuda_event()
+        if end_event is not None and step._events:
+            prev_end, ready, _, excluded = step._events[-1]
+            step._events[-1] = (prev_end, ready, end_event, excluded)
+        self._last_end, self._last_end_event, self._excluded_since_end = now, end_event, 0.0
+        step.taints |= self._batch_taints
+        self._batch_taints = set()
+        if _compat.compile_activity() != self._compile_mark:
+            step.taints.add("compile")
+        completed = _compat.batch_completes_step(trainer, self._global_step_at_start)
+        record = None
+        if completed:
+            record, self._step = step, None
+            self._steps_done += 1
+            self.event = LogEvent("train", record.index, record=record)
+        self._last_result = (self._serial, record)
+        return record
+
+    def _cuda_event(self) -> Any:
+        if self.device is None or self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    # -- evaluation -------------------------------------------------------------------------------------
+    def evaluation_start(self, stage: str) -> None:
+        if not self.in_interval("validation"):
+            self.begin("validation", stage)
+
+    def evaluation_end(self, trainer: pl.Trainer, stage: str) -> LogEvent:
+        """Close the evaluation interval; the event of this evaluation run (one per run, first caller opens it)."""
+        if self.in_interval("validation"):
+            self.end("validation", stage)
+        if self.event is None or self.event.stage != stage:
+            self.event = LogEvent(stage, _compat.batches_that_stepped(trainer))
+        return self.event
+
+    # -- the one logging event ----------------------------------------------------------------------------
+    def flush(self, trainer: pl.Trainer, measuring: list[MeasuringCallback], stage: str) -> None:
+        """Reduce and write the pending event. Called by the last lit_compute callback of the trainer's list, on
+        every rank. The all-reduce's layout depends only on the callbacks' configuration and the step number."""
+        event = self.event if self.event is not None and self.event.stage == stage else None
+        self.event = None
+        step = event.step if event is not None else _compat.batches_that_stepped(trainer)
+        slots = []
+        for i, cb in enumerate(measuring):
+            try:
+                if cb._logs_at(trainer, stage, step):
+                    slots += [(i, key) for key in cb._reduce_keys.get(stage, ())]
+            except Exception:  # noqa: BLE001 - configuration arithmetic; never skip the collective on one rank
+                slots += [(i, key) for key in cb._reduce_keys.get(stage, ())]
+        reduced: dict[tuple[int, str], float] = {}
+        if slots:
+            local = [event._reduce.get(slot, math.nan) if event is not None else math.nan for slot in slots]
+            reduced = dict(zip(slots, _all_reduce_sum(trainer, local)))
+        if event is None:
+            return
+        for owner, finish in event._finish:
+            index = measuring.index(owner) if owner in measuring else -1
+            values = {key: value for (i, key), value in reduced.items() if i == index}
+            try:
+                event.log(finish(values))
+            except Exception as err:  # noqa: BLE001 - a measuring callback must not stop training
+                owner._disable(f"computing its metrics failed with {type(err).__name__}: {err}")
+        if event.metrics and trainer.is_global_zero:
+            from lit_compute._utils import log_scalars
+
+            log_scalars(trainer, event.metrics, step=event.step)
+
+    def contribute(self, owner: MeasuringCallback, trainer: pl.Trainer, values: dict[str, float],
+                   finish: Callable[[dict[str, float]], dict[str, float]]) -> None:
+        """Put ``values`` into the pending event's all-reduce (sum over ranks; NaN where a rank knows nothing);
+        ``finish(reduced)`` returns the metrics to log once the sums are known. Keys must be declared in the
+        owner's ``_reduce_keys`` for the event's stage."""
+        event = self.event
+        if event is None:
+            return
+        measuring = measuring_callbacks(trainer)
+        index = measuring.index(owner)
+        for key, value in values.items():
+            event._reduce[(index, key)] = float(value)
+        event._finish.append((owner, finish))
+
+
+def _all_reduce_sum(trainer: pl.Trainer, values: list[float]) -> list[float]:
+    if trainer.world_size <= 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+    out = trainer.strategy.reduce(tensor, reduce_op="sum")
+    return [float(v) for v in out.detach().cpu().tolist()]
+
+
+def read_batch(batch: Any, spec: Any = None) -> BatchFacts:
+    """Samples and tokens of a batch. Tokens: a mapping with ``input_ids`` (positions computed) and, with an
+    ``attention_mask``, the non-padding positions (kept on the device until read)."""
+    from lit_compute._batch import batch_size, token_counts
+
+    facts = BatchFacts(samples=batch_size(batch))
+    counts = token_counts(batch, spec)
+    if counts is not None:
+        facts.tokens, facts.real_tokens = counts
+    return facts
+
+
+_TIMELINES: weakref.WeakKeyDictionary[Any, Timeline] = weakref.WeakKeyDictionary()
+
+
+def timeline_for(trainer: pl.Trainer) -> Timeline:
+    """The :class:`Timeline` of ``trainer`` (created on first use; the checkpoint interval is hooked then)."""
+    timeline = _TIMELINES.get(trainer)
+    if timeline is None:
+        timeline = Timeline()
+        _TIMELINES[trainer] = timeline
+        _compat.mark_checkpoint_saving(trainer, timeline)
+    return timeline
+
+
+def measuring_callbacks(trainer: pl.Trainer) -> list[MeasuringCallback]:
+    """lit_compute's measuring callbacks of ``trainer``, in the order Lightning calls them."""
+    from lit_compute._utils import MeasuringCallback
+
+    return [cb for cb in trainer.callbacks if isinstance(cb, MeasuringCallback)]
