@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
 
 from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median, random_image_loader
 from lit_compute.models import ImageClassifier
@@ -46,23 +49,48 @@ CALLBACKS: dict[str, Callable[[], pl.Callback]] = {
 }
 
 
+def variable_length_loader(n_batches: int, batch_size: int, lengths: tuple[int, int], vocab: int) -> list[dict]:
+    """Token batches whose lengths vary between ``lengths`` (each padded to its own longest, with a mask), in
+    memory: the same batches in the same order for every round."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(n_batches):
+        sizes = torch.randint(lengths[0], lengths[1] + 1, (batch_size,), generator=g).tolist()
+        longest = max(sizes)
+        ids = torch.randint(0, vocab, (batch_size, longest), generator=g)
+        mask = (torch.arange(longest)[None, :] < torch.tensor(sizes)[:, None]).long()
+        batches.append({"input_ids": ids * mask, "attention_mask": mask})
+    return batches
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench overhead", description=__doc__)
-    parser.add_argument("--callback", choices=sorted(CALLBACKS), required=True)
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = argparse.ArgumentParser(prog="lit-compute bench overhead", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--callback", choices=sorted(CALLBACKS), required=True, help="the callback to measure")
+    parser.add_argument("--model", default="resnet18", help="torchvision model (image batches)")
+    parser.add_argument("--image-size", type=int, default=64, help="image side")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per batch (variable-length: 8)")
     parser.add_argument("--steps", type=int, default=30, help="training steps per round and configuration")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per configuration, alternating")
+    parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
+    parser.add_argument("--variable-length", action="store_true",
+                        help="a small GPT (lit_compute.models.GPT) on token batches of 64..256 tokens, padded per batch")
     args = parser.parse_args(argv)
 
-    emit(f"# bench overhead --callback {args.callback}: {args.model} at {args.image_size}px, batch "
-         f"{args.batch_size}, {args.rounds} rounds x {args.steps} steps per configuration, alternating\n"
-         f"# {machine_line()}\n")
     pl.seed_everything(0, verbose=False)
-    model = ImageClassifier(args.model, num_classes=10)
-    loader = random_image_loader(args.batch_size * args.steps, args.batch_size, args.image_size)
+    if args.variable_length:
+        from lit_compute.models import GPT
+
+        batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
+        model: pl.LightningModule = GPT(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=128)
+        loader: Any = DataLoader(variable_length_loader(args.steps, batch, (64, 256), 256), batch_size=None)
+        what = f"GPT (2 layers, width 128) on token batches of 64..256 tokens padded per batch, batch {batch}"
+    else:
+        model = ImageClassifier(args.model, num_classes=10)
+        loader = random_image_loader(args.batch_size * args.steps, args.batch_size, args.image_size)
+        what = f"{args.model} at {args.image_size}px, batch {args.batch_size}"
+    emit(f"# bench overhead --callback {args.callback}: {what}, {args.rounds} rounds x {args.steps} steps per "
+         f"configuration, alternating\n# {machine_line()}\n")
     callback = CALLBACKS[args.callback]()
     timers = {"without": StepTimer(skip=3), "with": StepTimer(skip=3)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,4 +115,8 @@ def main(argv: list[str]) -> int:
     emit(markdown(["configuration", "steps timed", "median step ms", "mean step ms", "ratio to without"], rows))
     ratio = median(timers["with"].times) / base
     emit(f"\noverhead ratio (median step time with / without): {ratio:.4f}")
+    counter = callback if hasattr(callback, "counted_batches") else None
+    if counter is not None:
+        emit(f"FlopsLogger counted {counter.counted_batches} batches for real and predicted {counter.predicted_batches} "
+             f"over {args.rounds // 2 + args.rounds % 2} rounds")
     return 0
