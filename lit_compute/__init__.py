@@ -5,7 +5,12 @@ from lit_compute.distributed import CommBenchmark, NCCLSettings, TunedDDPStrateg
 from lit_compute.flops import FlopsLogger, count_flops, peak_flops
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMonitor
-from lit_compute.precision import FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute.precision import (
+    FP32BatchNormHalfPrecision,
+    FP32BatchNormPrecision,
+    LossScaleMonitor,
+    fp32_norm_precision,
+)
 from lit_compute.profiling import ProfilerWindow, profile_model
 
 __version__ = "0.1.0"
@@ -17,7 +22,9 @@ __all__ = [
     "DALIImageDataModule",
     "ProfilerWindow",
     "profile_model",
+    "FP32BatchNormHalfPrecision",
     "FP32BatchNormPrecision",
+    "fp32_norm_precision",
     "LossScaleMonitor",
     "DeviceMonitor",
     "PrometheusLogger",

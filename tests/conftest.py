@@ -201,3 +201,14 @@ def run_script(tmp_path: Path, source: str, *args: str, timeout: float = 300) ->
         out, _ = proc.communicate()
         pytest.fail(f"the script did not finish within {timeout} s (a hang?); its output ended with:\n{out[-3000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():
+    """A strategy launched in-process (popen with one device) keeps its process group, as Lightning's DDP does;
+    each test starts without one."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

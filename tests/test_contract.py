@@ -44,6 +44,14 @@ def _base(cls: type) -> type:
 
 def _fit_twice(tmp_path: Path, name: str, obj) -> None:
     base = _base(type(obj))
+    if base is pl.strategies.Strategy:  # a strategy belongs to one Trainer (as Lightning's own): fit, test, fit again
+        trainer = make_trainer(tmp_path / "fit", max_steps=2, strategy=obj)
+        model, data = tiny_model(), tiny_data()
+        trainer.fit(model, datamodule=data)
+        trainer.test(model, datamodule=data)
+        trainer.fit(model, datamodule=data)
+        assert trainer.global_step == 2
+        return
     for i in range(2):
         kwargs: dict = {}
         model, data = tiny_model(), tiny_data()

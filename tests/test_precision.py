@@ -11,7 +11,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_compute import FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute import FP32BatchNormHalfPrecision, FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute.precision import fp32_norm_precision
 
 from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, tiny_data, tiny_model
 
@@ -55,7 +56,7 @@ def _loader(n=64, seed=0):
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "bf16-true"])
 def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
     model = tiny_model()
-    plugin = FP32BatchNormPrecision(precision, fp32_norms=["BatchNorm", "GroupNorm"])
+    plugin = fp32_norm_precision(precision, fp32_norms=["BatchNorm", "GroupNorm"])
     trainer = make_trainer(tmp_path, max_steps=3, plugins=[plugin])
     trainer.fit(model, datamodule=tiny_data())
     norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
@@ -70,7 +71,7 @@ def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
 
 def test_group_norm_kept_in_float32_when_named(tmp_path):
     model = _ConvNet()
-    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])])
+    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormHalfPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])])
     trainer.fit(model, train_dataloaders=_loader())
     assert model.gn.weight.dtype == torch.float32 and model.conv.weight.dtype == torch.bfloat16
 
@@ -86,7 +87,7 @@ def _running_stats(precision_kwargs, steps=8):
 
 def test_batchnorm_statistics_track_float32_closer_than_plain_low_precision():
     ref_mean, ref_var = _running_stats({"precision": "32-true"})
-    ours_mean, ours_var = _running_stats({"plugins": [FP32BatchNormPrecision("bf16-true")]})
+    ours_mean, ours_var = _running_stats({"plugins": [FP32BatchNormHalfPrecision("bf16-true")]})
     plain_mean, plain_var = _running_stats({"precision": "bf16-true"})  # Lightning: BatchNorm in bf16 too
 
     def err(a, b):
@@ -200,7 +201,7 @@ def _revert_sync_batchnorm(module):
 
 def test_sync_batchnorm_under_ddp_spawn_is_float32(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
-                           plugins=[FP32BatchNormPrecision("bf16-true")], logger=False)
+                           plugins=[FP32BatchNormHalfPrecision("bf16-true")], logger=False)
     trainer.fit(_ConvNet(), train_dataloaders=_loader())
     for rank in (0, 1):
         lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()

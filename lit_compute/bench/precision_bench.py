@@ -11,13 +11,13 @@ import lightning.pytorch as pl
 
 from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median, random_image_loader
 from lit_compute.models import ImageClassifier
-from lit_compute.precision import FP32BatchNormPrecision
+from lit_compute.precision import FP32BatchNormHalfPrecision, FP32BatchNormPrecision
 
 CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "32-true": lambda: {"precision": "32-true"},
     "Lightning bf16-mixed": lambda: {"precision": "bf16-mixed"},
     "FP32BatchNormPrecision bf16-mixed": lambda: {"plugins": [FP32BatchNormPrecision("bf16-mixed")]},
-    "FP32BatchNormPrecision bf16-true": lambda: {"plugins": [FP32BatchNormPrecision("bf16-true")]},
+    "FP32BatchNormHalfPrecision bf16-true": lambda: {"plugins": [FP32BatchNormHalfPrecision("bf16-true")]},
 }
 
 

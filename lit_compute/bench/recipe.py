@@ -24,7 +24,7 @@ from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import StepTimeMonitor
-from lit_compute.precision import FP32BatchNormPrecision
+from lit_compute.precision import fp32_norm_precision
 
 
 def low_precision(device: str) -> str:
@@ -75,7 +75,7 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
         callbacks.append(FlopsLogger(peak="measure", log_every_n_steps=5))
     kwargs: dict[str, Any] = {}
     if row["precision"] != "32-true":
-        kwargs["plugins"] = [FP32BatchNormPrecision(row["precision"])]
+        kwargs["plugins"] = [fp32_norm_precision(row["precision"])]
     if args.devices > 1:
         # the baseline rows use plain settings (torch's 25 MiB buckets, no hook) through the same strategy class
         kwargs["strategy"] = TunedDDPStrategy(start_method="spawn", bucket_cap_mb=100 if row["tuned_ddp"] else None,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute._utils import log_text, markdown_table
@@ -30,22 +34,37 @@ def destroy_process_group(barrier: bool = True) -> None:
 
 
 class TunedDDPStrategy(DDPStrategy):
-    """Lightning's ``DDPStrategy`` with NCCL settings applied before the process group starts.
+    """Lightning's ``DDPStrategy`` with NCCL settings applied before the process group starts, comm hooks on every
+    backend and a measured all-reduce bandwidth.
+
+    A drop-in for ``lightning.pytorch.strategies.DDPStrategy``: it *is* one, and takes its whole constructor first
+    (``accelerator``, ``parallel_devices``, ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
+    ``ddp_comm_state``, ``ddp_comm_hook``, ``ddp_comm_wrapper``, ``model_averaging_period``,
+    ``process_group_backend``, ``timeout``, ``start_method``, and ``**kwargs`` forwarded untouched to
+    ``DistributedDataParallel``) with Lightning's defaults. With none of the options below set it behaves as
+    ``DDPStrategy``. Registered in Lightning's strategy registry as ``"ddp_tuned"`` (popen), ``"ddp_tuned_spawn"``,
+    ``"ddp_tuned_fork"`` and ``"ddp_tuned_notebook"``, so YAML can say ``strategy: ddp_tuned``.
+
+    Options (keyword-only):
 
     - ``nccl``: an :class:`NCCLSettings` (validated at construction). Its variables are written to the
       environment of every rank in ``setup_environment()``, before ``init_process_group`` and before any
       communicator exists, however the ranks were launched (Lightning's popen/spawn/fork launchers, torchrun,
       SLURM). A variable the user already exported with a different value is overridden, with one warning
       naming both values. On the gloo backend (CPU) they are recorded but inactive, said once.
-    - ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters``: passed to
-      ``DistributedDataParallel``.
-    - ``comm_hook``: ``"fp16"``/``"bf16"`` gradient compression or ``"powersgd"`` (torch's hooks), registered
-      on every backend (Lightning registers hooks only on CUDA; torch's hooks work with gloo too).
+    - ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters``: the DDP
+      arguments YAML users set most, typed; each is passed to ``DistributedDataParallel`` only when set (None
+      keeps torch's default), like the same names in ``**kwargs``.
+    - ``comm_hook``: ``"fp16"``/``"bf16"`` gradient compression or ``"powersgd"`` (torch's hooks), registered on
+      every backend (Lightning registers ``ddp_comm_hook`` only on CUDA; torch's hooks work with gloo too).
     - ``benchmark_collectives``: an all-reduce bandwidth sweep at set-up (also available as the
       :class:`CommBenchmark` callback), logged as ``comm/allreduce_busbw_gbps`` per size and as a table.
 
-    The effective configuration (backend, NCCL version, world size, variables, bucket size, hook) is logged
-    once as TensorBoard text ``ddp/config`` and as hparams ``ddp/*``.
+    Differences from ``DDPStrategy`` when the options are unset: the effective configuration is logged once (text
+    ``ddp/config``), and ranks started by Lightning's multiprocessing launcher (``start_method`` spawn, fork,
+    forkserver) destroy their process group at teardown, all together (gloo's threads can otherwise abort a
+    spawned rank at exit); a later ``fit``/``test`` on the same Trainer creates a new one. Like ``DDPStrategy``,
+    an instance belongs to one Trainer.
 
     Logged metrics:
         - text ``ddp/config`` and hparams ``ddp/<setting>``: the effective configuration, once.
@@ -53,19 +72,30 @@ class TunedDDPStrategy(DDPStrategy):
           ``comm/allreduce_table``: with ``benchmark_collectives=True``.
 
     Args:
+        accelerator: As ``DDPStrategy``.
+        parallel_devices: As ``DDPStrategy``.
+        cluster_environment: As ``DDPStrategy``.
+        checkpoint_io: As ``DDPStrategy``.
+        precision_plugin: As ``DDPStrategy``.
+        ddp_comm_state: As ``DDPStrategy``.
+        ddp_comm_hook: As ``DDPStrategy`` (a callable; mutually exclusive with ``comm_hook``).
+        ddp_comm_wrapper: As ``DDPStrategy``.
+        model_averaging_period: As ``DDPStrategy``.
+        process_group_backend: ``"nccl"``, ``"gloo"``... (default: nccl on CUDA, gloo on CPU).
+        timeout: The process group's timeout (``init_process_group``).
+        start_method: Lightning's launcher: ``"popen"`` (scripts), ``"spawn"``, ``"fork"``, ``"forkserver"``.
         nccl: NCCL environment settings.
-        bucket_cap_mb: DDP gradient bucket size in MiB (torch's default is 25).
-        gradient_as_bucket_view: Gradients are views into the buckets (saves a copy and memory).
-        static_graph: The model's graph and unused parameters do not change between iterations.
-        find_unused_parameters: Search for parameters without gradients every step (slower).
+        bucket_cap_mb: DDP gradient bucket size in MiB (None: torch's 25).
+        gradient_as_bucket_view: Gradients are views into the buckets (None: torch's False).
+        static_graph: The model's graph and unused parameters do not change between iterations (None: False).
+        find_unused_parameters: Search for parameters without gradients every step (None: False).
         comm_hook: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"powersgd"``.
         powersgd_rank: PowerSGD matrix approximation rank.
         powersgd_start_iter: Plain all-reduce before this iteration, PowerSGD after (>= 2).
         benchmark_collectives: Measure all-reduce bandwidth at set-up.
         benchmark_max_mb: Largest message of the sweep (MiB).
         benchmark_seconds: Time budget of the sweep.
-        start_method: Lightning's launcher: ``"popen"`` (scripts), ``"spawn"``, ``"fork"``, ``"forkserver"``.
-        process_group_backend: ``"nccl"``, ``"gloo"``... (default: nccl on CUDA, gloo on CPU).
+        **kwargs: Forwarded to ``DistributedDataParallel``, as by ``DDPStrategy``.
 
     Raises:
         ValueError: at construction for bad values (NCCL values are checked by :class:`NCCLSettings`).
@@ -76,40 +106,68 @@ class TunedDDPStrategy(DDPStrategy):
 
     def __init__(
         self,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable | None = None,
+        ddp_comm_wrapper: Callable | None = None,
+        model_averaging_period: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
         nccl: NCCLSettings | None = None,
         bucket_cap_mb: float | None = None,
-        gradient_as_bucket_view: bool = True,
-        static_graph: bool = False,
-        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool | None = None,
+        static_graph: bool | None = None,
+        find_unused_parameters: bool | None = None,
         comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none",
         powersgd_rank: int = 1,
         powersgd_start_iter: int = 1000,
         benchmark_collectives: bool = False,
         benchmark_max_mb: float = 64.0,
         benchmark_seconds: float = 10.0,
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        process_group_backend: str | None = None,
+        **kwargs: Any,
     ) -> None:
         name = type(self).__name__
-        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
-            raise ValueError(f"{name}(bucket_cap_mb={bucket_cap_mb}) must be > 0 (MiB), or None for torch's 25")
+        if bucket_cap_mb is not None and not (_is_number(bucket_cap_mb) and bucket_cap_mb > 0):
+            raise ValueError(f"{name}(bucket_cap_mb={bucket_cap_mb!r}) must be > 0 (MiB), or None for torch's 25")
         if comm_hook not in ("none", "fp16", "bf16", "powersgd"):
             raise ValueError(f"{name}(comm_hook={comm_hook!r}) must be one of 'none', 'fp16', 'bf16', 'powersgd'")
-        if powersgd_rank < 1:
-            raise ValueError(f"{name}(powersgd_rank={powersgd_rank}) must be >= 1")
-        if powersgd_start_iter < 2:
-            raise ValueError(f"{name}(powersgd_start_iter={powersgd_start_iter}) must be >= 2 (PowerSGD's error "
-                             "feedback needs plain all-reduce steps first)")
+        if comm_hook != "none" and ddp_comm_hook is not None:
+            raise ValueError(f"{name}(comm_hook={comm_hook!r}, ddp_comm_hook=...): give one of them, not both")
+        if start_method not in ("popen", "spawn", "fork", "forkserver"):
+            raise ValueError(f"{name}(start_method={start_method!r}) must be one of 'popen', 'spawn', 'fork', "
+                             "'forkserver'")
+        if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
+            raise ValueError(f"{name}(powersgd_rank={powersgd_rank!r}) must be an integer >= 1")
+        if isinstance(powersgd_start_iter, bool) or not isinstance(powersgd_start_iter, int) or powersgd_start_iter < 2:
+            raise ValueError(f"{name}(powersgd_start_iter={powersgd_start_iter!r}) must be an integer >= 2 (PowerSGD's "
+                             "error feedback needs plain all-reduce steps first)")
+        if not (_is_number(benchmark_max_mb) and benchmark_max_mb > 0):
+            raise ValueError(f"{name}(benchmark_max_mb={benchmark_max_mb!r}) must be > 0 (MiB)")
+        if not (_is_number(benchmark_seconds) and benchmark_seconds > 0):
+            raise ValueError(f"{name}(benchmark_seconds={benchmark_seconds!r}) must be > 0 (seconds)")
         if nccl is not None and not isinstance(nccl, NCCLSettings):
             raise ValueError(f"{name}(nccl={nccl!r}) must be an NCCLSettings")
-        ddp_kwargs: dict[str, Any] = {
-            "gradient_as_bucket_view": gradient_as_bucket_view,
-            "static_graph": static_graph,
-            "find_unused_parameters": find_unused_parameters,
-        }
-        if bucket_cap_mb is not None:
-            ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
-        super().__init__(process_group_backend=process_group_backend, start_method=start_method, **ddp_kwargs)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise ValueError(f"{name}(timeout={timeout!r}) must be a datetime.timedelta, e.g. timedelta(minutes=10)")
+        for arg, value in (("bucket_cap_mb", bucket_cap_mb), ("gradient_as_bucket_view", gradient_as_bucket_view),
+                           ("static_graph", static_graph), ("find_unused_parameters", find_unused_parameters)):
+            if value is not None:
+                if arg in kwargs and kwargs[arg] != value:
+                    raise ValueError(f"{name}({arg}=...) is given twice with different values")
+                kwargs[arg] = value
+        super().__init__(
+            accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io, precision_plugin=precision_plugin, ddp_comm_state=ddp_comm_state,
+            ddp_comm_hook=ddp_comm_hook, ddp_comm_wrapper=ddp_comm_wrapper,
+            model_averaging_period=model_averaging_period, process_group_backend=process_group_backend,
+            timeout=timeout, start_method=start_method, **kwargs,
+        )
         self.nccl = nccl
         self.bucket_cap_mb = bucket_cap_mb
         self.comm_hook = comm_hook
@@ -120,6 +178,15 @@ class TunedDDPStrategy(DDPStrategy):
         self.benchmark_seconds = benchmark_seconds
         self.applied_env: dict[str, str] = {}
         self.benchmark_results: list[Any] = []
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register ``ddp_tuned`` and its spawn/fork/notebook variants (not Lightning's own ``ddp`` names)."""
+        for name, start_method in (("ddp_tuned", "popen"), ("ddp_tuned_spawn", "spawn"), ("ddp_tuned_fork", "fork"),
+                                   ("ddp_tuned_notebook", "fork")):
+            if name not in strategy_registry:
+                strategy_registry.register(name, cls, description=f"lit_compute's TunedDDPStrategy with start_method "
+                                           f"'{start_method}'", start_method=start_method)
 
     # -- environment, before the process group ----------------------------------------------------
     def setup_environment(self) -> None:
@@ -174,10 +241,9 @@ class TunedDDPStrategy(DDPStrategy):
 
     def teardown(self) -> None:
         super().teardown()
-        destroy_process_group(barrier=not getattr(self, "_failed", False))
-        # The trainer attached its accelerator to this strategy; detach it so the same (YAML-built) strategy
-        # object can serve a second Trainer.fit.
-        self._accelerator = None
+        if self._start_method != "popen":  # ranks of Lightning's multiprocessing launcher: they end with the run
+            destroy_process_group(barrier=not getattr(self, "_failed", False))
+        self._failed = False
 
     def effective_config(self, backend: str) -> dict[str, Any]:
         nccl_version = None
@@ -192,10 +258,11 @@ class TunedDDPStrategy(DDPStrategy):
             "nccl_version": nccl_version or "n/a",
             "world_size": self.world_size,
             "bucket_cap_mb": bucket / 2**20 if bucket else (self.bucket_cap_mb or 25.0),
-            "comm_hook": self.comm_hook,
-            "gradient_as_bucket_view": self._ddp_kwargs.get("gradient_as_bucket_view"),
-            "static_graph": self._ddp_kwargs.get("static_graph"),
-            "find_unused_parameters": self._ddp_kwargs.get("find_unused_parameters"),
+            "comm_hook": self.comm_hook if self._ddp_comm_hook is None else getattr(self._ddp_comm_hook, "__name__",
+                                                                                    "custom"),
+            "gradient_as_bucket_view": self._ddp_kwargs.get("gradient_as_bucket_view", False),
+            "static_graph": self._ddp_kwargs.get("static_graph", False),
+            "find_unused_parameters": self._ddp_kwargs.get("find_unused_parameters", False),
         }
         for key, value in self.applied_env.items():
             config[key] = value + ("" if backend == "nccl" else " (inactive: not NCCL)")
@@ -208,3 +275,10 @@ class TunedDDPStrategy(DDPStrategy):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_hyperparams({f"ddp/{k}": v for k, v in config.items()})
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+TunedDDPStrategy.register_strategies(StrategyRegistry)

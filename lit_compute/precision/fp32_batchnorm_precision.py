@@ -1,20 +1,22 @@
-"""FP32BatchNormPrecision: mixed or true-bf16 precision with normalisation layers kept in float32."""
+"""Mixed or true-bf16 precision with normalisation layers kept in float32: drop-ins for Lightning's
+``MixedPrecision`` and ``HalfPrecision``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+import re
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
+from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-_MODES = ("16-mixed", "bf16-mixed", "bf16-true")
+_REFUSED_16_TRUE = (
+    "is refused: with float16 parameters the gradients are float16 too; small ones underflow to zero and a "
+    "GradScaler cannot unscale them without float32 master weights. Use precision='16-mixed' (float16 compute, "
+    "float32 weights, dynamic loss scaling) or 'bf16-true'"
+)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
@@ -22,6 +24,20 @@ def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
     if isinstance(module, _BatchNorm):
         return True
     return any(name in cls.__name__ for cls in type(module).__mro__ for name in names)
+
+
+def check_fp32_norms(owner: str, fp32_norms: Any) -> list[str]:
+    """``fp32_norms`` as a list of class-name fragments, or a ValueError naming the argument and the value."""
+    if fp32_norms is None:
+        return ["BatchNorm"]
+    if isinstance(fp32_norms, str) or not isinstance(fp32_norms, (list, tuple)):
+        raise ValueError(f"{owner}(fp32_norms={fp32_norms!r}) must be a list of norm class names such as "
+                         "['BatchNorm', 'LayerNorm'], not a single string")
+    bad = [n for n in fp32_norms if not isinstance(n, str) or len(n) < 3 or not _NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"{owner}(fp32_norms={list(fp32_norms)!r}): {bad!r} cannot be norm class names; use class-name "
+                         "fragments of at least 3 letters such as 'BatchNorm', 'GroupNorm', 'LayerNorm', 'RMSNorm'")
+    return list(fp32_norms)
 
 
 def _cast_input_to_fp32(module: nn.Module, args: tuple) -> tuple | None:
@@ -39,50 +55,88 @@ def _cast_output_back(module: nn.Module, args: tuple, output: Any) -> Any:
     return None
 
 
-class FP32BatchNormPrecision(Precision):
-    """Mixed (fp16/bf16 autocast) or true-bf16 precision with BatchNorm (and other norms) kept in float32.
+def keep_norms_fp32(module: nn.Module, names: list[str], others: torch.dtype | None = None) -> nn.Module:
+    """Put every norm of ``module`` (see :func:`is_fp32_norm`) in float32, in place, and every other floating
+    parameter and buffer in ``others`` when given. Non-BatchNorm norms get hooks that cast their low-precision
+    input to float32 and back on CUDA (their kernels may not take mixed dtypes; the native BatchNorm kernels do,
+    and accumulate in float32)."""
+    for sub in module.modules():
+        if is_fp32_norm(sub, names):
+            _to_dtype(sub, torch.float32)
+            if not isinstance(sub, _BatchNorm) and not getattr(sub, "_lit_compute_fp32_hooks", False):
+                sub.register_forward_pre_hook(_cast_input_to_fp32)
+                sub.register_forward_hook(_cast_output_back)
+                sub._lit_compute_fp32_hooks = True  # type: ignore[assignment]
+        elif others is not None:
+            _to_dtype(sub, others)
+    return module
 
-    - ``"16-mixed"``/``"bf16-mixed"``: autocast exactly as Lightning's ``MixedPrecision`` (which this plugin
-      uses underneath), plus the guarantee that every norm's weight, bias, running mean and running variance
-      stay float32. ``"16-mixed"`` uses a ``torch.amp.GradScaler`` built from the arguments below; its state
-      is saved in checkpoints.
-    - ``"bf16-true"``: every other floating parameter and buffer is bfloat16 (half the parameter memory),
-      inputs are cast to bfloat16, no scaler; the norms stay float32.
+
+def _to_dtype(module: nn.Module, dtype: torch.dtype) -> None:
+    with torch.no_grad():
+        for param in module._parameters.values():
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+                if param.grad is not None:
+                    param.grad = param.grad.to(dtype)
+        for key, buf in module._buffers.items():
+            if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
+                module._buffers[key] = buf.to(dtype)
+
+
+class FP32BatchNormPrecision(MixedPrecision):
+    """Lightning's ``MixedPrecision`` (fp16/bf16 autocast) with BatchNorm (and other named norms) kept in float32.
+
+    A drop-in for ``lightning.pytorch.plugins.MixedPrecision``: it *is* one (``isinstance`` holds, so
+    Lightning's ``ThroughputMonitor`` sees the bf16/fp16 compute dtype), takes its constructor
+    ``(precision, device, scaler)`` first, and inherits its autocast, scaler, gradient clipping (a subclass's
+    ``clip_grad_by_norm``/``clip_grad_by_value`` override is called), ``autocast_context_manager()`` and checkpointed
+    scaler state. What it adds: every norm's weight, bias, running mean and running variance stay float32
+    (``convert_module``), and the GradScaler settings can be given as numbers.
 
     BatchNorm parameters and statistics are kept in float32 and statistics are computed in float32: the native
     BatchNorm kernels (CPU and cuDNN) take low-precision input with float32 parameters and accumulate in
-    float32, and their output stays in the input's low-precision dtype, so the next layer does not upcast and
-    no cast is paid. (A wrapper casting each BatchNorm input to float32 and back cost 45% more step time.)
-    Other norms named in ``fp32_norms`` get the same treatment; on CUDA their low-precision input is cast to
-    float32 around the layer (their kernels may not take mixed dtypes), on CPU the native kernels do.
-    ``SyncBatchNorm`` (``Trainer(sync_batchnorm=True)``) is a BatchNorm too. Conversion is in place (Lightning's
-    DDP strategy discards the module ``convert_module`` returns).
+    float32, and their output stays in the input's low-precision dtype, so the next layer does not upcast and no
+    cast is paid. (A wrapper casting each BatchNorm input to float32 and back cost 45% more step time.) Other
+    norms named in ``fp32_norms`` get the same treatment; on CUDA their low-precision input is cast to float32
+    around the layer. ``SyncBatchNorm`` (``Trainer(sync_batchnorm=True)``) is a BatchNorm too. Conversion is in
+    place (Lightning's DDP strategy discards the module ``convert_module`` returns).
 
-    ``"16-true"`` is refused: fp16 parameters would receive fp16 gradients that underflow, and a GradScaler
-    cannot unscale them without float32 master weights. Use ``"16-mixed"``.
+    Differences from ``MixedPrecision`` (all documented here):
+
+    - ``precision`` defaults to ``"bf16-mixed"`` and ``device`` to None: the device type of the model's
+      parameters, read when Lightning connects the plugin (``"cuda"``, ``"cpu"``, ``"mps"``).
+    - ``"bf16-true"`` belongs to :class:`FP32BatchNormHalfPrecision` (a ``HalfPrecision``); ``"16-true"`` is refused
+      with the reason.
+    - keyword-only: ``fp32_norms`` and the GradScaler settings ``init_scale``, ``growth_factor``,
+      ``backoff_factor``, ``growth_interval`` (used when ``scaler`` is not given, under ``"16-mixed"``).
 
     Args:
-        precision: ``"16-mixed"``, ``"bf16-mixed"`` or ``"bf16-true"``.
+        precision: ``"16-mixed"`` or ``"bf16-mixed"``.
+        device: The device type for ``torch.autocast`` (None: the model's).
+        scaler: A ``torch.amp.GradScaler`` (``"16-mixed"``; default: one built from the settings below).
         fp32_norms: Class-name fragments of norms kept in float32 besides every ``_BatchNorm``
             (``["BatchNorm", "GroupNorm", "LayerNorm"]`` keeps all three).
-        init_scale: GradScaler initial scale (``"16-mixed"``).
+        init_scale: GradScaler initial scale.
         growth_factor: GradScaler growth factor.
         backoff_factor: GradScaler backoff factor.
         growth_interval: GradScaler growth interval (steps).
 
     Raises:
-        ValueError: ``"16-true"`` (with the reason) or any other unknown precision, bad scaler values.
+        ValueError: ``"16-true"`` (with the reason), ``"bf16-true"`` (use :class:`FP32BatchNormHalfPrecision`), any
+            other precision, a scaler under ``"bf16-mixed"``, bad ``fp32_norms`` or scaler settings.
 
     Example:
         >>> import lightning.pytorch as pl
         >>> trainer = pl.Trainer(plugins=[FP32BatchNormPrecision("bf16-mixed")], accelerator="cpu", max_steps=1)
     """
 
-    precision: Literal["16-mixed", "bf16-mixed", "bf16-true"]
-
     def __init__(
         self,
-        precision: Literal["16-mixed", "bf16-mixed", "bf16-true"] = "bf16-mixed",
+        precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
+        device: str | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        *,
         fp32_norms: list[str] | None = None,
         init_scale: float = 2.0**16,
         growth_factor: float = 2.0,
@@ -91,128 +145,126 @@ class FP32BatchNormPrecision(Precision):
     ) -> None:
         name = type(self).__name__
         if precision in ("16-true", "16", 16, "half"):
-            raise ValueError(
-                f"{name}(precision={precision!r}) is refused: with float16 parameters the gradients are float16 too; "
-                "small ones underflow to zero and a GradScaler cannot unscale them without float32 master weights. "
-                "Use precision='16-mixed' (float16 compute, float32 weights, dynamic loss scaling) or 'bf16-true'."
-            )
-        if precision not in _MODES:
-            raise ValueError(f"{name}(precision={precision!r}) must be one of {', '.join(map(repr, _MODES))}")
-        if init_scale <= 0:
-            raise ValueError(f"{name}(init_scale={init_scale}) must be > 0")
-        if growth_factor <= 1.0:
-            raise ValueError(f"{name}(growth_factor={growth_factor}) must be > 1")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"{name}(backoff_factor={backoff_factor}) must be in (0, 1)")
-        if growth_interval < 1:
-            raise ValueError(f"{name}(growth_interval={growth_interval}) must be >= 1")
-        self.precision = precision
-        self.fp32_norms = list(fp32_norms) if fp32_norms is not None else ["BatchNorm"]
-        self.init_scale = init_scale
-        self.growth_factor = growth_factor
-        self.backoff_factor = backoff_factor
-        self.growth_interval = growth_interval
-        self._inner: Precision | None = None
+            raise ValueError(f"{name}(precision={precision!r}) {_REFUSED_16_TRUE}.")
+        if precision == "bf16-true":
+            raise ValueError(f"{name}(precision='bf16-true'): bf16-true is a HalfPrecision, not a MixedPrecision; use "
+                             "FP32BatchNormHalfPrecision('bf16-true') (or lit_compute.fp32_norm_precision('bf16-true'))")
+        if precision not in ("16-mixed", "bf16-mixed"):
+            raise ValueError(f"{name}(precision={precision!r}) must be '16-mixed' or 'bf16-mixed' "
+                             "(FP32BatchNormHalfPrecision takes 'bf16-true')")
+        if device is not None and not isinstance(device, str):
+            raise ValueError(f"{name}(device={device!r}) must be a device type such as 'cuda' or 'cpu', or None")
+        if scaler is not None and precision == "bf16-mixed":
+            raise ValueError(f"{name}(precision='bf16-mixed', scaler=...): bf16 needs no loss scaling; drop the scaler")
+        _check_scaler_settings(name, init_scale, growth_factor, backoff_factor, growth_interval)
+        self.fp32_norms = check_fp32_norms(name, fp32_norms)
+        self.init_scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
         self._pending_state: dict[str, Any] | None = None
+        # MixedPrecision builds a GradScaler for "16-mixed" when none is given; ours is built from the settings
+        # once the device is known (connect), unless the device is given now.
+        if scaler is None and precision == "16-mixed" and device is not None:
+            scaler = self._build_scaler(device)
+        super().__init__(precision=precision, device=device or "cpu", scaler=scaler)
+        if device is None:
+            self.device = None  # type: ignore[assignment] - resolved in connect()
+            if precision == "16-mixed":
+                self.scaler = None
 
-    # -- the plugin that does the autocast / dtype work -------------------------------------------------
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float16 if self.precision == "16-mixed" else torch.bfloat16
+    def _build_scaler(self, device: str) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(device, init_scale=self.init_scale, growth_factor=self.growth_factor,
+                                    backoff_factor=self.backoff_factor, growth_interval=self.growth_interval)
 
-    def _build(self, device_type: str) -> Precision:
-        if self.precision == "bf16-true":
-            return HalfPrecision("bf16-true")
-        scaler = None
-        if self.precision == "16-mixed":
-            scaler = torch.amp.GradScaler(
-                device_type, init_scale=self.init_scale, growth_factor=self.growth_factor,
-                backoff_factor=self.backoff_factor, growth_interval=self.growth_interval,
-            )
-        return MixedPrecision(self.precision, device=device_type, scaler=scaler)  # type: ignore[arg-type]
-
-    def _ensure(self, device_type: str | None = None) -> Precision:
-        if self._inner is None or (device_type is not None and getattr(self._inner, "device", device_type) != device_type):
-            device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-            self._inner = self._build(device_type)
-            if self._pending_state:
-                self._inner.load_state_dict(self._pending_state)
-                self._pending_state = None
-        return self._inner
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        """The GradScaler (``"16-mixed"`` only), as Lightning's ``MixedPrecision.scaler``."""
-        return getattr(self._inner, "scaler", None) if self._inner is not None else None
-
-    # -- module conversion ---------------------------------------------------------------------------
     def convert_module(self, module: nn.Module) -> nn.Module:
-        for sub in module.modules():
-            if is_fp32_norm(sub, self.fp32_norms):
-                self._to_dtype(sub, torch.float32)
-                if not isinstance(sub, _BatchNorm) and not getattr(sub, "_lit_compute_fp32_hooks", False):
-                    sub.register_forward_pre_hook(_cast_input_to_fp32)
-                    sub.register_forward_hook(_cast_output_back)
-                    sub._lit_compute_fp32_hooks = True  # type: ignore[assignment]
-            elif self.precision == "bf16-true":
-                self._to_dtype(sub, torch.bfloat16)
-        return module
-
-    @staticmethod
-    def _to_dtype(module: nn.Module, dtype: torch.dtype) -> None:
-        with torch.no_grad():
-            for param in module._parameters.values():
-                if param is not None and param.is_floating_point() and param.dtype != dtype:
-                    param.data = param.data.to(dtype)
-                    if param.grad is not None:
-                        param.grad = param.grad.to(dtype)
-            for key, buf in module._buffers.items():
-                if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
-                    module._buffers[key] = buf.to(dtype)
+        return keep_norms_fp32(module, self.fp32_norms)
 
     def connect(self, model: nn.Module, optimizers: list, lr_schedulers: list) -> tuple:
-        device_type = next((p.device.type for p in model.parameters()), None)
-        self._ensure(device_type if device_type in ("cuda", "cpu") else None)
+        if self.device is None:
+            device = next((p.device.type for p in model.parameters()), "cpu")
+            self.device = device if device in ("cuda", "cpu", "mps", "xpu") else "cpu"
+        if self.precision == "16-mixed" and self.scaler is None:
+            self.scaler = self._build_scaler(self.device)
+        if self._pending_state and self.scaler is not None:
+            self.scaler.load_state_dict(self._pending_state)
+            self._pending_state = None
         return super().connect(model, optimizers, lr_schedulers)
 
-    # -- delegated behaviour -------------------------------------------------------------------------
-    def tensor_init_context(self) -> AbstractContextManager:
-        return self._ensure().tensor_init_context() if self.precision == "bf16-true" else nullcontext()
-
-    def module_init_context(self) -> AbstractContextManager:
-        return self.tensor_init_context()
-
-    @contextmanager
-    def forward_context(self) -> Generator[None, None, None]:
-        with self._ensure().forward_context():
-            yield
-
-    def convert_input(self, data: Any) -> Any:
-        return self._ensure().convert_input(data)
-
-    def convert_output(self, data: Any) -> Any:
-        return self._ensure().convert_output(data)
-
-    def pre_backward(self, tensor: torch.Tensor, module: pl.LightningModule) -> torch.Tensor:  # type: ignore[override]
-        return self._ensure().pre_backward(tensor, module)
-
-    def optimizer_step(self, optimizer: Any, model: pl.LightningModule, closure: Callable[[], Any],
-                       **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._ensure().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
-
-    def clip_gradients(self, optimizer: Any, clip_val: int | float = 0.0, gradient_clip_algorithm: Any = None) -> None:
-        inner = self._ensure()
-        if gradient_clip_algorithm is None:
-            return inner.clip_gradients(optimizer, clip_val)
-        return inner.clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+    def autocast_context_manager(self) -> torch.autocast:
+        if self.device is None:  # used before Lightning connected it: the device this process would train on
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        return super().autocast_context_manager()
 
     def state_dict(self) -> dict[str, Any]:
-        if self._inner is None:
+        if self.scaler is None:
             return dict(self._pending_state or {})
-        return self._inner.state_dict()
+        return super().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self._inner is None:
-            self._pending_state = dict(state_dict)
-        else:
-            self._inner.load_state_dict(state_dict)
+        if self.scaler is None:  # not connected yet: applied when the scaler exists
+            self._pending_state = dict(state_dict) if state_dict else None
+            return
+        super().load_state_dict(state_dict)
+
+
+class FP32BatchNormHalfPrecision(HalfPrecision):
+    """Lightning's ``HalfPrecision`` in ``"bf16-true"`` with BatchNorm (and other named norms) kept in float32.
+
+    A drop-in for ``lightning.pytorch.plugins.HalfPrecision``: it *is* one, takes its ``precision`` argument first,
+    and inherits its input conversion, default-dtype forward context and init contexts. Every floating parameter
+    and buffer is bfloat16 (half the parameter memory) except the norms', which stay float32; inputs are cast to
+    bfloat16; there is no scaler. The float32-norm behaviour is :class:`FP32BatchNormPrecision`'s.
+
+    Differences from ``HalfPrecision``: ``precision`` defaults to ``"bf16-true"`` and ``"16-true"`` is refused with the
+    reason (float16 parameters get float16 gradients that underflow, and without float32 master weights no loss
+    scaling can help); keyword-only ``fp32_norms``.
+
+    Args:
+        precision: ``"bf16-true"``.
+        fp32_norms: Class-name fragments of norms kept in float32 besides every ``_BatchNorm``.
+
+    Example:
+        >>> import lightning.pytorch as pl
+        >>> trainer = pl.Trainer(plugins=[FP32BatchNormHalfPrecision()], accelerator="cpu", max_steps=1)
+    """
+
+    def __init__(self, precision: Literal["bf16-true"] = "bf16-true", *, fp32_norms: list[str] | None = None) -> None:
+        name = type(self).__name__
+        if precision in ("16-true", "16", 16, "half"):
+            raise ValueError(f"{name}(precision={precision!r}) {_REFUSED_16_TRUE}.")
+        if precision != "bf16-true":
+            raise ValueError(f"{name}(precision={precision!r}) must be 'bf16-true' (FP32BatchNormPrecision takes "
+                             "'16-mixed' and 'bf16-mixed')")
+        self.fp32_norms = check_fp32_norms(name, fp32_norms)
+        super().__init__(precision)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return keep_norms_fp32(module, self.fp32_norms, others=self._desired_input_dtype)
+
+
+def fp32_norm_precision(precision: str, **kwargs: Any) -> FP32BatchNormPrecision | FP32BatchNormHalfPrecision:
+    """The float32-norm plugin for a Lightning precision string: :class:`FP32BatchNormPrecision` for ``"16-mixed"``
+    and ``"bf16-mixed"``, :class:`FP32BatchNormHalfPrecision` for ``"bf16-true"`` (keyword arguments go to it)."""
+    if precision == "bf16-true":
+        return FP32BatchNormHalfPrecision(precision, **kwargs)
+    return FP32BatchNormPrecision(precision, **kwargs)  # type: ignore[arg-type]
+
+
+def _check_scaler_settings(name: str, init_scale: Any, growth_factor: Any, backoff_factor: Any,
+                           growth_interval: Any) -> None:
+    import math
+
+    def number(arg: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name}({arg}={value!r}) must be a finite number")
+        return float(value)
+
+    if number("init_scale", init_scale) <= 0:
+        raise ValueError(f"{name}(init_scale={init_scale}) must be > 0")
+    if number("growth_factor", growth_factor) <= 1.0:
+        raise ValueError(f"{name}(growth_factor={growth_factor}) must be > 1")
+    if not 0.0 < number("backoff_factor", backoff_factor) < 1.0:
+        raise ValueError(f"{name}(backoff_factor={backoff_factor}) must be in (0, 1)")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+        raise ValueError(f"{name}(growth_interval={growth_interval!r}) must be an integer >= 1")
