@@ -96,6 +96,8 @@ class MeasuringCallback(Callback):
             return (step + 1) % resolve_every(trainer, self.log_every_n_steps) == 0
         return False
 
+    def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None: ...
+
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None: ...
 
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None: ...
@@ -116,6 +118,10 @@ class MeasuringCallback(Callback):
         timeline_for(trainer).contribute(self, trainer, values, finish)
 
     # -- the Lightning hooks, once for every measuring callback ---------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        link_loggers(trainer)
+        self._guard(self._setup, trainer, pl_module, stage)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         timeline_for(trainer).train_start(trainer)
         self._guard(self._train_start, trainer, pl_module)
@@ -177,6 +183,23 @@ class MeasuringCallback(Callback):
             self._teardown()
         except Exception as err:  # noqa: BLE001 - clean-up after an exception must not raise a second one
             self._warn_once("teardown", f"{type(self).__name__}: cleaning up failed with {type(err).__name__}: {err}.")
+
+
+def link_loggers(trainer: pl.Trainer) -> None:
+    """Give a PrometheusLogger the TensorBoard logger's run and version (its ``run`` label, the progress bar's
+    ``v_num``)."""
+    from lit_compute.monitoring.prometheus_logger import PrometheusLogger
+
+    tb = tensorboard_logger(trainer)
+    if tb is None:
+        return
+    for logger in trainer.loggers:
+        if isinstance(logger, PrometheusLogger):
+            try:
+                logger.follow(f"{tb.name}/version_{tb.version}" if isinstance(tb.version, int) else f"{tb.name}/{tb.version}",
+                              tb.version)
+            except Exception:  # noqa: BLE001 - a label is not worth failing for
+                pass
 
 
 def guarded(fn: F) -> F:

@@ -216,7 +216,7 @@ def test_undecodable_image_is_named(tmp_path):
     src = make_synthetic_image_folder(tmp_path / "ok", num_classes=2, images_per_class=4)
     bad = src / "train" / "class_001" / "broken.jpg"
     bad.write_bytes(b"this is not a jpeg")
-    with pytest.raises(ValueError, match=r"not an image DALI can decode: .*broken\.jpg"):
+    with pytest.raises(ValueError, match=r"cannot be decoded: .*broken\.jpg"):
         DALIImageDataModule(data_dir=str(src)).setup("fit")
 
 

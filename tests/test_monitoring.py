@@ -59,7 +59,7 @@ def _scrape(port: int) -> dict[str, list]:
 
 
 def test_prometheus_endpoint_during_and_after_fit(tmp_path):
-    prom = PrometheusLogger(port=0, run_name="demo")
+    prom = PrometheusLogger(port=0, run_name="demo", keep_serving=True)
     seen: dict = {}
 
     class ScrapeDuringFit(pl.Callback):
@@ -89,8 +89,16 @@ def test_prometheus_port_in_use_is_a_clear_error():
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        with pytest.raises(OSError, match=rf"PrometheusLogger\(port={port}\): port {port} on 127.0.0.1 is already in use"):
-            PrometheusLogger(port=port).start()
+        with pytest.raises(OSError, match=rf"PrometheusLogger\(host='127.0.0.1', port={port}\): cannot serve on "
+                                          rf"127.0.0.1:{port}: the port is already in use"):
+            PrometheusLogger(port=port, on_port_in_use="error").start()
+        fallback = PrometheusLogger(port=port)  # the default: the next free port, said once
+        try:
+            with pytest.warns(UserWarning, match=rf"port {port} on 127.0.0.1 is in use; serving on port"):
+                fallback.start()
+            assert fallback.port_in_use not in (None, port)
+        finally:
+            fallback.close()
 
 
 def test_prometheus_names_and_bad_arguments():

@@ -165,7 +165,7 @@ def test_windows_already_captured_are_not_captured_again_after_resume(tmp_path):
 
 
 def test_bad_arguments_list_what_is_accepted():
-    with pytest.raises(ValueError, match=r"ProfilerWindow\(active=0\) must be >= 1"):
+    with pytest.raises(ValueError, match=r"ProfilerWindow\(active=0\) must be an integer >= 1"):
         ProfilerWindow(active=0)
     with pytest.raises(ValueError, match=r"ProfilerWindow\(start_step=-1\)"):
         ProfilerWindow(start_step=-1)

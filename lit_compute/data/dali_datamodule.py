@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 
 from lit_compute._utils import available_cpu_cores
-from lit_compute.data.folders import IMG_EXTENSIONS, check_image_folder
+from lit_compute._validate import Check, validated
+from lit_compute.data.folders import first_undecodable
 from lit_compute.data.torchvision_datamodule import IMAGENET_MEAN, IMAGENET_STD, TorchvisionImageDataModule
-
-_MAGIC: tuple[tuple[int, bytes], ...] = (
-    (0, b"\xff\xd8\xff"),  # JPEG
-    (0, b"\x89PNG"),
-    (0, b"BM"),
-    (0, b"II*\x00"),  # TIFF little endian
-    (0, b"MM\x00*"),  # TIFF big endian
-    (8, b"WEBP"),
-    (0, b"\x00\x00\x00\x0cjP  "),  # JPEG 2000
-)
 
 
 def _import_dali() -> Any:
@@ -47,20 +37,6 @@ def dali_available() -> bool:
         return False
 
 
-def undecodable_files(folder: Path) -> list[Path]:
-    """Image files under ``folder`` whose first bytes are not an image format DALI decodes."""
-    bad = []
-    for path in sorted(folder.rglob("*")):
-        if path.suffix.lower() not in IMG_EXTENSIONS or not path.is_file():
-            continue
-        with open(path, "rb") as f:
-            head = f.read(16)
-        ok = any(head[off: off + len(sig)] == sig for off, sig in _MAGIC) or head[:1] == b"P" and head[1:2] in b"123456"
-        if not ok:
-            bad.append(path)
-    return bad
-
-
 class DALILoader:
     """An iterable of ``(images, labels)`` batches from a DALI pipeline, with exact epochs.
 
@@ -73,8 +49,9 @@ class DALILoader:
     """
 
     def __init__(self, build: Callable[[int], Any], length: int, to_torch: Callable[[dict], tuple],
-                 reshuffle: bool = False) -> None:
+                 reshuffle: bool = False, files: list[str] | None = None) -> None:
         self._build = build
+        self._files = files or []
         self._reshuffle = reshuffle
         self._length = length
         self._to_torch = to_torch
@@ -103,7 +80,9 @@ class DALILoader:
             except StopIteration:
                 break
             except RuntimeError as err:
-                raise RuntimeError(f"DALIImageDataModule: DALI failed while reading or decoding images: {err}") from err
+                culprits = first_undecodable(self._files)  # DALI's message names no file: find it with a full decode
+                named = f"; a full decode of this split fails on {', '.join(culprits)}" if culprits else ""
+                raise RuntimeError(f"DALIImageDataModule: DALI failed while reading or decoding images: {err}{named}") from err
             batch = self._to_torch(data[0])
             if batch[1].shape[0] == 0 and self._last is not None:  # see DALIImageDataModule: sharding
                 batch = tuple(t[:1] for t in self._last)
@@ -159,46 +138,41 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         synthetic_num_classes: Classes of the synthetic dataset (``data_dir=None`` only).
         synthetic_images_per_class: Training images per class of the synthetic dataset.
         prefetch_queue_depth: Batches DALI prepares ahead.
+        on_bad_image: ``"error"`` or ``"skip"``, as for :class:`TorchvisionImageDataModule` (the same check runs
+            before training; a decode failure during training names the file).
 
     Raises:
         ModuleNotFoundError: DALI is not installed (``pip install 'lit-compute[dali]'``), at ``setup()``.
-        ValueError: at ``setup()``: a missing or empty folder, one without class folders, a file that is not an
-            image DALI decodes (named), ``device="gpu"`` without CUDA.
+        ValueError: at ``setup()``: what :class:`TorchvisionImageDataModule` refuses (a missing or empty folder,
+            differing classes, undecodable images, named), ``device="gpu"`` without CUDA.
 
     Example:
         >>> dm = DALIImageDataModule(batch_size=8, image_size=32, synthetic_images_per_class=4)
     """
 
+    @validated
     def __init__(
         self,
         data_dir: str | None = None,
-        batch_size: int = 64,
-        image_size: int = 224,
-        val_resize: int | None = None,
-        num_threads: int | None = None,
+        batch_size: Annotated[int, Check(ge=1)] = 64,
+        image_size: Annotated[int, Check(ge=8)] = 224,
+        val_resize: Annotated[int | None, Check(ge=8)] = None,
+        num_threads: Annotated[int | None, Check(ge=1, hint="None: the available cores")] = None,
         device: Literal["auto", "gpu", "cpu"] = "auto",
         output_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         channels_last: bool = False,
-        seed: int = 0,
-        min_crop_scale: float = 0.08,
-        synthetic_num_classes: int = 10,
-        synthetic_images_per_class: int = 100,
-        prefetch_queue_depth: int = 2,
+        seed: Annotated[int, Check(ge=0)] = 0,
+        min_crop_scale: Annotated[float, Check(gt=0.0, le=1.0)] = 0.08,
+        synthetic_num_classes: Annotated[int, Check(ge=2)] = 10,
+        synthetic_images_per_class: Annotated[int, Check(ge=1)] = 100,
+        prefetch_queue_depth: Annotated[int, Check(ge=1)] = 2,
+        on_bad_image: Literal["error", "skip"] = "error",
     ) -> None:
         super().__init__(
             data_dir=data_dir, batch_size=batch_size, image_size=image_size, val_resize=val_resize, num_workers=0,
             min_crop_scale=min_crop_scale, synthetic_num_classes=synthetic_num_classes,
-            synthetic_images_per_class=synthetic_images_per_class, seed=seed,
+            synthetic_images_per_class=synthetic_images_per_class, seed=seed, on_bad_image=on_bad_image,
         )
-        name = type(self).__name__
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"{name}(num_threads={num_threads}) must be >= 1, or None for the available cores")
-        if device not in ("auto", "gpu", "cpu"):
-            raise ValueError(f"{name}(device={device!r}) must be 'auto', 'gpu' or 'cpu'")
-        if output_dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"{name}(output_dtype={output_dtype!r}) must be 'float32', 'float16' or 'bfloat16'")
-        if prefetch_queue_depth < 1:
-            raise ValueError(f"{name}(prefetch_queue_depth={prefetch_queue_depth}) must be >= 1")
         self.num_threads = num_threads
         self.device = device
         self.output_dtype = output_dtype
@@ -231,22 +205,17 @@ class DALIImageDataModule(TorchvisionImageDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         dali = _import_dali()
-        root = self.resolved_data_dir()
-        self.classes = check_image_folder(root, type(self).__name__)
-        for split in ("train", "val"):
-            bad = undecodable_files(root / split)
-            if bad:
-                shown = ", ".join(str(p) for p in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-                raise ValueError(f"{type(self).__name__}(data_dir={str(root)!r}): not an image DALI can decode: {shown}")
+        scan = self.check_data()
         kind, device_id, shard, shards, local = self._placement()
         threads = self.num_threads or max(1, available_cpu_cores() // local)
         self._loaders = {
-            split: self._make_loader(dali, root / split, split == "train", kind, device_id, shard, shards, threads)
+            split: self._make_loader(dali, scan.samples[split], split == "train", kind, device_id, shard, shards,
+                                     threads)
             for split in ("train", "val")
         }
 
-    def _make_loader(self, dali: Any, folder: Path, train: bool, kind: str, device_id: int | None, shard: int,
-                     shards: int, threads: int) -> DALILoader:
+    def _make_loader(self, dali: Any, files: list[tuple[str, int]], train: bool, kind: str, device_id: int | None,
+                     shard: int, shards: int, threads: int) -> DALILoader:
         fn, pipeline_def, types, iterator_cls, policy = dali
         mean = [m * 255 for m in IMAGENET_MEAN]
         std = [s * 255 for s in IMAGENET_STD]
@@ -255,8 +224,6 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         dtype = types.FLOAT16 if self.output_dtype == "float16" else types.FLOAT
         layout = "HWC" if self.channels_last else "CHW"
         with_info = self.with_source_info
-        files = [(str(p), label) for label, cls in enumerate(self.classes)
-                 for p in sorted((folder / cls).iterdir()) if p.suffix.lower() in IMG_EXTENSIONS]
         n_files = len(files)
 
         @pipeline_def(enable_conditionals=False)
@@ -314,7 +281,8 @@ class DALIImageDataModule(TorchvisionImageDataModule):
             return images, labels, paths
 
         per_shard = math.ceil(n_files / shards)
-        return DALILoader(build, math.ceil(per_shard / self.batch_size), to_torch, reshuffle=train)
+        return DALILoader(build, math.ceil(per_shard / self.batch_size), to_torch, reshuffle=train,
+                          files=[path for path, _ in files])
 
     # -- loaders ---------------------------------------------------------------------------------------
     def _loader(self, split: str) -> DALILoader:  # type: ignore[override]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader
-from torchvision import datasets, transforms
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
 
 from lit_compute._utils import available_cpu_cores
-from lit_compute.data.folders import check_image_folder
+from lit_compute._validate import Check, validated
+from lit_compute.data.folders import ImageFolderScan, scan_image_folder
 from lit_compute.data.synthetic import make_synthetic_image_folder
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -21,6 +25,38 @@ def default_num_workers() -> int:
     return max(1, int(available_cpu_cores() * 0.75))
 
 
+class ImageFiles(Dataset):
+    """``(image, label)`` samples from a checked file list (what ``torchvision.datasets.ImageFolder`` yields, with
+    the labels fixed by the train split's classes). A file that fails to decode raises an error naming it."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], transform: Callable | None = None) -> None:
+        self.samples = samples
+        self.targets = [label for _, label in samples]
+        self.classes = classes
+        self.class_to_idx = {c: i for i, c in enumerate(classes)}
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        image = load_rgb(path)
+        return (self.transform(image) if self.transform is not None else image), label
+
+
+def load_rgb(path: str) -> Any:
+    """Open an image as RGB (grayscale and RGBA converted); an error names the file."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            return img.convert("RGB")
+    except Exception as err:
+        raise OSError(f"could not decode the image {path}: {type(err).__name__}: {err}") from err
+
+
 class TorchvisionImageDataModule(LightningDataModule):
     """ImageNet-style folders through torchvision transforms and a PyTorch DataLoader.
 
@@ -28,6 +64,12 @@ class TorchvisionImageDataModule(LightningDataModule):
     Val: resize the shorter side to ``val_resize``, center crop ``image_size``, ``ToTensor``, normalisation.
     Batches are ``(images, labels)``: ``float32`` ``(B, 3, image_size, image_size)`` and ``int64`` ``(B,)``.
     Grayscale and RGBA images are converted to RGB.
+
+    Checked at ``setup()``, before training (see :func:`~lit_compute.data.folders.scan_image_folder`): ``val/`` has
+    exactly train's classes (labels are train's sorted class names, never shifted), every class folder has images,
+    every image is one a decoder can read (a cached header pass, paid once per dataset). ``on_bad_image="error"``
+    names the bad files; ``"skip"`` leaves them out and logs how many (``data/skipped_images``). A file that still
+    fails to decode during training raises an error naming it.
 
     Args:
         data_dir: An ImageNet-style folder (``train/<class>/*``, ``val/<class>/*``). ``None`` uses the embedded
@@ -42,41 +84,37 @@ class TorchvisionImageDataModule(LightningDataModule):
         synthetic_num_classes: Classes of the synthetic dataset (``data_dir=None`` only).
         synthetic_images_per_class: Training images per class of the synthetic dataset.
         seed: Seed of the synthetic dataset.
+        on_bad_image: ``"error"`` or ``"skip"`` (see above).
 
     Raises:
         ValueError: at construction for bad values; in ``setup()`` for a missing folder, one without
-            ``train/``/``val/``, without class folders, or without images (the message names the path).
+            ``train/``/``val/``, without class folders, a class folder without images, differing classes, or
+            undecodable images (the message names the paths).
 
     Example:
         >>> dm = TorchvisionImageDataModule(batch_size=8, image_size=32, synthetic_images_per_class=4)
     """
 
+    @validated
     def __init__(
         self,
         data_dir: str | None = None,
-        batch_size: int = 64,
-        image_size: int = 224,
-        val_resize: int | None = None,
-        num_workers: int | None = None,
+        batch_size: Annotated[int, Check(ge=1)] = 64,
+        image_size: Annotated[int, Check(ge=8)] = 224,
+        val_resize: Annotated[int | None, Check(ge=8)] = None,
+        num_workers: Annotated[int | None, Check(ge=0, hint="None: 75% of the cores")] = None,
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
-        min_crop_scale: float = 0.08,
-        synthetic_num_classes: int = 10,
-        synthetic_images_per_class: int = 100,
-        seed: int = 0,
+        min_crop_scale: Annotated[float, Check(gt=0.0, le=1.0)] = 0.08,
+        synthetic_num_classes: Annotated[int, Check(ge=2)] = 10,
+        synthetic_images_per_class: Annotated[int, Check(ge=1)] = 100,
+        seed: Annotated[int, Check(ge=0)] = 0,
+        on_bad_image: Literal["error", "skip"] = "error",
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if batch_size < 1:
-            raise ValueError(f"{name}(batch_size={batch_size}) must be >= 1")
-        if image_size < 8:
-            raise ValueError(f"{name}(image_size={image_size}) must be >= 8")
         if val_resize is not None and val_resize < image_size:
             raise ValueError(f"{name}(val_resize={val_resize}) must be >= image_size ({image_size}) or None")
-        if num_workers is not None and num_workers < 0:
-            raise ValueError(f"{name}(num_workers={num_workers}) must be >= 0, or None for 75% of the cores")
-        if not 0.0 < min_crop_scale <= 1.0:
-            raise ValueError(f"{name}(min_crop_scale={min_crop_scale}) must be in (0, 1]")
         self.save_hyperparameters()
         self.data_dir = data_dir
         self.batch_size = batch_size
@@ -89,9 +127,11 @@ class TorchvisionImageDataModule(LightningDataModule):
         self.synthetic_num_classes = synthetic_num_classes
         self.synthetic_images_per_class = synthetic_images_per_class
         self.seed = seed
+        self.on_bad_image = on_bad_image
         self.classes: list[str] = []
-        self.train_set: datasets.ImageFolder | None = None
-        self.val_set: datasets.ImageFolder | None = None
+        self.scan: ImageFolderScan | None = None
+        self.train_set: ImageFiles | None = None
+        self.val_set: ImageFiles | None = None
 
     # -- data location -------------------------------------------------------------------------------
     def resolved_data_dir(self) -> Path:
@@ -132,12 +172,23 @@ class TorchvisionImageDataModule(LightningDataModule):
             ]
         )
 
+    def check_data(self) -> ImageFolderScan:
+        """Scan the folder (see the class docstring); in ``"skip"`` mode say and log how many images are left out."""
+        scan = scan_image_folder(self.resolved_data_dir(), type(self).__name__, on_bad_image=self.on_bad_image)
+        self.scan, self.classes = scan, scan.classes
+        if scan.bad_count:
+            shown = ", ".join(p for split in scan.bad.values() for p, _ in split[:3])
+            rank_zero_info(f"{type(self).__name__}(on_bad_image='skip'): left out {scan.bad_count} image(s) that cannot "
+                           f"be decoded ({shown}, ...)")
+            trainer = getattr(self, "_trainer", None)
+            for logger in (trainer.loggers if trainer is not None else []):
+                logger.log_metrics({"data/skipped_images": float(scan.bad_count)}, step=0)
+        return scan
+
     def setup(self, stage: str | None = None) -> None:
-        root = self.resolved_data_dir()
-        self.classes = check_image_folder(root, type(self).__name__)
-        rgb = _to_rgb
-        self.train_set = datasets.ImageFolder(root / "train", transform=self.train_transform(), loader=rgb)
-        self.val_set = datasets.ImageFolder(root / "val", transform=self.val_transform(), loader=rgb)
+        scan = self.check_data()
+        self.train_set = ImageFiles(scan.samples["train"], scan.classes, self.train_transform())
+        self.val_set = ImageFiles(scan.samples["val"], scan.classes, self.val_transform())
 
     # -- loaders ---------------------------------------------------------------------------------------
     def _pin(self) -> bool:
@@ -146,7 +197,7 @@ class TorchvisionImageDataModule(LightningDataModule):
         trainer = self.trainer
         return bool(trainer is not None and trainer.strategy.root_device.type == "cuda")
 
-    def _loader(self, dataset: datasets.ImageFolder | None, shuffle: bool) -> DataLoader:
+    def _loader(self, dataset: ImageFiles | None, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
         return DataLoader(
@@ -166,11 +217,3 @@ class TorchvisionImageDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)
-
-
-def _to_rgb(path: str) -> Image.Image:  # noqa: F821
-    from PIL import Image
-
-    with open(path, "rb") as f:
-        img = Image.open(f)
-        return img.convert("RGB")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import torch.distributed as dist
 
 from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table
+from lit_compute._validate import Check, validated
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -119,12 +120,10 @@ class CommBenchmark(MeasuringCallback):
         >>> cb = CommBenchmark(max_mb=4, seconds=5)
     """
 
-    def __init__(self, max_mb: float = 64.0, seconds: float = 10.0) -> None:
+    @validated
+    def __init__(self, max_mb: Annotated[float, Check(gt=0, hint="MiB")] = 64.0,
+                 seconds: Annotated[float, Check(gt=0)] = 10.0) -> None:
         super().__init__()
-        if max_mb <= 0:
-            raise ValueError(f"CommBenchmark(max_mb={max_mb}) must be > 0")
-        if seconds <= 0:
-            raise ValueError(f"CommBenchmark(seconds={seconds}) must be > 0")
         self.max_mb = max_mb
         self.seconds = seconds
         self.results: list[AllReduceResult] = []

@@ -6,6 +6,8 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from lit_compute._validate import check_dataclass
+
 ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 PROTOS = ("ll", "ll128", "simple")
 COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv")
@@ -100,6 +102,7 @@ class NCCLSettings:
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_dataclass(self)  # types first: NCCLSettings(socket_nthreads=4.7) is refused, not exported as "4.7"
         if self.algo is not None:
             _check_algo_or_proto("NCCL_ALGO", self.algo, ALGOS)
         if self.proto is not None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -15,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute._utils import log_text, markdown_table
+from lit_compute._validate import Check, validated
 from lit_compute.distributed.comm_benchmark import default_sizes, log_results, timed_sweep
 from lit_compute.distributed.nccl_settings import NCCLSettings
 
@@ -104,6 +104,7 @@ class TunedDDPStrategy(DDPStrategy):
         >>> strategy = TunedDDPStrategy(nccl=NCCLSettings(algo="Tree"), bucket_cap_mb=50, comm_hook="bf16")
     """
 
+    @validated
     def __init__(
         self,
         accelerator: Any = None,
@@ -114,47 +115,28 @@ class TunedDDPStrategy(DDPStrategy):
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable | None = None,
         ddp_comm_wrapper: Callable | None = None,
-        model_averaging_period: int | None = None,
+        model_averaging_period: Annotated[int | None, Check(ge=1)] = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         *,
         nccl: NCCLSettings | None = None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: Annotated[float | None, Check(gt=0, hint="MiB; None: torch's 25")] = None,
         gradient_as_bucket_view: bool | None = None,
         static_graph: bool | None = None,
         find_unused_parameters: bool | None = None,
         comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none",
-        powersgd_rank: int = 1,
-        powersgd_start_iter: int = 1000,
+        powersgd_rank: Annotated[int, Check(ge=1)] = 1,
+        powersgd_start_iter: Annotated[int, Check(ge=2, hint="PowerSGD's error feedback needs plain all-reduce "
+                                                               "steps first")] = 1000,
         benchmark_collectives: bool = False,
-        benchmark_max_mb: float = 64.0,
-        benchmark_seconds: float = 10.0,
+        benchmark_max_mb: Annotated[float, Check(gt=0, hint="MiB")] = 64.0,
+        benchmark_seconds: Annotated[float, Check(gt=0)] = 10.0,
         **kwargs: Any,
     ) -> None:
         name = type(self).__name__
-        if bucket_cap_mb is not None and not (_is_number(bucket_cap_mb) and bucket_cap_mb > 0):
-            raise ValueError(f"{name}(bucket_cap_mb={bucket_cap_mb!r}) must be > 0 (MiB), or None for torch's 25")
-        if comm_hook not in ("none", "fp16", "bf16", "powersgd"):
-            raise ValueError(f"{name}(comm_hook={comm_hook!r}) must be one of 'none', 'fp16', 'bf16', 'powersgd'")
         if comm_hook != "none" and ddp_comm_hook is not None:
             raise ValueError(f"{name}(comm_hook={comm_hook!r}, ddp_comm_hook=...): give one of them, not both")
-        if start_method not in ("popen", "spawn", "fork", "forkserver"):
-            raise ValueError(f"{name}(start_method={start_method!r}) must be one of 'popen', 'spawn', 'fork', "
-                             "'forkserver'")
-        if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
-            raise ValueError(f"{name}(powersgd_rank={powersgd_rank!r}) must be an integer >= 1")
-        if isinstance(powersgd_start_iter, bool) or not isinstance(powersgd_start_iter, int) or powersgd_start_iter < 2:
-            raise ValueError(f"{name}(powersgd_start_iter={powersgd_start_iter!r}) must be an integer >= 2 (PowerSGD's "
-                             "error feedback needs plain all-reduce steps first)")
-        if not (_is_number(benchmark_max_mb) and benchmark_max_mb > 0):
-            raise ValueError(f"{name}(benchmark_max_mb={benchmark_max_mb!r}) must be > 0 (MiB)")
-        if not (_is_number(benchmark_seconds) and benchmark_seconds > 0):
-            raise ValueError(f"{name}(benchmark_seconds={benchmark_seconds!r}) must be > 0 (seconds)")
-        if nccl is not None and not isinstance(nccl, NCCLSettings):
-            raise ValueError(f"{name}(nccl={nccl!r}) must be an NCCLSettings")
-        if timeout is not None and not isinstance(timeout, timedelta):
-            raise ValueError(f"{name}(timeout={timeout!r}) must be a datetime.timedelta, e.g. timedelta(minutes=10)")
         for arg, value in (("bucket_cap_mb", bucket_cap_mb), ("gradient_as_bucket_view", gradient_as_bucket_view),
                            ("static_graph", static_graph), ("find_unused_parameters", find_unused_parameters)):
             if value is not None:
@@ -275,10 +257,6 @@ class TunedDDPStrategy(DDPStrategy):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_hyperparams({f"ddp/{k}": v for k, v in config.items()})
-
-
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 TunedDDPStrategy.register_strategies(StrategyRegistry)

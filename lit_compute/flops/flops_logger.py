@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_compute import _batch
 from lit_compute._compat import eager_compiled_code
 from lit_compute._utils import MeasuringCallback, guarded, log_text, markdown_table
+from lit_compute._validate import Check, validated
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops
 from lit_compute.flops.predict import ShapePredictor
@@ -109,24 +110,17 @@ class FlopsLogger(MeasuringCallback):
 
     _reduce_keys = {"train": ("tflops", "hw_tflops"), "validate": ("tflops",), "test": ("tflops",)}
 
+    @validated
     def __init__(
         self,
-        log_every_n_steps: int | None = None,
+        log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
         peak: Literal["table", "measure", "none"] = "table",
-        peak_flops: float | None = None,
-        module_depth: int = 2,
+        peak_flops: Annotated[float | None, Check(gt=0, hint="FLOP/s per device")] = None,
+        module_depth: Annotated[int, Check(ge=1)] = 2,
         count_validation: bool = True,
         predict_shapes: bool = True,
     ) -> None:
         super().__init__()
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"FlopsLogger(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
-        if peak not in ("table", "measure", "none"):
-            raise ValueError(f"FlopsLogger(peak={peak!r}) must be one of 'table', 'measure', 'none'")
-        if peak_flops is not None and not (peak_flops > 0 and math.isfinite(peak_flops)):
-            raise ValueError(f"FlopsLogger(peak_flops={peak_flops}) must be > 0 (FLOP/s per device) or None")
-        if module_depth < 1:
-            raise ValueError(f"FlopsLogger(module_depth={module_depth}) must be >= 1")
         self.log_every_n_steps = log_every_n_steps
         self.peak = peak
         self.peak_flops = peak_flops
@@ -176,8 +170,7 @@ class FlopsLogger(MeasuringCallback):
                                     forward_by_module=dict(table["forward_by_module"]))
 
     # -- set-up ---------------------------------------------------------------------------------------
-    @guarded
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._reset_run()
         with timeline_for(trainer).instrument("peak_measure"):
             self.peak_used = self._resolve_peak(trainer)

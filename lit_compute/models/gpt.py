@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 from torch.nn import functional as F
+
+from lit_compute._validate import Check, validated
 
 
 class _Block(nn.Module):
@@ -76,21 +78,22 @@ class GPT(LightningModule):
         torch.Size([2, 16, 256])
     """
 
+    @validated
     def __init__(
         self,
-        vocab_size: int = 256,
-        block_size: int = 256,
-        n_layer: int = 4,
-        n_head: int = 4,
-        n_embd: int = 128,
-        dropout: float = 0.0,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        warmup_steps: int = 20,
+        vocab_size: Annotated[int, Check(ge=2)] = 256,
+        block_size: Annotated[int, Check(ge=2)] = 256,
+        n_layer: Annotated[int, Check(ge=1)] = 4,
+        n_head: Annotated[int, Check(ge=1)] = 4,
+        n_embd: Annotated[int, Check(ge=1)] = 128,
+        dropout: Annotated[float, Check(ge=0.0, lt=1.0)] = 0.0,
+        lr: Annotated[float, Check(gt=0)] = 1e-3,
+        weight_decay: Annotated[float, Check(ge=0)] = 0.1,
+        warmup_steps: Annotated[int, Check(ge=0)] = 20,
         compile: bool = False,
     ) -> None:
         super().__init__()
-        if n_head < 1 or n_embd % n_head:
+        if n_embd % n_head:
             raise ValueError(f"GPT(n_head={n_head}) must divide n_embd={n_embd}")
         self.save_hyperparameters()
         self.tok_emb = nn.Embedding(vocab_size, n_embd)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torchvision
 from lightning.pytorch import LightningModule
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
+
+from lit_compute._validate import Check, validated
 
 
 def classification_models() -> list[str]:
@@ -48,15 +50,16 @@ class ImageClassifier(LightningModule):
         torch.Size([2, 10])
     """
 
+    @validated
     def __init__(
         self,
         arch: str = "resnet18",
-        num_classes: int = 10,
-        lr: float = 1e-3,
-        weight_decay: float = 1e-4,
+        num_classes: Annotated[int, Check(ge=2)] = 10,
+        lr: Annotated[float, Check(gt=0)] = 1e-3,
+        weight_decay: Annotated[float, Check(ge=0)] = 1e-4,
         optimizer: Literal["adamw", "sgd"] = "adamw",
         scheduler: Literal["none", "cosine"] = "none",
-        label_smoothing: float = 0.0,
+        label_smoothing: Annotated[float, Check(ge=0.0, lt=1.0)] = 0.0,
         channels_last: bool = False,
         compile: bool = False,
         model_kwargs: dict[str, Any] | None = None,
@@ -69,12 +72,6 @@ class ImageClassifier(LightningModule):
                 f"ImageClassifier(arch={arch!r}) is not a torchvision classification model; valid names include "
                 f"{few} ({len(valid)} in all: torchvision.models.list_models(module=torchvision.models))"
             )
-        if num_classes < 2:
-            raise ValueError(f"ImageClassifier(num_classes={num_classes}) must be >= 2")
-        if lr <= 0:
-            raise ValueError(f"ImageClassifier(lr={lr}) must be > 0")
-        if weight_decay < 0:
-            raise ValueError(f"ImageClassifier(weight_decay={weight_decay}) must be >= 0")
         self.save_hyperparameters()
         kwargs = dict(model_kwargs or {})
         if arch in ("inception_v3", "googlenet"):

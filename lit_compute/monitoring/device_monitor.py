@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import psutil
 import torch
 
 from lit_compute._utils import MeasuringCallback
+from lit_compute._validate import Check, validated
 from lit_compute.timeline import LogEvent, StepRecord
 
 if TYPE_CHECKING:
@@ -92,10 +93,10 @@ class DeviceMonitor(MeasuringCallback):
         >>> trainer = pl.Trainer(callbacks=[DeviceMonitor(gpu=False)], max_steps=1, accelerator="cpu")
     """
 
-    def __init__(self, log_every_n_steps: int | None = None, gpu: bool = True, cpu: bool = True) -> None:
+    @validated
+    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None, gpu: bool = True,
+                 cpu: bool = True) -> None:
         super().__init__()
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"DeviceMonitor(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
         if not (gpu or cpu):
             raise ValueError("DeviceMonitor(gpu=False, cpu=False) would log nothing; turn at least one on")
         self.log_every_n_steps = log_every_n_steps

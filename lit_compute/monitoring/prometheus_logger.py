@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
+import os
 import re
+import socket
 import time
 from argparse import Namespace
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.loggers import Logger
+
+from lit_compute._validate import Check, validated
+
+_RESERVED = ("step", "up", "scrape_duration_seconds")
 
 
 def prometheus_name(key: str, prefix: str = "lit_compute") -> str:
@@ -22,56 +31,79 @@ def prometheus_name(key: str, prefix: str = "lit_compute") -> str:
     return full
 
 
+def _digest(key: str) -> str:
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()[:6]
+
+
 class PrometheusLogger(Logger):
     """A Lightning logger that exposes every logged metric as a Prometheus gauge.
 
     Combine it with TensorBoard: ``Trainer(logger=[TensorBoardLogger("."), PrometheusLogger()])``. Every metric
     logged through Lightning (lit_compute's and the model's own ``self.log``) becomes a gauge named
-    ``<prefix>_<key>`` (sanitised to Prometheus rules: ``train/loss`` -> ``lit_compute_train_loss``) with
-    labels ``run`` and ``rank``; ``<prefix>_step`` holds the step of the latest values.
+    ``<prefix>_<key>`` (sanitised to Prometheus rules: ``train/loss`` -> ``lit_compute_train_loss``) with labels
+    ``run`` and ``rank``; ``<prefix>_step`` holds the step of the latest values. Two keys that sanitise to the same
+    name (``train-loss`` and ``train/loss``), a key that sanitises to a reserved name (``step``) or to nothing
+    (non-ASCII tags) get a deterministic suffix from the key's hash (``lit_compute_train_loss_3fa4c1``), with one
+    warning naming both.
 
-    The endpoint is ``http://<host>:<port>/metrics``. It binds to ``127.0.0.1`` by default; it listens on all
-    interfaces only when you ask for it with ``host="0.0.0.0"`` (then anyone who can reach the machine can
-    read your metrics). It starts when the trainer first talks to its loggers (fit start) and keeps serving
-    after fit (so the last values can be scraped) until :meth:`close` or the process ends.
+    The endpoint is ``http://<host>:<port>/metrics``, bound to ``127.0.0.1`` unless you ask for all interfaces
+    with ``host="0.0.0.0"``. It starts when the trainer first talks to its loggers (fit start) and stops when
+    the run ends (``finalize``) unless ``keep_serving=True``. When the port is taken (another exporter, a second
+    demo) ``on_port_in_use="next_free"`` (the default) serves on the next free port above it and says which;
+    ``"error"`` raises. Under DDP, ``ranks="all"`` serves every rank's metrics (rank r from ``port + r`` up);
+    ``ranks="zero"`` rank 0 only. With ``file_sd_dir`` each serving rank writes a Prometheus ``file_sd`` target
+    file there (``<run>_rank<r>.json``, removed when serving stops), so a Prometheus server with
+    ``file_sd_configs: [{files: ["<dir>/*.json"]}]`` finds every endpoint, with the ``run`` and ``rank`` labels.
 
-    Under DDP, ``ranks="all"`` serves every rank's metrics, rank r on ``port + r``; ``ranks="zero"`` serves
-    rank 0 only.
+    When the trainer also has a TensorBoard logger, the default ``run`` label and the ``version`` (what the
+    progress bar shows as ``v_num``) follow it: ``lightning_logs/version_3`` and ``3``.
 
     Args:
         port: TCP port (rank r uses ``port + r``); 0 picks a free port (see :attr:`port_in_use`).
-        host: Address to bind. ``"127.0.0.1"`` (default) or ``"0.0.0.0"`` for all interfaces.
+        host: Address to bind: ``"127.0.0.1"`` (default) or ``"0.0.0.0"`` for all interfaces.
         prefix: Metric-name prefix.
-        run_name: The ``run`` label (default: ``run-<start time>``).
+        run_name: The ``run`` label (default: the TensorBoard run, else ``run-<start time>``).
         ranks: ``"all"`` or ``"zero"``.
+        keep_serving: Keep the endpoint up after the run ends (until :meth:`close` or the process ends).
+        on_port_in_use: ``"next_free"`` or ``"error"``.
+        file_sd_dir: Folder for Prometheus ``file_sd`` target files (None: none written).
 
     Raises:
-        OSError: at fit start, when the port is already in use (the message names it).
+        OSError: at fit start, when the address cannot be served (the message names host, port and the fix).
 
     Example:
         >>> logger = PrometheusLogger(port=0)
     """
 
+    @validated
     def __init__(
         self,
-        port: int = 9464,
+        port: Annotated[int, Check(ge=0, le=65535, hint="0 picks a free port")] = 9464,
         host: str = "127.0.0.1",
-        prefix: str = "lit_compute",
+        prefix: Annotated[str, Check(hint="letters, digits and underscores, not starting with a digit")] = "lit_compute",
         run_name: str | None = None,
         ranks: Literal["all", "zero"] = "all",
+        keep_serving: bool = False,
+        on_port_in_use: Literal["next_free", "error"] = "next_free",
+        file_sd_dir: str | None = None,
     ) -> None:
         super().__init__()
-        if not 0 <= port <= 65535:
-            raise ValueError(f"PrometheusLogger(port={port}) must be in 0..65535 (0 picks a free port)")
-        if ranks not in ("all", "zero"):
-            raise ValueError(f"PrometheusLogger(ranks={ranks!r}) must be 'all' or 'zero'")
         if prefix and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", prefix):
             raise ValueError(f"PrometheusLogger(prefix={prefix!r}) must match [a-zA-Z_][a-zA-Z0-9_]*")
+        if not host:
+            raise ValueError("PrometheusLogger(host='') must be an address such as '127.0.0.1' or '0.0.0.0'")
         self.base_port = port
         self.host = host
         self.prefix = prefix
+        self._run_given = run_name is not None
         self.run_name = run_name or time.strftime("run-%Y%m%d-%H%M%S")
         self.ranks = ranks
+        self.keep_serving = keep_serving
+        self.on_port_in_use = on_port_in_use
+        self.file_sd_dir = file_sd_dir
+        self._version: Any = None
+        self._names: dict[str, str] = {}  # metric key -> series name
+        self._owners: dict[str, str] = {prometheus_name(r, prefix): f"<reserved {r}>" for r in _RESERVED}
         self._state: dict[str, Any] | None = None  # registry, gauges, server: never pickled
 
     # -- Logger API -----------------------------------------------------------------------------------
@@ -80,8 +112,8 @@ class PrometheusLogger(Logger):
         return "prometheus"
 
     @property
-    def version(self) -> str:
-        return self.run_name
+    def version(self) -> Any:
+        return self._version if self._version is not None else self.run_name
 
     @property
     def rank(self) -> int:
@@ -92,34 +124,85 @@ class PrometheusLogger(Logger):
         """The port actually served on (after start), None before."""
         return self._state["port"] if self._state else None
 
+    def follow(self, run: str, version: Any) -> None:
+        """Take another logger's run (``lightning_logs/version_3``) as the default ``run`` label, and its version."""
+        if self._state is None and not self._run_given:
+            self.run_name = run
+        self._version = version
+
     def _active(self) -> bool:
         return self.ranks == "all" or self.rank == 0
 
     def start(self) -> None:
-        """Start the HTTP endpoint now (idempotent). Raises ``OSError`` naming the port when it is taken."""
+        """Start the HTTP endpoint now (idempotent). Raises ``OSError`` naming host, port and the fix."""
         if self._state is not None or not self._active():
             return
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         registry = CollectorRegistry()
-        port = self.base_port + self.rank if self.base_port else 0
-        try:
-            result = start_http_server(port, addr=self.host, registry=registry)
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise OSError(
-                    err.errno,
-                    f"PrometheusLogger(port={self.base_port}): port {port} on {self.host} is already in use "
-                    f"(rank {self.rank} serves on port + rank). Pass another port, or port=0 for a free one.",
-                ) from err
-            raise
+        wanted = self.base_port + self.rank if self.base_port else 0
+        result, port = None, wanted
+        for attempt in range(100 if self.on_port_in_use == "next_free" and wanted else 1):
+            port = wanted + attempt
+            try:
+                result = start_http_server(port, addr=self.host, registry=registry)
+                break
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE and attempt < 99 and self.on_port_in_use == "next_free" and wanted:
+                    continue
+                raise OSError(err.errno, self._bind_error(port, err)) from err
         server = result[0] if isinstance(result, tuple) else None
         actual = server.server_address[1] if server is not None else port
+        if wanted and actual != wanted:
+            rank_zero_warn(f"PrometheusLogger: port {wanted} on {self.host} is in use; serving on port {actual} instead "
+                           "(on_port_in_use='error' refuses).", category=UserWarning)
         step = Gauge(prometheus_name("step", self.prefix), "Trainer step of the latest values", ["run", "rank"],
                      registry=registry)
         self._state = {"registry": registry, "gauges": {}, "server": server, "port": actual, "step": step,
-                       "Gauge": Gauge}
+                       "Gauge": Gauge, "target": self._write_target(actual)}
         rank_zero_info(f"PrometheusLogger: serving http://{self.host}:{actual}/metrics (rank {self.rank})")
+
+    def _bind_error(self, port: int, err: OSError) -> str:
+        where = f"PrometheusLogger(host={self.host!r}, port={self.base_port}): cannot serve on {self.host}:{port}"
+        if err.errno == errno.EADDRINUSE:
+            return (f"{where}: the port is already in use (rank {self.rank} serves on port + rank). Pass another port, "
+                    "port=0 for a free one, or on_port_in_use='next_free'.")
+        if isinstance(err, socket.gaierror):
+            return f"{where}: {self.host!r} is not a known address ({err}). Use '127.0.0.1' or '0.0.0.0'."
+        if err.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM):
+            return (f"{where}: {os.strerror(err.errno)}. Use an address of this machine ('127.0.0.1', or '0.0.0.0' "
+                    "for all interfaces) and a port above 1023.")
+        return f"{where}: {err}. Check host and port."
+
+    def _write_target(self, port: int) -> str | None:
+        if not self.file_sd_dir:
+            return None
+        folder = Path(self.file_sd_dir).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.run_name)}_rank{self.rank}.json"
+        target = [{"targets": [f"{host}:{port}"], "labels": {"run": self.run_name, "rank": str(self.rank)}}]
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(target, indent=2))
+        os.replace(tmp, path)  # Prometheus never reads a half-written file
+        return str(path)
+
+    def series_name(self, key: str) -> str:
+        """The series name of a metric key (stable for the logger's life; collisions get a hash suffix)."""
+        name = self._names.get(key)
+        if name is not None:
+            return name
+        name = prometheus_name(key, self.prefix)
+        owner = self._owners.get(name)
+        if owner is not None or name == f"{self.prefix}_" or not name.strip("_"):
+            unique = f"{name.rstrip('_')}_{_digest(key)}"
+            rank_zero_warn(f"PrometheusLogger: metric {key!r} would be series {name!r}"
+                           + (f", which {owner!r} already is" if owner else "")
+                           + f"; it is served as {unique!r}.", category=UserWarning)
+            name = unique
+        self._names[key] = name
+        self._owners[name] = key
+        return name
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         self.start()
@@ -134,7 +217,7 @@ class PrometheusLogger(Logger):
         labels = {"run": self.run_name, "rank": str(self.rank)}
         gauges = self._state["gauges"]
         for key, value in metrics.items():
-            name = prometheus_name(key, self.prefix)
+            name = self.series_name(key)
             gauge = gauges.get(name)
             if gauge is None:
                 gauge = self._state["Gauge"](name, f"lit_compute metric {key}", ["run", "rank"],
@@ -148,14 +231,19 @@ class PrometheusLogger(Logger):
         pass
 
     def finalize(self, status: str) -> None:
-        pass  # keep serving: the last values stay scrapeable after fit
+        if not self.keep_serving:
+            self.close()
 
     def close(self) -> None:
-        """Stop the HTTP endpoint."""
-        if self._state and self._state.get("server") is not None:
-            self._state["server"].shutdown()
-            self._state["server"].server_close()
-        self._state = None
+        """Stop the HTTP endpoint (and remove the file_sd target file)."""
+        state, self._state = self._state, None
+        if not state:
+            return
+        if state.get("server") is not None:
+            state["server"].shutdown()
+            state["server"].server_close()
+        if state.get("target"):
+            Path(state["target"]).unlink(missing_ok=True)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from lit_compute._utils import MeasuringCallback, available_cpu_cores, log_text
+from lit_compute._validate import Check, validated
 from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
 if TYPE_CHECKING:
@@ -60,14 +61,11 @@ class StepTimeMonitor(MeasuringCallback):
         >>> trainer = pl.Trainer(callbacks=[StepTimeMonitor(window=20)], max_steps=1, accelerator="cpu")
     """
 
-    def __init__(self, log_every_n_steps: int | None = None, window: int = 50, stall_fraction: float = 0.2) -> None:
+    @validated
+    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
+                 window: Annotated[int, Check(ge=2)] = 50,
+                 stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2) -> None:
         super().__init__()
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"StepTimeMonitor(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
-        if window < 2:
-            raise ValueError(f"StepTimeMonitor(window={window}) must be >= 2")
-        if not 0.0 < stall_fraction < 1.0:
-            raise ValueError(f"StepTimeMonitor(stall_fraction={stall_fraction}) must be in (0, 1)")
         self.log_every_n_steps = log_every_n_steps
         self.window = window
         self.stall_fraction = stall_fraction

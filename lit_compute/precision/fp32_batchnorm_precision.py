@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from lit_compute._validate import Check, validated
 
 _REFUSED_16_TRUE = (
     "is refused: with float16 parameters the gradients are float16 too; small ones underflow to zero and a "
@@ -17,6 +19,12 @@ _REFUSED_16_TRUE = (
     "float32 weights, dynamic loss scaling) or 'bf16-true'"
 )
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USE_HALF = ("is a HalfPrecision, not a MixedPrecision: use FP32BatchNormHalfPrecision('bf16-true') (or "
+             "lit_compute.fp32_norm_precision('bf16-true'))")
+_REFUSED = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (("bf16-true", _USE_HALF),)
+_REFUSED_HALF = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (
+    ("16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('16-mixed')"),
+    ("bf16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('bf16-mixed')"))
 
 
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
@@ -131,32 +139,22 @@ class FP32BatchNormPrecision(MixedPrecision):
         >>> trainer = pl.Trainer(plugins=[FP32BatchNormPrecision("bf16-mixed")], accelerator="cpu", max_steps=1)
     """
 
+    @validated
     def __init__(
         self,
-        precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
+        precision: Annotated[str, Check(choices=("16-mixed", "bf16-mixed"), refuse=_REFUSED)] = "bf16-mixed",
         device: str | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
         fp32_norms: list[str] | None = None,
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
+        init_scale: Annotated[float, Check(gt=0)] = 2.0**16,
+        growth_factor: Annotated[float, Check(gt=1.0)] = 2.0,
+        backoff_factor: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.5,
+        growth_interval: Annotated[int, Check(ge=1)] = 2000,
     ) -> None:
         name = type(self).__name__
-        if precision in ("16-true", "16", 16, "half"):
-            raise ValueError(f"{name}(precision={precision!r}) {_REFUSED_16_TRUE}.")
-        if precision == "bf16-true":
-            raise ValueError(f"{name}(precision='bf16-true'): bf16-true is a HalfPrecision, not a MixedPrecision; use "
-                             "FP32BatchNormHalfPrecision('bf16-true') (or lit_compute.fp32_norm_precision('bf16-true'))")
-        if precision not in ("16-mixed", "bf16-mixed"):
-            raise ValueError(f"{name}(precision={precision!r}) must be '16-mixed' or 'bf16-mixed' "
-                             "(FP32BatchNormHalfPrecision takes 'bf16-true')")
-        if device is not None and not isinstance(device, str):
-            raise ValueError(f"{name}(device={device!r}) must be a device type such as 'cuda' or 'cpu', or None")
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError(f"{name}(precision='bf16-mixed', scaler=...): bf16 needs no loss scaling; drop the scaler")
-        _check_scaler_settings(name, init_scale, growth_factor, backoff_factor, growth_interval)
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
         self.init_scale = float(init_scale)
         self.growth_factor = float(growth_factor)
@@ -229,13 +227,10 @@ class FP32BatchNormHalfPrecision(HalfPrecision):
         >>> trainer = pl.Trainer(plugins=[FP32BatchNormHalfPrecision()], accelerator="cpu", max_steps=1)
     """
 
-    def __init__(self, precision: Literal["bf16-true"] = "bf16-true", *, fp32_norms: list[str] | None = None) -> None:
+    @validated
+    def __init__(self, precision: Annotated[str, Check(choices=("bf16-true",), refuse=_REFUSED_HALF)] = "bf16-true",
+                 *, fp32_norms: list[str] | None = None) -> None:
         name = type(self).__name__
-        if precision in ("16-true", "16", 16, "half"):
-            raise ValueError(f"{name}(precision={precision!r}) {_REFUSED_16_TRUE}.")
-        if precision != "bf16-true":
-            raise ValueError(f"{name}(precision={precision!r}) must be 'bf16-true' (FP32BatchNormPrecision takes "
-                             "'16-mixed' and 'bf16-mixed')")
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
         super().__init__(precision)
 
@@ -249,22 +244,3 @@ def fp32_norm_precision(precision: str, **kwargs: Any) -> FP32BatchNormPrecision
     if precision == "bf16-true":
         return FP32BatchNormHalfPrecision(precision, **kwargs)
     return FP32BatchNormPrecision(precision, **kwargs)  # type: ignore[arg-type]
-
-
-def _check_scaler_settings(name: str, init_scale: Any, growth_factor: Any, backoff_factor: Any,
-                           growth_interval: Any) -> None:
-    import math
-
-    def number(arg: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name}({arg}={value!r}) must be a finite number")
-        return float(value)
-
-    if number("init_scale", init_scale) <= 0:
-        raise ValueError(f"{name}(init_scale={init_scale}) must be > 0")
-    if number("growth_factor", growth_factor) <= 1.0:
-        raise ValueError(f"{name}(growth_factor={growth_factor}) must be > 1")
-    if not 0.0 < number("backoff_factor", backoff_factor) < 1.0:
-        raise ValueError(f"{name}(backoff_factor={backoff_factor}) must be in (0, 1)")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"{name}(growth_interval={growth_interval!r}) must be an integer >= 1")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 
 from lit_compute._compat import grad_scaler_scale_tensor
 from lit_compute._utils import MeasuringCallback
+from lit_compute._validate import Check, validated
 from lit_compute.timeline import LogEvent, StepRecord
 
 if TYPE_CHECKING:
@@ -39,10 +40,9 @@ class LossScaleMonitor(MeasuringCallback):
         >>> trainer = pl.Trainer(callbacks=[LossScaleMonitor()], precision="16-mixed", accelerator="cpu", max_steps=1)
     """
 
-    def __init__(self, log_every_n_steps: int | None = None) -> None:
+    @validated
+    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None) -> None:
         super().__init__()
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"LossScaleMonitor(log_every_n_steps={log_every_n_steps}) must be >= 1 or None")
         self.log_every_n_steps = log_every_n_steps
         self.skipped_steps = 0
         self.optimizer_steps = 0

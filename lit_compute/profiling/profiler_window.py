@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from lit_compute import _compat
-from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table
+from lit_compute._utils import MeasuringCallback, log_scalars, log_text, markdown_table
+from lit_compute._validate import Check, validated
 from lit_compute.profiling.trace_summary import WindowSummary, summarize_trace
 from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
@@ -83,40 +84,26 @@ class ProfilerWindow(MeasuringCallback):
         >>> trainer = pl.Trainer(callbacks=[ProfilerWindow(start_step=5, active=3)], accelerator="cpu", max_steps=10)
     """
 
+    @validated
     def __init__(
         self,
-        start_step: int = 10,
-        warmup: int = 2,
-        active: int = 5,
-        every_n_steps: int | None = None,
-        max_windows: int = 1,
-        on_slow_step: float | None = None,
+        start_step: Annotated[int, Check(ge=0)] = 10,
+        warmup: Annotated[int, Check(ge=0)] = 2,
+        active: Annotated[int, Check(ge=1)] = 5,
+        every_n_steps: Annotated[int | None, Check(ge=1)] = None,
+        max_windows: Annotated[int, Check(ge=1)] = 1,
+        on_slow_step: Annotated[float | None, Check(gt=1.0, hint="a multiple of the median step time")] = None,
         record_shapes: bool = True,
         profile_memory: bool = True,
         with_stack: bool = False,
         with_flops: bool = False,
-        sort_by: str | None = None,
-        row_limit: int = 20,
+        sort_by: Annotated[str | None, Check(choices=SORT_KEYS, hint="a key_averages column")] = None,
+        row_limit: Annotated[int, Check(ge=1)] = 20,
     ) -> None:
         super().__init__()
-        name = type(self).__name__
-        if active < 1:
-            raise ValueError(f"{name}(active={active}) must be >= 1")
-        for arg, value in (("start_step", start_step), ("warmup", warmup)):
-            if value < 0:
-                raise ValueError(f"{name}({arg}={value}) must be >= 0")
         if every_n_steps is not None and every_n_steps < warmup + active:
-            raise ValueError(
-                f"{name}(every_n_steps={every_n_steps}) must be >= warmup + active ({warmup + active}) so windows do not overlap"
-            )
-        if max_windows < 1:
-            raise ValueError(f"{name}(max_windows={max_windows}) must be >= 1")
-        if on_slow_step is not None and on_slow_step <= 1.0:
-            raise ValueError(f"{name}(on_slow_step={on_slow_step}) must be > 1 (a multiple of the median step time)")
-        if sort_by is not None and sort_by not in SORT_KEYS:
-            raise ValueError(f"{name}(sort_by={sort_by!r}) is not a key_averages column; use one of {', '.join(SORT_KEYS)}")
-        if row_limit < 1:
-            raise ValueError(f"{name}(row_limit={row_limit}) must be >= 1")
+            raise ValueError(f"ProfilerWindow(every_n_steps={every_n_steps}) must be >= warmup + active "
+                             f"({warmup + active}) so windows do not overlap")
         self.start_step = start_step
         self.warmup = warmup
         self.active = active
@@ -168,8 +155,7 @@ class ProfilerWindow(MeasuringCallback):
             return first, max(first, step), first + self.active - 1
         return None
 
-    @guarded
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if isinstance(trainer.profiler, PyTorchProfiler):
             self._disable(
                 "Trainer(profiler='pytorch') already runs torch.profiler and two profilers cannot run at once; "
