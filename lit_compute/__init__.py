@@ -1,38 +1,56 @@
-"""lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible."""
+"""lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible.
 
-from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule, make_synthetic_image_folder
-from lit_compute.distributed import CommBenchmark, NCCLSettings, TunedDDPStrategy
-from lit_compute.flops import FlopsLogger, count_flops, peak_flops
-from lit_compute.models import ImageClassifier
-from lit_compute.monitoring import DeviceMonitor, PrometheusLogger, StepTimeMonitor
-from lit_compute.precision import (
-    FP32BatchNormHalfPrecision,
-    FP32BatchNormPrecision,
-    LossScaleMonitor,
-    fp32_norm_precision,
-)
-from lit_compute.profiling import ProfilerWindow, profile_model
+Components are imported on first use (``import lit_compute`` itself loads neither torch nor Lightning, so
+``lit-compute --help`` answers at once); ``from lit_compute import FlopsLogger`` works as usual. Importing
+``lit_compute.distributed`` (or ``TunedDDPStrategy`` from here) registers the ``ddp_tuned*`` strategy names.
+"""
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-__all__ = [
-    "CommBenchmark",
-    "NCCLSettings",
-    "TunedDDPStrategy",
-    "DALIImageDataModule",
-    "ProfilerWindow",
-    "profile_model",
-    "FP32BatchNormHalfPrecision",
-    "FP32BatchNormPrecision",
-    "fp32_norm_precision",
-    "LossScaleMonitor",
-    "DeviceMonitor",
-    "PrometheusLogger",
-    "StepTimeMonitor",
-    "FlopsLogger",
-    "count_flops",
-    "peak_flops",
-    "ImageClassifier",
-    "TorchvisionImageDataModule",
-    "make_synthetic_image_folder",
-]
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_WHERE = {
+    "CommBenchmark": "lit_compute.distributed",
+    "NCCLSettings": "lit_compute.distributed",
+    "TunedDDPStrategy": "lit_compute.distributed",
+    "DALIImageDataModule": "lit_compute.data",
+    "TokenDataModule": "lit_compute.data",
+    "TorchvisionImageDataModule": "lit_compute.data",
+    "make_synthetic_image_folder": "lit_compute.data",
+    "ProfilerWindow": "lit_compute.profiling",
+    "profile_model": "lit_compute.profiling",
+    "FP32BatchNormHalfPrecision": "lit_compute.precision",
+    "FP32BatchNormPrecision": "lit_compute.precision",
+    "fp32_norm_precision": "lit_compute.precision",
+    "LossScaleMonitor": "lit_compute.precision",
+    "DeviceMonitor": "lit_compute.monitoring",
+    "PrometheusLogger": "lit_compute.monitoring",
+    "StepTimeMonitor": "lit_compute.monitoring",
+    "FlopsLogger": "lit_compute.flops",
+    "SafeFlopCounterMode": "lit_compute.flops",
+    "count_flops": "lit_compute.flops",
+    "peak_flops": "lit_compute.flops",
+    "GPT": "lit_compute.models",
+    "ImageClassifier": "lit_compute.models",
+    "TokenSpec": "lit_compute._batch",
+    "Timeline": "lit_compute.timeline",
+    "timeline_for": "lit_compute.timeline",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lit_compute' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

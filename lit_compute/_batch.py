@@ -85,12 +85,40 @@ def batch_size(batch: Any) -> int | None:
 
 @dataclass(frozen=True)
 class TokenSpec:
-    """Where a batch's tokens are: ``key`` holds token ids (``(B, L)``), ``mask_key`` a padding mask (1 = real
-    token), or ``pad_id`` marks padding inside the ids. Auto-detection: ``input_ids`` / ``attention_mask``."""
+    """Where a batch's tokens are, for lit_compute's token metrics (``time/tokens_per_sec``,
+    ``compute/padding_fraction``).
+
+    Args:
+        key: The batch entry (mapping key or attribute) holding token ids ``(B, T)``.
+        mask_key: The entry holding the padding mask (1 = real token, 0 = padding), or None.
+        pad_id: The padding token id, used where the batch has no mask (None: no padding).
+
+    The default finds Hugging Face style batches (``input_ids``/``attention_mask``); a datamodule with a
+    ``pad_token_id`` attribute (:class:`~lit_compute.data.TokenDataModule`) supplies ``pad_id``.
+    """
 
     key: str = "input_ids"
     mask_key: str | None = "attention_mask"
     pad_id: int | None = None
+
+    def __post_init__(self) -> None:
+        from lit_compute._validate import check_dataclass
+
+        check_dataclass(self)
+
+
+def use_token_spec(owner: Any, trainer: Any, spec: TokenSpec | None) -> None:
+    """Install a callback's ``tokens=`` on the trainer's timeline (one spec per trainer; a different second one warns)."""
+    if spec is None:
+        return
+    from lit_compute.timeline import timeline_for
+
+    timeline = timeline_for(trainer)
+    if timeline.token_spec is not None and timeline.token_spec != spec:
+        owner._warn_once("tokens", f"{type(owner).__name__}(tokens={spec}) differs from {timeline.token_spec}, which "
+                         "another lit_compute callback set; the first one is used.")
+        return
+    timeline.token_spec = spec
 
 
 def _field(batch: Any, key: str) -> Any:

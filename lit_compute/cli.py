@@ -2,7 +2,8 @@
 
 ``lit-compute fit --config configs/quickstart.yaml`` is LightningCLI over :class:`ImageClassifier` and
 :class:`TorchvisionImageDataModule` as defaults, in subclass mode: any LightningModule or
-LightningDataModule class path works from YAML (``model.class_path`` / ``data.class_path``).
+LightningDataModule class path works from YAML (``model.class_path`` / ``data.class_path``). ``--help`` and
+``--version`` answer without importing torch.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
-
+LIGHTNING_COMMANDS = {
+    "fit": "train a model: lit-compute fit --config configs/quickstart.yaml",
+    "validate": "run one validation epoch",
+    "test": "run one test epoch",
+    "predict": "run prediction",
+}
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
@@ -21,60 +26,52 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class LitComputeCLI(LightningCLI):
-    """LightningCLI with lit_compute's defaults (ImageClassifier on TorchvisionImageDataModule)."""
+def _overview() -> str:
+    from lit_compute import __version__
 
-    def __init__(self, args: Sequence[str] | None = None, run: bool = True, **kwargs) -> None:
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("auto_configure_optimizers", False)
-        super().__init__(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=args,
-            run=run,
-            **kwargs,
-        )
-
-    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
-        parser.set_defaults(
-            {
-                "model": {"class_path": "lit_compute.models.ImageClassifier"},
-                "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule"},
-            }
-        )
-
-
-def _print_overview() -> None:
     lines = [
-        "usage: lit-compute {fit,validate,test,predict," + ",".join(EXTRA_COMMANDS) + "} ...",
+        "usage: lit-compute {" + ",".join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS]) + "} ... | --version",
         "",
-        "Lightning training with the compute cost made visible (lit_compute).",
+        f"Lightning training with the compute cost made visible (lit_compute {__version__}).",
         "",
         "LightningCLI subcommands (see `lit-compute fit --help`):",
-        "  fit         train a model: lit-compute fit --config configs/quickstart.yaml",
-        "  validate    run one validation epoch",
-        "  test        run one test epoch",
-        "  predict     run prediction",
     ]
-    if EXTRA_COMMANDS:
-        lines += ["", "lit_compute subcommands:"]
-        lines += [f"  {name:<11} {summary}" for name, (_, summary) in EXTRA_COMMANDS.items()]
-    sys.stdout.write("\n".join(lines) + "\n")
+    lines += [f"  {name:<11} {summary}" for name, summary in LIGHTNING_COMMANDS.items()]
+    lines += ["", "lit_compute subcommands:"]
+    lines += [f"  {name:<11} {summary}" for name, (_, summary) in EXTRA_COMMANDS.items()]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lit-compute`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        _print_overview()
+        sys.stdout.write(_overview())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from lit_compute import __version__
+
+        sys.stdout.write(f"lit-compute {__version__}\n")
         return 0
     if args[0] in EXTRA_COMMANDS:
         module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])
         return int(module.main(args[1:]) or 0)
-    LitComputeCLI(args=args)
+    if args[0] not in LIGHTNING_COMMANDS and not args[0].startswith("-"):
+        sys.stderr.write(_overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
+                         f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
+        return 2
+    from lit_compute._lightning_cli import run
+
+    run(None if argv is None else args)
     return 0
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LitComputeCLI":
+        from lit_compute._lightning_cli import LitComputeCLI
+
+        return LitComputeCLI
+    raise AttributeError(f"module 'lit_compute.cli' has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

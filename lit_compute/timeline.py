@@ -249,6 +249,12 @@ class Timeline:
             return
         self.device = trainer.strategy.root_device
         self._reset_loop()
+        if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
+            pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
+            if isinstance(pad, int):
+                from lit_compute._batch import TokenSpec
+
+                self.token_spec = TokenSpec(pad_id=pad)
 
     def epoch_start(self) -> None:
         """A new epoch: the first batch's wait includes the loader's start, so its step is tainted."""

@@ -63,3 +63,44 @@ def test_any_lightning_module_class_path_works(tmp_path, monkeypatch):
         run=False,
     )
     assert type(cli.model).__name__ == "BoringModel"
+
+
+def test_gpt_demo_trains_a_few_steps_with_token_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = LitComputeCLI(
+        args=[
+            "fit", "--config", str(ROOT / "configs" / "gpt.yaml"),
+            "--trainer.max_steps=6", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2",
+            "--trainer.log_every_n_steps=2",
+            "--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
+            "--model.init_args.block_size=64", "--model.init_args.n_layer=1",
+        ]
+    )
+    for logger in cli.trainer.loggers:
+        if hasattr(logger, "close"):
+            logger.close()
+    acc = read_events(sorted(tmp_path.glob("lightning_logs/version_*"))[-1])
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "time/tokens_per_sec", "compute/padding_fraction", "compute/flops_per_step",
+            "compute/hardware_flops_per_step"} <= tags
+
+
+def test_a_refused_argument_in_yaml_is_one_line_with_our_reason(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "bad.yaml"
+    config.write_text("trainer:\n  plugins:\n    - class_path: lit_compute.FP32BatchNormPrecision\n"
+                      "      init_args:\n        precision: 16-true\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "lit-compute: error: FP32BatchNormPrecision(precision='16-true') is refused" in err
+    assert "master weights" in err and "Traceback" not in err
+
+
+def test_version_and_unknown_commands(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("lit-compute ")
+    assert main(["fitt"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'fitt'" in err and "report" in err and "bench" in err

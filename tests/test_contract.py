@@ -32,7 +32,11 @@ TEST_ARGS: dict[str, dict] = {
     "ProfilerWindow": dict(start_step=0, warmup=0, active=1),
     "CommBenchmark": dict(max_mb=0.1, seconds=2),
     "DALIImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8),
+    "GPT": dict(block_size=32, n_layer=1, n_head=2, n_embd=16),
+    "TokenDataModule": dict(batch_size=4, seq_len=32, max_tokens=5000),
 }
+# Components that train on token batches: they pair with each other instead of the image model and data.
+TOKEN_PAIR = {"GPT": "TokenDataModule", "TokenDataModule": "GPT"}
 
 
 def _base(cls: type) -> type:
@@ -55,6 +59,11 @@ def _fit_twice(tmp_path: Path, name: str, obj) -> None:
     for i in range(2):
         kwargs: dict = {}
         model, data = tiny_model(), tiny_data()
+        if name in TOKEN_PAIR:
+            partner = TOKEN_PAIR[name]
+            model, data = (obj, None) if name == "GPT" else (None, obj)
+            other = getattr(lit_compute, partner)(**TEST_ARGS[partner])
+            model, data = model or other, data or other
         if base is Callback:
             kwargs["callbacks"] = [obj]
         elif base is LightningDataModule:

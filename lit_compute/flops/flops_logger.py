@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_compute import _batch
+from lit_compute._batch import TokenSpec
 from lit_compute._compat import eager_compiled_code
 from lit_compute._utils import MeasuringCallback, guarded, log_text, markdown_table
 from lit_compute._validate import Check, validated
@@ -89,6 +90,8 @@ class FlopsLogger(MeasuringCallback):
         - ``compute/val_flops_per_step``, ``compute/val_flops_per_sample``, ``compute/val_tflops_per_sec``,
           ``compute/val_mfu`` (and ``compute/test_*`` under ``trainer.test``): the same for evaluation (forward
           only), once per evaluation run.
+        - ``compute/padding_fraction``: token batches with padding (an ``attention_mask``, or a pad id): the share of
+          computed positions that were padding, over the steps since the last log.
         - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once.
         - text ``compute/flops_by_module`` (model FLOPs per module, TensorBoard only).
 
@@ -102,6 +105,8 @@ class FlopsLogger(MeasuringCallback):
         module_depth: Depth of the per-module table.
         count_validation: Also count and log validation and test FLOPs.
         predict_shapes: Predict the counts of new batch shapes from counted ones (see above).
+        tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect ``input_ids`` /
+            ``attention_mask``, or the datamodule's ``pad_token_id``).
 
     Example:
         >>> import lightning.pytorch as pl
@@ -119,8 +124,10 @@ class FlopsLogger(MeasuringCallback):
         module_depth: Annotated[int, Check(ge=1)] = 2,
         count_validation: bool = True,
         predict_shapes: bool = True,
+        tokens: TokenSpec | None = None,
     ) -> None:
         super().__init__()
+        self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
         self.peak = peak
         self.peak_flops = peak_flops
@@ -144,6 +151,7 @@ class FlopsLogger(MeasuringCallback):
         self._step = [0, 0, 0]  # model forward, model backward, hardware FLOPs of the step in progress
         self._step_known = True
         self._window: list[tuple[StepRecord, int, int]] = []
+        self._token_steps: list[StepRecord] = []  # every step's tokens since the last log (padding fraction)
         self._last: tuple[int, int, int | None] | None = None  # (model, hardware, samples) of the last step
         self._eval = {"flops": 0, "samples": 0, "batches": 0, "valid": True, "excluded": 0.0, "start": 0.0,
                       "instrument": 0.0}
@@ -171,6 +179,7 @@ class FlopsLogger(MeasuringCallback):
 
     # -- set-up ---------------------------------------------------------------------------------------
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        _batch.use_token_spec(self, trainer, self.tokens)
         self._reset_run()
         with timeline_for(trainer).instrument("peak_measure"):
             self.peak_used = self._resolve_peak(trainer)
@@ -299,12 +308,19 @@ class FlopsLogger(MeasuringCallback):
         self._last = (model, hardware, record.samples) if known else None
         if known and record.clean:
             self._window.append((record, model, hardware))
+        if record.tokens is not None and record.real_tokens is not None:
+            self._token_steps.append(record)
 
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
                   event: LogEvent) -> None:
         if not self._logs_at(trainer, "train", record.index):
             return
         window, self._window = self._window, []
+        token_steps, self._token_steps = self._token_steps, []
+        positions = sum(r.tokens or 0 for r in token_steps)
+        if positions:
+            real = sum(r.real_token_count() or 0 for r in token_steps)
+            event.log({"compute/padding_fraction": 1.0 - real / positions})
         seconds = sum(sum(r.device_times()) for r, _, _ in window)
         model = sum(m for _, m, _ in window)
         hardware = sum(h for _, _, h in window)

@@ -58,7 +58,7 @@ class GPT(LightningModule):
         - ``val/loss``, ``val/perplexity``: per validation epoch.
 
     Args:
-        vocab_size: Token ids are in ``[0, vocab_size)``.
+        vocab_size: Token ids are in ``[0, vocab_size)`` (258: TokenDataModule's bytes, end-of-document and padding).
         block_size: Longest sequence (position embeddings).
         n_layer: Transformer blocks.
         n_head: Attention heads (must divide ``n_embd``).
@@ -81,7 +81,7 @@ class GPT(LightningModule):
     @validated
     def __init__(
         self,
-        vocab_size: Annotated[int, Check(ge=2)] = 256,
+        vocab_size: Annotated[int, Check(ge=2)] = 258,
         block_size: Annotated[int, Check(ge=2)] = 256,
         n_layer: Annotated[int, Check(ge=1)] = 4,
         n_head: Annotated[int, Check(ge=1)] = 4,
@@ -111,6 +111,12 @@ class GPT(LightningModule):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    def setup(self, stage: str) -> None:
+        # An example batch of one sequence, so Lightning's model summary reports this model's real FLOPs
+        length = getattr(getattr(self._trainer, "datamodule", None), "seq_len", None) if self._trainer else None
+        if self.example_input_array is None and isinstance(length, int):
+            self.example_input_array = torch.zeros(1, min(length, self.hparams.block_size), dtype=torch.long)
 
     def configure_model(self) -> None:
         if self.hparams.compile and not all(hasattr(b, "_orig_mod") for b in self.blocks):

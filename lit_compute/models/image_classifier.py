@@ -83,6 +83,12 @@ class ImageClassifier(LightningModule):
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.val_acc = MulticlassAccuracy(num_classes=num_classes)
 
+    def setup(self, stage: str) -> None:
+        # An example image at the datamodule's size, so Lightning's model summary reports this model's real FLOPs
+        size = getattr(getattr(self._trainer, "datamodule", None), "image_size", None) if self._trainer else None
+        if self.example_input_array is None and isinstance(size, int):
+            self.example_input_array = torch.zeros(1, 3, size, size)
+
     def configure_model(self) -> None:
         if self.hparams.compile and not hasattr(self.net, "_orig_mod"):
             self.net = torch.compile(self.net)

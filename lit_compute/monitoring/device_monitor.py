@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import psutil
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_compute._utils import MeasuringCallback
 from lit_compute._validate import Check, validated
@@ -114,9 +115,8 @@ class DeviceMonitor(MeasuringCallback):
             self._gpu_reader = self._open_gpu(trainer.strategy.root_device)
 
     def _open_gpu(self, device: torch.device) -> _GpuReader | None:
-        if device.type != "cuda":
-            self._warn_once("no-gpu", f"DeviceMonitor: training on {device.type}, not an NVIDIA GPU; GPU metrics are "
-                            "off, CPU metrics are logged.")
+        if device.type != "cuda":  # expected on a CPU run: said as information, not as a warning
+            rank_zero_info(f"DeviceMonitor: training on {device.type}: CPU metrics only (no NVIDIA GPU to read).")
             return None
         try:
             return _GpuReader(device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Annotated, Any
 
+from lit_compute._batch import TokenSpec, use_token_spec
 from lit_compute._utils import MeasuringCallback, available_cpu_cores, log_text
 from lit_compute._validate import Check, validated
 from lit_compute.timeline import LogEvent, StepRecord, timeline_for
@@ -47,14 +48,20 @@ class StepTimeMonitor(MeasuringCallback):
         - ``time/step_ms_p50``, ``time/step_ms_p90``, ``time/step_ms_max``: over the last ``window`` steps.
         - ``time/data_wait_fraction``: wait / step time since the last log.
         - ``time/samples_per_sec``: samples / step time since the last log (this process).
+        - ``time/tokens_per_sec``: token batches only: non-padding tokens / step time since the last log (this
+          process); all positions when the batch carries no padding information.
         - ``time/instrument_ms``: lit_compute's own instrument time per step since the last log (excluded from
           every other figure; it shows what observing costs).
         - text ``time/advice``: the input-bound diagnosis, when it fires.
+
+    Token batches (a mapping or object with ``input_ids``; padding from its ``attention_mask``, or a pad id the
+    datamodule declares as ``pad_token_id``) are found automatically; ``tokens`` says where they are otherwise.
 
     Args:
         log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
         window: Steps in the rolling window for percentiles and the stall check.
         stall_fraction: Data-wait fraction above which the run is called input-bound.
+        tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect).
 
     Example:
         >>> import lightning.pytorch as pl
@@ -64,8 +71,10 @@ class StepTimeMonitor(MeasuringCallback):
     @validated
     def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
                  window: Annotated[int, Check(ge=2)] = 50,
-                 stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2) -> None:
+                 stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
+                 tokens: TokenSpec | None = None) -> None:
         super().__init__()
+        self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
         self.window = window
         self.stall_fraction = stall_fraction
@@ -83,6 +92,9 @@ class StepTimeMonitor(MeasuringCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.advice = state_dict.get("advice")
+
+    def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        use_token_spec(self, trainer, self.tokens)
 
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
@@ -122,6 +134,9 @@ class StepTimeMonitor(MeasuringCallback):
         samples = [r.samples for r in records]
         if all(s for s in samples) and total > 0:
             metrics["time/samples_per_sec"] = sum(samples) / (total / 1e3)
+        tokens = [r.real_token_count() if r.real_tokens is not None else r.tokens for r in records]
+        if all(t is not None for t in tokens) and total > 0:
+            metrics["time/tokens_per_sec"] = sum(tokens) / (total / 1e3)
         event.log(metrics)
         self._check_stall(trainer)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -204,6 +205,8 @@ class ProfilerWindow(MeasuringCallback):
         if trainer.strategy.root_device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+        else:  # Kineto's "gpuGetDeviceCount failed" and trace-marker lines are noise on a CPU run
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self._trainer = trainer
         self._window = {"planned": planned, "first": first, "last": last, "recorded": [], "current": begin}
         profiler = torch.profiler.profile(
