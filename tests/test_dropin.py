@@ -56,7 +56,7 @@ def test_a_device_in_the_second_place_is_a_device_never_a_norm_list():
         FP32BatchNormPrecision("bf16-true", "cpu")
     with pytest.raises(TypeError):
         FP32BatchNormHalfPrecision("bf16-true", "cpu")  # HalfPrecision takes one argument; ours are keyword-only
-    with pytest.raises(ValueError, match=r"fp32_norms='cpu'.*not a single string"):
+    with pytest.raises(ValueError, match=r"fp32_norms='cpu'\) must be a list of strings"):
         FP32BatchNormHalfPrecision(fp32_norms="cpu")
     with pytest.raises(ValueError, match=r"fp32_norms=\['c', 'p', 'u'\]"):
         FP32BatchNormPrecision(fp32_norms=list("cpu"))

@@ -144,7 +144,7 @@ class FP32BatchNormPrecision(MixedPrecision):
         self,
         precision: Annotated[str, Check(choices=("16-mixed", "bf16-mixed"), refuse=_REFUSED)] = "bf16-mixed",
         device: str | None = None,
-        scaler: torch.amp.GradScaler | None = None,
+        scaler: Any = None,  # a torch.amp.GradScaler (duck-typed, as MixedPrecision takes it)
         *,
         fp32_norms: list[str] | None = None,
         init_scale: Annotated[float, Check(gt=0)] = 2.0**16,
