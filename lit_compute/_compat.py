@@ -128,3 +128,15 @@ def is_last_training_step(trainer: Any) -> bool:
                     and trainer.current_epoch + 1 >= max_epochs)
     except Exception:  # noqa: BLE001 - another Lightning version's internals
         return False
+
+
+def add_initial_hparam(pl_module: Any, key: str, value: Any) -> None:
+    """Add ``key`` to the hyperparameters Lightning logs at fit start (``hparams_initial``), so it reaches
+    TensorBoard's HParams tab and ``hparams.yaml`` in Lightning's one ``log_hyperparams`` call."""
+    from lightning.fabric.utilities.data import AttributeDict
+
+    initial = getattr(pl_module, "_hparams_initial", None)
+    if initial is None:
+        initial = AttributeDict()
+        pl_module._hparams_initial = initial
+    initial[key] = value

@@ -98,6 +98,8 @@ class MeasuringCallback(Callback):
 
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None: ...
 
+    def _fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None: ...
+
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None: ...
 
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None: ...
@@ -121,6 +123,9 @@ class MeasuringCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         link_loggers(trainer)
         self._guard(self._setup, trainer, pl_module, stage)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._guard(self._fit_start, trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         timeline_for(trainer).train_start(trainer)
@@ -263,12 +268,15 @@ def run_info(trainer: pl.Trainer) -> str:
 
     device = trainer.strategy.root_device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    datamodule = getattr(trainer, "datamodule", None)
     rows = [
         ["precision", trainer.precision],
         ["precision plugin", type(trainer.precision_plugin).__name__],
         ["device", name],
         ["world size", trainer.world_size],
         ["strategy", type(trainer.strategy).__name__],
+        ["data", type(datamodule).__name__ if datamodule is not None else "dataloaders"],
+        ["cpu cores", available_cpu_cores()],
         ["torch", torch.__version__],
         ["lightning", lightning.__version__],
     ]
@@ -286,9 +294,18 @@ def tensorboard_logger(trainer: pl.Trainer) -> TensorBoardLogger | None:
 def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) -> bool:
     """Write Markdown text to TensorBoard's text plugin. Returns False when there is no TensorBoard logger."""
     tb = tensorboard_logger(trainer)
-    if tb is None or not trainer.is_global_zero:
-        return False
     timeline = timeline_for(trainer)
+    if tb is None:
+        if trainer.loggers and trainer.is_global_zero and "no-tensorboard" not in timeline.warned:
+            timeline.warned.add("no-tensorboard")
+            rank_zero_warn(f"lit_compute: no TensorBoard logger among this trainer's loggers "
+                           f"({', '.join(type(lg).__name__ for lg in trainer.loggers)}): TensorBoard-only output (the "
+                           "per-module FLOPs table, profiler op tables, advice and run-info text, the Custom Scalars "
+                           "layout) is not written; every scalar still goes to every logger, and profiler traces to "
+                           "disk.", category=UserWarning)
+        return False
+    if not trainer.is_global_zero:
+        return False
     if id(tb) in timeline.failed_loggers:
         return False
     try:

@@ -1,4 +1,9 @@
-"""TensorBoard custom-scalars layout for lit_compute's tags, and the run-info text the report reads."""
+"""TensorBoard custom-scalars layout for lit_compute's tags.
+
+TensorBoard's Custom Scalars plugin matches a chart's tag patterns with ``re.match`` (a prefix match), so every
+pattern here is anchored (``^time/step_ms$`` does not pull in ``time/step_ms_p90``), and every chart holds one
+unit (FLOPs, FLOP/s, a fraction, milliseconds...), so no line sits flat at zero on another's axis.
+"""
 
 from __future__ import annotations
 
@@ -9,42 +14,61 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-# category -> chart title -> tag patterns (regular expressions, as custom_scalars accepts)
+
+def _tags(*names: str) -> list[str]:
+    return [f"^{re.escape(n)}$" for n in names]
+
+
+# category -> chart title -> tag patterns (anchored regular expressions)
 LAYOUT: dict[str, dict[str, list[str]]] = {
     "Compute": {
-        "TFLOP/s (per device, all ranks, validation)": [r"compute/tflops_per_sec", r"compute/global_tflops_per_sec",
-                                                        r"compute/val_tflops_per_sec"],
-        "MFU (achieved / peak)": [r"compute/mfu", r"compute/val_mfu"],
-        "peak TFLOP/s used for MFU": [r"compute/peak_tflops"],
-        "FLOPs per step and per sample": [r"compute/flops_per_step", r"compute/flops_per_sample",
-                                          r"compute/forward_gflops_per_sample"],
+        "model TFLOP/s (this device, all ranks)": _tags("compute/tflops_per_sec", "compute/global_tflops_per_sec"),
+        "validation TFLOP/s": _tags("compute/val_tflops_per_sec", "compute/test_tflops_per_sec"),
+        "MFU and HFU (fraction of peak)": _tags("compute/mfu", "compute/hfu", "compute/val_mfu", "compute/test_mfu"),
+        "FLOPs per step (model, hardware)": _tags("compute/flops_per_step", "compute/hardware_flops_per_step"),
+        "FLOPs per sample": _tags("compute/flops_per_sample"),
+        "validation FLOPs per step": _tags("compute/val_flops_per_step", "compute/test_flops_per_step"),
+        "padding fraction (share of positions that were padding)": _tags("compute/padding_fraction"),
+        "peak TFLOP/s used for MFU": _tags("compute/peak_tflops"),
     },
     "Time": {
-        "data wait vs compute (ms per step)": [r"time/data_wait_ms", r"time/compute_ms", r"time/step_ms"],
-        "step time p50 / p90 / max (ms)": [r"time/step_ms_p50", r"time/step_ms_p90", r"time/step_ms_max"],
-        "data-wait fraction": [r"time/data_wait_fraction"],
-        "samples per second": [r"time/samples_per_sec"],
+        "data wait vs compute (ms per step)": _tags("time/data_wait_ms", "time/compute_ms", "time/step_ms"),
+        "step time p50 / p90 / max (ms)": _tags("time/step_ms_p50", "time/step_ms_p90", "time/step_ms_max"),
+        "data-wait fraction": _tags("time/data_wait_fraction"),
+        "samples per second": _tags("time/samples_per_sec"),
+        "tokens per second": _tags("time/tokens_per_sec"),
+        "lit_compute's own instrument time (ms per step)": _tags("time/instrument_ms"),
     },
     "Precision": {
-        "loss scale": [r"amp/loss_scale"],
-        "skipped optimizer steps": [r"amp/skipped_steps", r"amp/skipped_step_fraction"],
+        "loss scale": _tags("amp/loss_scale"),
+        "skipped optimizer steps": _tags("amp/skipped_steps"),
+        "skipped step fraction": _tags("amp/skipped_step_fraction"),
     },
     "Device": {
-        "utilisation (%)": [r"device/gpu_utilization_percent", r"device/cpu_percent", r"device/system_cpu_percent"],
-        "memory (GB)": [r"device/gpu_memory_used_gb", r"device/torch_max_memory_allocated_gb", r"device/rss_gb"],
-        "power (W) and temperature (C)": [r"device/gpu_power_w", r"device/gpu_temperature_c"],
+        "utilisation (%)": _tags("device/gpu_utilization_percent", "device/cpu_percent",
+                                 "device/system_cpu_percent"),
+        "memory (GB)": _tags("device/gpu_memory_used_gb", "device/torch_max_memory_allocated_gb", "device/rss_gb"),
+        "power (W)": _tags("device/gpu_power_w"),
+        "temperature (C)": _tags("device/gpu_temperature_c"),
+        "load average (1 min)": _tags("device/load_avg_1m"),
     },
     "Communication": {
-        "all-reduce bus bandwidth (GB/s)": [r"comm/allreduce_busbw_gbps.*"],
-        "all-reduce algorithm bandwidth (GB/s)": [r"comm/allreduce_algbw_gbps.*"],
+        "all-reduce bus bandwidth (GB/s, step = message bytes)": _tags("comm/allreduce_busbw_gbps"),
+        "all-reduce algorithm bandwidth (GB/s, step = message bytes)": _tags("comm/allreduce_algbw_gbps"),
     },
     "Profiler windows": {
-        "window step time (ms)": [r"profiler/step_time_ms"],
-        "window shares": [r"profiler/dataloader_fraction", r"profiler/top_op_fraction",
-                          r"profiler/gpu_idle_fraction", r"profiler/comm_overlap_fraction"],
-        "window peak memory (MB)": [r"profiler/peak_memory_mb"],
+        "window step time (ms)": _tags("profiler/step_time_ms"),
+        "window shares (fraction)": _tags("profiler/dataloader_fraction", "profiler/top_op_fraction",
+                                          "profiler/gpu_idle_fraction", "profiler/comm_overlap_fraction"),
+        "window peak memory (MB)": _tags("profiler/peak_memory_mb"),
+        "trace export time (ms)": _tags("profiler/export_ms"),
     },
 }
+
+
+def chart_matches(patterns: list[str], tags: Iterable[str]) -> set[str]:
+    """The tags a chart shows, matched the way TensorBoard matches them (``re.match``)."""
+    return {t for t in tags for p in patterns if re.match(p, t)}
 
 
 def layout_for(tags: Iterable[str]) -> dict[str, dict[str, list]]:
@@ -53,7 +77,7 @@ def layout_for(tags: Iterable[str]) -> dict[str, dict[str, list]]:
     out: dict[str, dict[str, list]] = {}
     for category, charts in LAYOUT.items():
         for title, patterns in charts.items():
-            if any(re.fullmatch(p, t) for p in patterns for t in tags):
+            if chart_matches(patterns, tags):
                 out.setdefault(category, {})[title] = ["Multiline", patterns]
     return out
 

@@ -149,6 +149,7 @@ class Timeline:
         self.event: LogEvent | None = None
         self.tags: set[str] = set()  # tags logged so far (for TensorBoard's custom-scalars layout)
         self.failed_loggers: set[int] = set()  # loggers that raised once: skipped by every lit_compute callback
+        self.warned: set[str] = set()  # warnings given once for all of lit_compute
         self.token_spec: Any = None  # lit_compute._batch.TokenSpec (None: auto-detect input_ids/attention_mask)
         self._reset_loop()
 

@@ -1,19 +1,23 @@
-"""lit-compute report and what TensorBoard serves for a lit_compute run."""
+"""lit-compute report and what TensorBoard serves for a lit_compute run, as a user sees them."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import yaml
 from PIL import Image
 from torch.utils.data import DataLoader
+from torch.utils.tensorboard import SummaryWriter
 
 from lit_compute import (
     DeviceMonitor,
@@ -23,7 +27,9 @@ from lit_compute import (
     ProfilerWindow,
     StepTimeMonitor,
 )
-from lit_compute.report import ReportError, build_report, load_run, main
+from lit_compute._utils import markdown_table
+from lit_compute.report import ReportError, build_report, flops_rate, human, load_run, main
+from lit_compute.tensorboard_layout import LAYOUT, chart_matches
 
 from .conftest import DrivenClock, TimedImages, clocked_trainer, read_events, scalar_values, tiny_model
 
@@ -61,48 +67,161 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     out = tmp_path / "report.md"
     text, loaded = build_report([str(fast)], out, None, None)
     acc = read_events(fast)
-    mean_step = sum(v for _, v in scalar_values(acc, "time/step_ms")) / len(scalar_values(acc, "time/step_ms"))
-    assert f"| mean step time (ms) | {mean_step:.3g} |" in text
+    steps = [v for _, v in scalar_values(acc, "time/step_ms")]
+    assert f"| mean step time (ms) | {human(sum(steps) / len(steps))} |" in text
     gflops = scalar_values(acc, "compute/forward_gflops_per_sample")[0][1]
-    assert f"| model forward GFLOPs per sample | {gflops:.4g} |" in text
-    assert "of 0.1 TFLOP/s peak per device" in text
+    assert f"| model forward GFLOPs per sample | {human(gflops, 4)} |" in text
+    assert "of 100 GFLOP/s peak per device" in text  # 0.1 TFLOP/s in the unit that fits
     assert "| precision | 16-mixed (FP32BatchNormPrecision) |" in text
     assert "### Profiler windows" in text and "aten::" in text
     assert "### Advice" in text
+    assert "e+" not in text and "e-0" not in text  # no scientific notation anywhere people read
     pngs = sorted((tmp_path / "report_plots").glob("*.png"))
-    assert {p.name for p in pngs} == {"run1_step_time.png", "run1_tflops_mfu.png", "run1_loss_scale.png"}
+    assert {p.name for p in pngs} == {"run1_step_time.png", "run1_throughput.png", "run1_mfu.png",
+                                      "run1_loss_scale.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert Image.open(p).size[0] > 300
         assert f"]({p.relative_to(tmp_path).as_posix()})" in text
 
 
+def test_human_numbers():
+    assert human(14231.7) == "14,232"
+    assert human(3.14159) == "3.14"
+    assert human(0.0025118) == "0.00251"
+    assert human(250.0) == "250"
+    assert human(None) == "n/a" and human(float("nan")) == "n/a"
+    assert flops_rate(0.0025) == "2.5 GFLOP/s" and flops_rate(312.0) == "312 TFLOP/s"
+    assert flops_rate(4e-5) == "40 MFLOP/s"
+
+
 def test_comparison_ratios_and_cost(runs, tmp_path):
     _, fast, slow = runs
     text, loaded = build_report([str(fast), str(slow)], tmp_path / "cmp.md", None, 3.0)
     fast_run, slow_run = loaded
+    assert (fast_run.name, slow_run.name) == ("fast/version_0", "slow/version_0")
     ratio = slow_run.samples_per_sec / fast_run.samples_per_sec
-    assert ratio < 0.9  # the slow run really is slower
+    assert ratio == pytest.approx(8 / (0.032 + 0.02) / (8 / (0.004 + 0.02)), rel=1e-3)  # driven clocks: exact
     row = next(line for line in text.splitlines() if line.startswith("| slow/version_0 |"))
-    assert f"| {ratio:.3g} |" in row
+    assert f"| {human(ratio)} |" in row
     saved = 1 - fast_run.samples_per_sec / slow_run.samples_per_sec
     assert f"slow/version_0 costs {abs(saved):.1%} more per sample than the baseline fast/version_0." in text
     assert "Input-bound" in text  # the slow run's advice cites its data-wait fraction
 
 
-def test_report_errors_are_plain(tmp_path, capsys):
+def _write_run(folder: Path, scalars: dict[str, float], info: dict[str, str], steps: int = 4) -> Path:
+    """A run's event file as lit_compute writes it: scalars at a few steps and the lit_compute/run table."""
+    writer = SummaryWriter(str(folder))
+    for step in range(steps):
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, step)
+    writer.add_text("lit_compute/run", markdown_table(["key", "value"], [[k, v] for k, v in info.items()]), 0)
+    writer.close()
+    return folder
+
+
+def test_two_experiments_with_the_same_version_stay_apart(tmp_path):
+    a = _write_run(tmp_path / "exp_a" / "lightning_logs" / "version_0", {"time/samples_per_sec": 10.0}, {})
+    b = _write_run(tmp_path / "exp_b" / "lightning_logs" / "version_0", {"time/samples_per_sec": 20.0}, {})
+    text, runs = build_report([str(a), str(b)], tmp_path / "r.md", None, 1.0, plots=False)
+    assert [r.name for r in runs] == ["exp_a/lightning_logs/version_0", "exp_b/lightning_logs/version_0"]
+    assert "exp_b/lightning_logs/version_0 costs 50.0% less per sample than the baseline exp_a/lightning_logs/version_0" \
+        in text
+
+
+BF16_CPU = {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecision", "device": "cpu",
+            "world size": "1", "cpu cores": "2", "data": "TorchvisionImageDataModule"}
+
+
+@pytest.mark.parametrize(
+    ("scalars", "info", "expected", "not_expected"),
+    [
+        # 3% MFU in bf16 on a machine at load 10 while the process gets 30% of a core
+        ({"compute/mfu": 0.03, "device/cpu_percent": 30.0, "device/load_avg_1m": 10.0, "time/step_ms": 100.0},
+         BF16_CPU, ["CPU-starved: the machine's load average is 10 on 2 cores", "Low MFU: compute/mfu is 3.0% in "
+                    "bf16-mixed"], ["Nothing stands out"]),
+        # input-bound on token batches: no image decoder advice
+        ({"time/data_wait_fraction": 0.5, "time/tokens_per_sec": 100.0, "compute/padding_fraction": 0.4},
+         {**BF16_CPU, "data": "TokenDataModule"},
+         ["Input-bound: data wait is 50.0%", "tokenise once", "Padding waste: 40.0%"], ["DALI"]),
+        # input-bound on images: the image advice
+        ({"time/data_wait_fraction": 0.5, "time/samples_per_sec": 100.0}, BF16_CPU, ["DALIImageDataModule"], []),
+        ({"compute/mfu": 0.6, "time/data_wait_fraction": 0.01}, BF16_CPU, ["Nothing stands out"], ["Low MFU"]),
+    ],
+    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "input-bound-images", "healthy"],
+)
+def test_advice_follows_the_numbers(tmp_path, scalars, info, expected, not_expected):
+    run = _write_run(tmp_path / "run", scalars, info)
+    text, _ = build_report([str(run)], tmp_path / "r.md", None, None, plots=False)
+    advice = text.split("### Advice", 1)[1]
+    for phrase in expected:
+        assert phrase in advice, (phrase, advice)
+    for phrase in not_expected:
+        assert phrase not in advice, (phrase, advice)
+
+
+def test_runs_without_our_tags_are_skipped_with_a_line(tmp_path, capsys):
+    ours = _write_run(tmp_path / "logs" / "ours", {"time/step_ms": 5.0}, {})
+    plain = pl.loggers.TensorBoardLogger(str(tmp_path / "logs"), name="plain", version=0)
+    plain.log_metrics({"loss": 1.0}, step=0)
+    plain.finalize("success")
+    assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped:" in out and "plain/version_0 has none of lit_compute's tags" in out and "(1 run(s))" in out
+    assert "Skipped 1 folder(s)" in (tmp_path / "r.md").read_text()
+    assert ours.exists()
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReportError, match="no TensorBoard event files"):
         build_report([str(tmp_path / "empty")], tmp_path / "r.md", None, None)
+    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "r.md")]) == 2
+    assert "no TensorBoard event files" in capsys.readouterr().err
+    run = _write_run(tmp_path / "run", {"time/step_ms": 5.0}, {})
+    assert main([str(run), "--out", str(tmp_path)]) == 2  # a folder
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a folder; name a file such as" in err
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert main([str(run), "--out", str(locked / "r.md"), "--no-plots"]) == 2
+        assert "cannot write --out" in capsys.readouterr().err
+    else:
+        assert main([str(run), "--out", "/proc/r.md", "--no-plots"]) == 2  # not writable, even for root
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot write --out /proc/r.md" in err
+
+
+def test_a_plain_run_alone_is_a_clear_error(tmp_path):
     plain = pl.loggers.TensorBoardLogger(str(tmp_path), name="plain", version=0)
     plain.log_metrics({"loss": 1.0}, step=0)
     plain.finalize("success")
     with pytest.raises(ReportError, match="none of lit_compute's tags"):
         load_run(Path(plain.log_dir))
-    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "r.md")]) == 2
-    assert "no TensorBoard event files" in capsys.readouterr().err
 
 
+def test_the_flops_hparam_is_in_hparams_yaml_and_the_hparams_plugin(tmp_path):
+    from tensorboard.plugins.hparams import metadata as hp_metadata
+
+    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=2,
+                              callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    model = tiny_model()
+    from .conftest import tiny_data
+
+    trainer.fit(model, datamodule=tiny_data())  # ImageClassifier gives an example input at the data's image size
+    saved = yaml.safe_load((Path(trainer.logger.log_dir) / "hparams.yaml").read_text())
+    value = saved["compute/forward_gflops_per_sample"]
+    acc = read_events(trainer.logger.log_dir)
+    assert value == pytest.approx(scalar_values(acc, "compute/forward_gflops_per_sample")[0][1], rel=1e-5)
+    content = acc.SummaryMetadata(hp_metadata.SESSION_START_INFO_TAG).plugin_data.content
+    hparams = hp_metadata.parse_session_start_info_plugin_data(content).hparams
+    assert hparams["compute/forward_gflops_per_sample"].number_value == pytest.approx(value)
+    assert "arch" in hparams  # one session with Lightning's own hparams and ours
+    assert len(scalar_values(acc, "hp_metric")) == 1  # not one more point per call
+
+
+# -- TensorBoard itself ----------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,11 +229,12 @@ def _free_port() -> int:
 
 
 def _get(port: int, path: str):
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read())
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).read())
 
 
-def test_tensorboard_serves_our_tags_text_and_layout(runs):
-    root, fast, _ = runs
+@pytest.fixture(scope="module")
+def tensorboard(runs):
+    root = runs[0]
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1", "--port", str(port),
@@ -122,26 +242,63 @@ def test_tensorboard_serves_our_tags_text_and_layout(runs):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        run = "fast/version_0"
-        scalars = {}
-        deadline = time.time() + 60
+        deadline = time.time() + 90
         while time.time() < deadline:
             try:
-                scalars = _get(port, "/data/plugin/scalars/tags")
-                if run in scalars and "compute/mfu" in scalars[run]:
+                if "compute/mfu" in _get(port, "/data/plugin/scalars/tags").get("fast/version_0", {}):
                     break
             except OSError:
                 pass
             time.sleep(0.5)
-        assert {"compute/mfu", "compute/tflops_per_sec", "time/data_wait_fraction", "amp/loss_scale",
-                "device/cpu_percent", "profiler/step_time_ms"} <= set(scalars[run])
-        texts = _get(port, "/data/plugin/text/tags")
-        served = {t.removesuffix("/text_summary") for t in texts[run]}
-        assert {"compute/flops_by_module", "profiler/top_ops", "lit_compute/run"} <= served
-        layout = _get(port, "/data/plugin/custom_scalars/layout")
-        titles = {c["title"] for c in layout["category"]}
-        assert {"Compute", "Time", "Precision", "Device", "Profiler windows"} <= titles
-        assert "Communication" not in titles  # only charts whose tags exist
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_tensorboard_serves_our_tags_text_and_layout(tensorboard):
+    port, run = tensorboard, "fast/version_0"
+    scalars = _get(port, "/data/plugin/scalars/tags")
+    assert {"compute/mfu", "compute/tflops_per_sec", "time/data_wait_fraction", "amp/loss_scale",
+            "device/cpu_percent", "profiler/step_time_ms"} <= set(scalars[run])
+    texts = _get(port, "/data/plugin/text/tags")
+    served = {t.removesuffix("/text_summary") for t in texts[run]}
+    assert {"compute/flops_by_module", "profiler/top_ops", "lit_compute/run"} <= served
+    layout = _get(port, "/data/plugin/custom_scalars/layout")
+    titles = {c["title"] for c in layout["category"]}
+    assert {"Compute", "Time", "Precision", "Device", "Profiler windows"} <= titles
+    assert "Communication" not in titles  # only charts whose tags exist
+
+
+def test_each_custom_scalars_chart_matches_exactly_its_tags(tensorboard):
+    """Asked of TensorBoard's own custom-scalars API: the tags each chart's patterns pull in."""
+    port, run = tensorboard, "fast/version_0"
+    tags = set(_get(port, "/data/plugin/scalars/tags")[run])
+    layout = _get(port, "/data/plugin/custom_scalars/layout")
+    checked = 0
+    for category in layout["category"]:
+        for chart in category["chart"]:
+            patterns = chart["multiline"]["tag"]
+            served = set()
+            for pattern in patterns:
+                query = urllib.parse.urlencode({"run": run, "tag": pattern})
+                answer = _get(port, f"/data/plugin/custom_scalars/scalars?{query}")
+                assert answer["regex_valid"]
+                served |= set(answer["tag_to_events"])
+            title = chart["title"]
+            intended = {t for p in next(c for cat in LAYOUT.values() for t_, c in cat.items() if t_ == title)
+                        for t in [p.strip("^$").replace("\\", "")]} & tags
+            assert served == intended, title
+            assert served == chart_matches(patterns, tags), title
+            checked += 1
+    assert checked >= 12
+
+
+# -- a sweep's log dir ------------------------------------------------------------------------------------------
+def test_report_over_many_runs_reads_every_one(tmp_path):
+    for i in range(12):
+        _write_run(tmp_path / "sweep" / f"lr_{i}" / "version_0", {"time/samples_per_sec": 10.0 + i,
+                                                                  "compute/mfu": 0.1}, BF16_CPU)
+    text, runs = build_report([str(tmp_path / "sweep")], tmp_path / "r.md", None, None, plots=False)
+    assert len(runs) == 12 and len({r.name for r in runs}) == 12
+    assert "lr_11/version_0" in text

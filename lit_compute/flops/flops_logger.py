@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_compute import _batch
+from lit_compute import _batch, _compat
 from lit_compute._batch import TokenSpec
 from lit_compute._compat import eager_compiled_code
 from lit_compute._utils import MeasuringCallback, guarded, log_text, markdown_table
 from lit_compute._validate import Check, validated
-from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode
+from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops
 from lit_compute.flops.predict import ShapePredictor
 from lit_compute.timeline import LogEvent, StepRecord, timeline_for
@@ -92,7 +92,8 @@ class FlopsLogger(MeasuringCallback):
           only), once per evaluation run.
         - ``compute/padding_fraction``: token batches with padding (an ``attention_mask``, or a pad id): the share of
           computed positions that were padding, over the steps since the last log.
-        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once.
+        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (at step 0); with an
+          ``example_input_array`` also an hparam (TensorBoard's HParams tab, ``hparams.yaml``), counted at fit start.
         - text ``compute/flops_by_module`` (model FLOPs per module, TensorBoard only).
 
     Args:
@@ -205,6 +206,27 @@ class FlopsLogger(MeasuringCallback):
                 "Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.",
             )
         return value
+
+    def _fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """With an ``example_input_array``: the forward GFLOPs per sample as an hparam, in Lightning's own (first,
+        only) ``log_hyperparams`` call, which comes right after ``on_fit_start``."""
+        example = getattr(pl_module, "example_input_array", None)
+        if example is None:
+            return
+        training = pl_module.training
+        try:  # in eval mode under no_grad, as Lightning's model summary runs the example (BatchNorm takes a batch of 1)
+            pl_module.eval()
+            with timeline_for(trainer).instrument("flop_count"), torch.no_grad():
+                args = example if isinstance(example, tuple) else (example,)
+                kwargs = example if isinstance(example, dict) else {}
+                count = count_flops(pl_module, *(() if kwargs else args), backward=False, **kwargs)
+        except Exception:  # noqa: BLE001 - an example the model cannot take: the scalar comes with the first count
+            return
+        finally:
+            pl_module.train(training)
+        samples = _batch.batch_size(example)
+        if count.forward and samples:
+            _compat.add_initial_hparam(pl_module, "compute/forward_gflops_per_sample", count.forward / samples / 1e9)
 
     def _logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool:
         if stage == "train":
@@ -364,10 +386,7 @@ class FlopsLogger(MeasuringCallback):
             f"backward {count.backward / 1e9:.4f} GFLOPs, total {count.total / 1e9:.4f} GFLOPs "
             "(1 multiply-add = 2 FLOPs; no recomputation).\n\n"
         )
-        wrote = log_text(trainer, "compute/flops_by_module", head + table, step=0)
-        if not wrote:
-            self._warn_once("no-tb", "FlopsLogger: no TensorBoard logger; the per-module FLOPs table "
-                            "(compute/flops_by_module) is not written. The scalars go to every logger.")
+        log_text(trainer, "compute/flops_by_module", head + table, step=0)
         if samples:
             per_sample = count.forward / samples / 1e9
             from lit_compute._utils import log_scalars

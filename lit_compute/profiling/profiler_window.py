@@ -315,12 +315,9 @@ class ProfilerWindow(MeasuringCallback):
             scalars["profiler/top_op_fraction"] = top_fraction
         header = (f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
                   f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n")
-        wrote = log_text(trainer, "profiler/top_ops", header + markdown_table(
+        log_text(trainer, "profiler/top_ops", header + markdown_table(
             ["op", "calls", "self time ms", "share"], top_rows), step=last)
         log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=last)
-        if not wrote and trainer.is_global_zero:
-            self._warn_once("no-tb", "ProfilerWindow: no TensorBoard logger; traces and tables are written to "
-                            f"{out} but not shown in TensorBoard.")
         scalars["profiler/export_ms"] = (timeline_for(trainer).raw() - started) * 1e3
         event = timeline_for(trainer).event
         if event is not None and event.stage == "train" and event.step == last:
