@@ -39,7 +39,7 @@ def constructor_error(err: BaseException) -> BaseException | str | None:
     import lit_compute
 
     names = "|".join(re.escape(n) for n in lit_compute.__all__ if n[:1].isupper())
-    pattern = re.compile(rf"(?:^|[\s-])((?:{names})\(\w+=.*)$")
+    pattern = re.compile(rf"(?:^|[\s-])((?:{names})(?:\(\w+=|: ).*)$")
     for line in str(err).splitlines():
         found = pattern.search(line.strip())
         if found:

@@ -272,9 +272,10 @@ class FlopsLogger(MeasuringCallback):
                 f"no matmul, convolution or attention ran ({', '.join(count.uncounted_ops) or 'no op with a formula'})"
             )
             self._warn_once("count-failed", f"FlopsLogger could not count the FLOPs of batches {_short(sig)}: {reason}. "
-                            "Nothing is logged for them; training goes on"
-                            + (" (counting is now off: three batches failed)." if self._failed_counts >=
-                               _MAX_FAILED_COUNTS else "."))
+                            "Nothing is logged for them; training goes on.")
+            if self._failed_counts == _MAX_FAILED_COUNTS:
+                self._warn_once("count-off", f"FlopsLogger: counting failed for {_MAX_FAILED_COUNTS} batch shapes; "
+                                "counting is now off (FlopsLogger logs nothing more); training goes on.")
             self.counts[sig] = None
             return None
         if count.uncounted_ops:

@@ -117,7 +117,8 @@ class ProfilerWindow(MeasuringCallback):
         self.with_flops = with_flops
         self.sort_by = sort_by
         self.row_limit = row_limit
-        self.windows_done: list[int] = []  # planned first active step of every window captured or reported missed
+        self.windows_done: list[int] = []  # planned first active step of every window completed or reported missed
+        self.windows_written = 0  # trace files written (numbers the next one)
         self.slow_windows = 0
         self.summaries: list[WindowSummary] = []
         self.exported: list[Path] = []
@@ -130,10 +131,12 @@ class ProfilerWindow(MeasuringCallback):
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"windows_done": list(self.windows_done), "slow_windows": self.slow_windows}
+        return {"windows_done": list(self.windows_done), "slow_windows": self.slow_windows,
+                "windows_written": self.windows_written}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.windows_done = [int(s) for s in state_dict.get("windows_done", [])]
+        self.windows_written = int(state_dict.get("windows_written", len(self.windows_done)))
         self.slow_windows = int(state_dict.get("slow_windows", 0))
 
     # -- scheduling -----------------------------------------------------------------------------------
@@ -165,7 +168,10 @@ class ProfilerWindow(MeasuringCallback):
 
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._durations, self._slow_next, self._pending_scalars = [], None, {}
-        current = _compat.batches_that_stepped(trainer)
+        self._first_batch = True
+
+    def _report_missed(self, current: int) -> None:
+        """A run resumed after a window's steps: say so once (at the first batch, when the step number is right)."""
         for first in self.scheduled_starts():
             last = first + self.active - 1
             if first not in self.windows_done and last < current:
@@ -175,6 +181,9 @@ class ProfilerWindow(MeasuringCallback):
 
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         timeline = timeline_for(trainer)
+        if getattr(self, "_first_batch", False) and timeline.current is not None:
+            self._first_batch = False
+            self._report_missed(timeline.current.index)
         if self._profiler is not None:
             timeline.taint("profiler")
             return
@@ -282,8 +291,10 @@ class ProfilerWindow(MeasuringCallback):
         last = recorded[-1] if recorded else first
         if timeline.in_batch and window["current"] >= first:  # stopped inside a step (an exception): it is in the trace
             last = window["current"]
-        self.windows_done.append(window["planned"])
-        index = len(self.windows_done)
+        if window["recorded"] and window["recorded"][-1] >= window["last"]:
+            self.windows_done.append(window["planned"])  # complete; one cut short is continued by a resumed run
+        self.windows_written += 1
+        index = self.windows_written
         rank = f"_rank{trainer.global_rank}" if trainer.world_size > 1 else ""
         stem = f"window{index}_steps{first}-{last}{rank}"
         out = self._out_dir(trainer)
