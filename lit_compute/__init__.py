@@ -22,6 +22,7 @@ _WHERE = {
     "make_synthetic_image_folder": "lit_compute.data",
     "ProfilerWindow": "lit_compute.profiling",
     "profile_model": "lit_compute.profiling",
+    "FP32BatchNormFSDPPrecision": "lit_compute.precision",
     "FP32BatchNormHalfPrecision": "lit_compute.precision",
     "FP32BatchNormPrecision": "lit_compute.precision",
     "fp32_norm_precision": "lit_compute.precision",

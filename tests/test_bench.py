@@ -27,8 +27,11 @@ def _rows(out: str) -> list[list[str]]:
         (["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
          "ratio to torchvision"),
         (["allreduce", "--nprocs", "2", "--max-mb", "0.1", "--seconds", "5"], "busbw (GB/s)"),
+        (["flops", "--zoo", "transformers"], "ours / analytic"),
+        (["overhead", "--callback", "flops", "--variable-length", "--steps", "6", "--rounds", "2"], "ratio to without"),
     ],
-    ids=["flops", "overhead-flops", "overhead-profiler", "precision", "loaders", "allreduce"],
+    ids=["flops", "overhead-flops", "overhead-profiler", "precision", "loaders", "allreduce", "flops-zoo",
+         "overhead-variable-length"],
 )
 def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -81,3 +84,23 @@ def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvisi
     rows = _rows(capsys.readouterr().out)[1:]
     assert len(rows) == 5 and rows[-1][0].startswith("+ FlopsLogger on (optimised, torchvision loader)")
     assert sorted(p.name for p in (tmp_path / "logs").iterdir())[-1] == "4_optimised"
+
+
+def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, capsys):
+    from lit_compute.bench import recipe_gpt
+
+    argv = ["recipe", "--model", "gpt", "--steps", "6", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
+            "--seq-len", "64", "--max-tokens", "20000", "--batch-size", "4", "--log-dir", str(tmp_path), "--no-compile"]
+    assert main(["bench", *argv]) == 0
+    rows = _rows(capsys.readouterr().out)
+    header, body = rows[0], rows[1:]
+    assert header[:3] == ["configuration", "tokens/s", "rows/s"]
+    assert [r[0] for r in body] == [r["name"] for r in recipe_gpt.rows_for("cpu", compile_row=False)]
+    tokens = [float(r[1].replace(",", "")) for r in body]
+    ratios = [float(r[-1].rstrip("x")) for r in body]
+    assert all(t > 0 for t in tokens)
+    for t, ratio in zip(tokens, ratios):
+        assert ratio == pytest.approx(t / tokens[0], abs=0.01)
+    assert body[0][4] != "0.0%" and body[2][4] == "0.0%"  # padded rows pad, packed rows do not
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in
+                                                                 recipe_gpt.rows_for("cpu", compile_row=False))

@@ -1,6 +1,8 @@
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
+import torch
 
 from lit_compute.cli import LitComputeCLI, main
 
@@ -24,11 +26,49 @@ def test_fit_help_works(capsys):
     assert "--config" in capsys.readouterr().out
 
 
+def _needs_gpu(config: Path) -> bool:
+    return "accelerator: gpu" in config.read_text()
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_every_config_loads_through_the_cli_parser(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    if _needs_gpu(config) and not torch.cuda.is_available():
+        # Lightning refuses these strategies on CPU: parse and check every component, build the CPU-safe ones
+        class ParseOnly(LitComputeCLI):
+            def instantiate_classes(self):
+                pass
+
+        cli = ParseOnly(args=["--config", str(config)], run=False)
+        trainer = cli.config.trainer
+        assert trainer.strategy.class_path and trainer.callbacks and cli.config.model.class_path
+        from jsonargparse import ArgumentParser
+
+        for plugin in trainer.plugins or []:
+            parser = ArgumentParser(exit_on_error=False)
+            parser.add_argument("--p", type=pl.plugins.Precision)
+            built = parser.instantiate_classes(parser.parse_object({"p": plugin})).p
+            assert isinstance(built, pl.plugins.Precision)
+        return
     cli = LitComputeCLI(args=["--config", str(config)], run=False)
     assert cli.model is not None and cli.datamodule is not None and cli.trainer is not None
+
+
+def test_the_fsdp_config_shards_by_block_with_float32_norms(tmp_path, monkeypatch):
+    from lit_compute.models import GPTBlock
+
+    class ParseOnly(LitComputeCLI):
+        def instantiate_classes(self):
+            pass
+
+    monkeypatch.chdir(tmp_path)
+    cli = ParseOnly(args=["--config", str(ROOT / "configs" / "gpt_fsdp.yaml")], run=False)
+    strategy = cli.config.trainer.strategy
+    assert strategy.class_path == "lightning.pytorch.strategies.FSDPStrategy"
+    assert strategy.init_args.auto_wrap_policy == {GPTBlock}
+    (plugin,) = cli.config.trainer.plugins
+    assert plugin.class_path == "lit_compute.FP32BatchNormFSDPPrecision"
+    assert plugin.init_args.fp32_norms == ["LayerNorm"]
 
 
 def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):

@@ -296,3 +296,23 @@ def test_flops_logger_still_logs_through_the_upstream_classes(tmp_path):
                            callbacks=[FlopsLogger(peak_flops=1e12, log_every_n_steps=1)])
     trainer.fit(tiny_model(), datamodule=tiny_data())
     assert scalar_values(read_events(trainer.logger.log_dir), "compute/flops_per_step")
+
+
+def test_the_fsdp_plugin_is_an_fsdp_precision_that_keeps_named_norms_out_of_the_policy():
+    from lightning.pytorch.plugins import FSDPPrecision
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from lit_compute import FP32BatchNormFSDPPrecision
+    from lit_compute.models import GPT
+
+    assert isinstance(FP32BatchNormFSDPPrecision(), FSDPPrecision)
+    _prefix(FP32BatchNormFSDPPrecision, FSDPPrecision)
+    plugin = FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])
+    assert plugin.mixed_precision_config._module_classes_to_ignore == (_BatchNorm,)  # torch's default before
+    model = plugin.convert_module(GPT(n_layer=1, n_head=2, n_embd=16))
+    config = plugin.mixed_precision_config
+    assert config.param_dtype == torch.bfloat16
+    assert config._module_classes_to_ignore == (_BatchNorm, torch.nn.LayerNorm)
+    assert model.blocks[0].ln_1.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"FP32BatchNormFSDPPrecision\(precision='16-true'\) is refused"):
+        FP32BatchNormFSDPPrecision("16-true")

@@ -105,3 +105,44 @@ def test_profiler_window_on_cuda_counts_each_step_once_and_measures_gpu_idle(tmp
     acc = read_events(trainer.log_dir)
     idle = scalar_values(acc, "profiler/gpu_idle_fraction")
     assert len(idle) == 1 and 0.0 <= idle[0][1] < 1.0
+
+
+def test_fsdp_gpt_logs_mfu_hfu_tokens_and_keeps_layernorm_float32(tmp_path):
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from lit_compute import FP32BatchNormFSDPPrecision
+    from lit_compute.data import TokenDataModule
+    from lit_compute.models import GPT, GPTBlock
+
+    seen = {}
+
+    class Look(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if not seen:
+                ln = pl_module.blocks[0].ln_1
+                ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", m.weight.dtype))
+                seen["hooked"] = True
+
+    trainer = _gpu_trainer(tmp_path, max_steps=6, devices=1, strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
+                           plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
+                           callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=2),
+                                      StepTimeMonitor(log_every_n_steps=2)])
+    trainer.fit(GPT(block_size=128, n_layer=2, n_head=2, n_embd=64),
+                datamodule=TokenDataModule(mode="padded", batch_size=8, seq_len=128, max_tokens=50_000))
+    acc = read_events(trainer.logger.log_dir)
+    tags = set(acc.Tags()["scalars"])
+    assert {"compute/mfu", "compute/hfu", "time/tokens_per_sec", "compute/padding_fraction"} <= tags
+    assert seen["ln"] == torch.float32
+
+
+def test_lstm_on_cudnn_is_counted(tmp_path):
+    from torch import nn
+
+    from lit_compute import count_flops
+
+    lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True).cuda()
+    x = torch.randn(4, 10, 16, device="cuda")
+    count = count_flops(lstm, x, count_on="real")
+    forward = 2 * 4 * 10 * (4 * 32 * 16 + 4 * 32 * 32) + 2 * 4 * 10 * (4 * 32 * 32 * 2)
+    assert "aten._cudnn_rnn" in count.by_op and count.forward == forward and count.backward == 2 * forward

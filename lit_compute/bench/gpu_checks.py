@@ -4,7 +4,8 @@ On a machine without an NVIDIA GPU it says so and exits 0 without running anythi
 few minutes: the recipe on ResNet-50 at 224 px with GPU DALI decode; MFU of ResNet-50 and ViT-B/16 training
 in bf16 against the table peak and a measured one; the GPU DALI vs torchvision loader ratio;
 FP32BatchNormPrecision in 16-mixed with its GradScaler; a profiler window's gpu_idle_fraction; and a
-single-process NCCL TunedDDPStrategy start-up with its settings applied. Exits non-zero if any check fails.
+single-process NCCL TunedDDPStrategy start-up with its settings applied; a GPT under FSDPStrategy with
+FP32BatchNormFSDPPrecision (MFU, HFU, tokens/s, float32 LayerNorms). Exits non-zero if any check fails.
 Without NVIDIA DALI the two DALI checks fail and say so (the recipe still prints its other rows).
 """
 
@@ -155,6 +156,42 @@ def check_nccl(tmp: str) -> str:
             f"{'; '.join(confirmed[:2]) if confirmed else 'no line naming NCCL_ALGO/NCCL_PROTO'}")
 
 
+def check_fsdp(tmp: str) -> str:
+    """A GPT under Lightning's FSDPStrategy with FP32BatchNormFSDPPrecision: MFU/HFU and tokens/s logged, LayerNorm
+    weights float32 inside the forward while the matmuls run in bf16."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from lit_compute import FlopsLogger, FP32BatchNormFSDPPrecision, StepTimeMonitor
+    from lit_compute.data import TokenDataModule
+    from lit_compute.models import GPT, GPTBlock
+
+    seen: dict[str, Any] = {}
+
+    class Look(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if "hook" not in seen:
+                ln = pl_module.blocks[0].ln_1
+                seen["hook"] = ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", str(m.weight.dtype)))
+                qkv = pl_module.blocks[0].qkv
+                qkv.register_forward_hook(lambda m, i, o: seen.setdefault("qkv", str(o.dtype)))
+
+    model = GPT(block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    data = TokenDataModule(mode="packed", batch_size=8, seq_len=1024, max_tokens=1_000_000)
+    _, log_dir = _fit(tmp, "fsdp_gpt", model, data, 30,
+                      strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
+                      plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
+                      callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=5),
+                                 StepTimeMonitor(log_every_n_steps=5)])
+    mfu, hfu, tokens = (_scalars(log_dir, t) for t in ("compute/mfu", "compute/hfu", "time/tokens_per_sec"))
+    if not (mfu and hfu and tokens):
+        raise RuntimeError(f"FSDP run logged mfu={mfu[-1:]}, hfu={hfu[-1:]}, tokens/s={tokens[-1:]}")
+    if seen.get("ln") != "torch.float32" or seen.get("qkv") != "torch.bfloat16":
+        raise RuntimeError(f"LayerNorm weight {seen.get('ln')}, qkv output {seen.get('qkv')} (want float32, bfloat16)")
+    return (f"GPT 124M-class, FSDP 1 GPU, bf16 with float32 LayerNorms: MFU {100 * mfu[-1]:.1f}%, HFU "
+            f"{100 * hfu[-1]:.1f}%, {tokens[-1]:,.0f} tokens/s")
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
     ("MFU ResNet-50 / ViT-B/16 bf16 (table, measure)", check_mfu),
@@ -162,11 +199,13 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("FP32BatchNormPrecision 16-mixed + GradScaler", check_fp16),
     ("ProfilerWindow gpu_idle_fraction", check_profiler),
     ("TunedDDPStrategy single-process NCCL", check_nccl),
+    ("FSDPStrategy GPT + FP32BatchNormFSDPPrecision", check_fsdp),
 ]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

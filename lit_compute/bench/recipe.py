@@ -99,8 +99,18 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench recipe", description=__doc__)
-    parser.add_argument("--model", default="resnet50")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--model", default="resnet50")
+    known, _ = pre.parse_known_args(argv)
+    if known.model == "gpt":
+        from lit_compute.bench.recipe_gpt import main as gpt_main
+
+        return gpt_main(argv)
+    parser = argparse.ArgumentParser(prog="lit-compute bench recipe", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     epilog="--model gpt: the language-model recipe (lit-compute bench recipe --model gpt "
+                                            "--help)")
+    parser.add_argument("--model", default="resnet50", help="a torchvision model, or gpt")
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from lit_compute._validate import Check, validated
 
 
-class _Block(nn.Module):
+class GPTBlock(nn.Module):
     """Pre-norm transformer block: LayerNorm -> causal self-attention -> residual; LayerNorm -> MLP -> residual."""
 
     def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
@@ -99,7 +99,7 @@ class GPT(LightningModule):
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
         self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(_Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(GPTBlock(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied

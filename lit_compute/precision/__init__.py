@@ -1,6 +1,7 @@
 """Mixed and true-half precision with norms in float32, and the loss scale made visible."""
 
 from lit_compute.precision.fp32_batchnorm_precision import (
+    FP32BatchNormFSDPPrecision,
     FP32BatchNormHalfPrecision,
     FP32BatchNormPrecision,
     fp32_norm_precision,
@@ -8,5 +9,5 @@ from lit_compute.precision.fp32_batchnorm_precision import (
 )
 from lit_compute.precision.loss_scale_monitor import LossScaleMonitor
 
-__all__ = ["FP32BatchNormHalfPrecision", "FP32BatchNormPrecision", "LossScaleMonitor", "fp32_norm_precision",
+__all__ = ["FP32BatchNormFSDPPrecision", "FP32BatchNormHalfPrecision", "FP32BatchNormPrecision", "LossScaleMonitor", "fp32_norm_precision",
            "is_fp32_norm"]

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated, Any
 
 import torch
-from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
+from lightning.pytorch.plugins.precision import FSDPPrecision, HalfPrecision, MixedPrecision
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -25,6 +26,8 @@ _REFUSED = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half"
 _REFUSED_HALF = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (
     ("16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('16-mixed')"),
     ("bf16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('bf16-mixed')"))
+_REFUSED_FSDP = tuple((value, "is refused: float16 gradients reduced without loss scaling underflow to zero; use "
+                       "'16-mixed' or 'bf16-mixed'") for value in ("16-true", "16", "half"))
 
 
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
@@ -244,3 +247,48 @@ def fp32_norm_precision(precision: str, **kwargs: Any) -> FP32BatchNormPrecision
     if precision == "bf16-true":
         return FP32BatchNormHalfPrecision(precision, **kwargs)
     return FP32BatchNormPrecision(precision, **kwargs)  # type: ignore[arg-type]
+
+
+class FP32BatchNormFSDPPrecision(FSDPPrecision):
+    """Lightning's ``FSDPPrecision`` (what ``FSDPStrategy`` requires) with BatchNorm and other named norms kept in
+    float32: the FSDP variant of :class:`FP32BatchNormPrecision`.
+
+    A drop-in for ``lightning.pytorch.plugins.FSDPPrecision``: it *is* one and takes its ``(precision, scaler)``
+    first. FSDP casts parameters to the policy's ``param_dtype`` for compute; modules whose classes are in the
+    policy's ``_module_classes_to_ignore`` are wrapped on their own with mixed precision off, so their parameters
+    and buffers stay float32. torch's default there is ``(_BatchNorm,)``; this plugin adds every class that
+    ``fp32_norms`` names and the model holds (found in ``convert_module``, which Lightning's FSDPStrategy calls
+    before wrapping), and gives those norms the float32 input cast of :class:`FP32BatchNormPrecision`. FSDP applies
+    ``_module_classes_to_ignore`` only with an ``auto_wrap_policy`` (``FSDPStrategy(auto_wrap_policy={Block})``).
+
+    Differences from ``FSDPPrecision``: ``"16-true"`` is refused (float16 gradients reduced without loss scaling
+    underflow); keyword-only ``fp32_norms``.
+
+    Args:
+        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` or ``"bf16-true"``.
+        scaler: A ``ShardedGradScaler`` (``"16-mixed"``; default: a new one).
+        fp32_norms: Class-name fragments of norms kept in float32 besides every ``_BatchNorm``.
+
+    Example:
+        >>> plugin = FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])
+    """
+
+    @validated
+    def __init__(self, precision: Annotated[str, Check(choices=("32-true", "16-mixed", "bf16-mixed", "bf16-true"),
+                                                       refuse=_REFUSED_FSDP)] = "bf16-mixed",
+                 scaler: Any = None, *, fp32_norms: list[str] | None = None) -> None:
+        self.fp32_norms = check_fp32_norms(type(self).__name__, fp32_norms)
+        self.norm_classes: tuple[type, ...] = (_BatchNorm,)
+        super().__init__(precision, scaler)  # type: ignore[arg-type]
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        found = {type(m) for m in module.modules() if is_fp32_norm(m, self.fp32_norms)}
+        self.norm_classes = tuple(dict.fromkeys([_BatchNorm, *sorted(found, key=lambda c: c.__qualname__)]))
+        others = torch.bfloat16 if self.precision == "bf16-true" else None
+        return keep_norms_fp32(super().convert_module(module), self.fp32_norms, others=others)
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        config = super().mixed_precision_config
+        ignored = tuple(dict.fromkeys([*config._module_classes_to_ignore, *self.norm_classes]))
+        return dataclasses.replace(config, _module_classes_to_ignore=ignored)
