@@ -89,6 +89,10 @@ class LitComputeCLI(LightningCLI):
 
 def run(args: Sequence[str] | None) -> None:
     """Run a LightningCLI subcommand (``args=None``: from ``sys.argv``, without Lightning's args warning)."""
+    import warnings
+
+    # Lightning's own internal deprecation notice (its pytree helper): not the user's to act on
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     LitComputeCLI(args=args)
 
 

@@ -90,12 +90,12 @@ def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, c
     from lit_compute.bench import recipe_gpt
 
     argv = ["recipe", "--model", "gpt", "--steps", "6", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
-            "--seq-len", "64", "--max-tokens", "20000", "--batch-size", "4", "--log-dir", str(tmp_path), "--no-compile"]
+            "--seq-len", "64", "--max-tokens", "20000", "--batch-size", "4", "--log-dir", str(tmp_path)]
     assert main(["bench", *argv]) == 0
     rows = _rows(capsys.readouterr().out)
     header, body = rows[0], rows[1:]
     assert header[:3] == ["configuration", "tokens/s", "rows/s"]
-    assert [r[0] for r in body] == [r["name"] for r in recipe_gpt.rows_for("cpu", compile_row=False)]
+    assert [r[0] for r in body] == [r["name"] for r in recipe_gpt.rows_for("cpu")]
     tokens = [float(r[1].replace(",", "")) for r in body]
     ratios = [float(r[-1].rstrip("x")) for r in body]
     assert all(t > 0 for t in tokens)
@@ -103,4 +103,4 @@ def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, c
         assert ratio == pytest.approx(t / tokens[0], abs=0.01)
     assert body[0][4] != "0.0%" and body[2][4] == "0.0%"  # padded rows pad, packed rows do not
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in
-                                                                 recipe_gpt.rows_for("cpu", compile_row=False))
+                                                                 recipe_gpt.rows_for("cpu"))

@@ -17,7 +17,21 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+def quiet() -> None:
+    """Benchmarks print their own progress and tables: Lightning's per-Trainer banners and its own deprecation noise
+    would bury them."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_utilities"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*validation_step. but have no .val_dataloader.*")
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in BENCHMARKS:
+        quiet()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
         parser = argparse.ArgumentParser(prog="lit-compute bench")
         parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))

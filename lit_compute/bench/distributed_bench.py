@@ -33,10 +33,11 @@ def _sweep(fabric: Fabric, max_mb: float, seconds: float) -> list[Any]:
 
 
 def allreduce_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench allreduce", description=__doc__)
-    parser.add_argument("--nprocs", type=int, default=2)
-    parser.add_argument("--max-mb", type=float, default=64.0)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser = argparse.ArgumentParser(prog="lit-compute bench allreduce", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--nprocs", type=int, default=2, help="processes (gloo on CPU, NCCL on GPUs)")
+    parser.add_argument("--max-mb", type=float, default=64.0, help="largest message (MiB)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="time budget of the sweep")
     args = parser.parse_args(argv)
     accelerator = _accelerator(args.nprocs)
     backend = "nccl" if accelerator == "cuda" else "gloo"
@@ -87,11 +88,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def ddp_main(argv: list[str]) -> int:
     from lit_compute.distributed import TunedDDPStrategy
 
-    parser = argparse.ArgumentParser(prog="lit-compute bench ddp", description=__doc__)
-    parser.add_argument("--nprocs", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = argparse.ArgumentParser(prog="lit-compute bench ddp", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--nprocs", type=int, default=2, help="processes (gloo on CPU, NCCL on GPUs)")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per configuration and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, configurations alternating")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per batch and process")
     args = parser.parse_args(argv)
     accelerator = _accelerator(args.nprocs)
     g = torch.Generator().manual_seed(0)

@@ -25,12 +25,13 @@ def _epoch_rate(loader, device: torch.device | None) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench loaders", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lit-compute bench loaders", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data-dir", default=None, help="ImageNet-style folder (default: the synthetic dataset)")
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224, help="crop side (px)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--images-per-class", type=int, default=60, help="synthetic dataset size (10 classes)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="passes per loader, alternating")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers = DALI threads (default: the cores)")
     args = parser.parse_args(argv)
     if not dali_available():

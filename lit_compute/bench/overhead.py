@@ -97,6 +97,7 @@ def main(argv: list[str]) -> int:
         for r in range(args.rounds):
             order = ["without", "with"] if r % 2 == 0 else ["with", "without"]
             for variant in order:
+                emit(f"  round {r + 1}/{args.rounds}: {variant} {args.callback} ...")
                 callbacks = [timers[variant]] + ([callback] if variant == "with" else [])
                 trainer = pl.Trainer(
                     accelerator=args.accelerator, devices=1, max_steps=args.steps, callbacks=callbacks,

@@ -22,13 +22,14 @@ CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench precision", description=__doc__)
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--accelerator", default="auto")
+    parser = argparse.ArgumentParser(prog="lit-compute bench precision", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="resnet50", help="torchvision model")
+    parser.add_argument("--image-size", type=int, default=128, help="image side (px)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per batch")
+    parser.add_argument("--steps", type=int, default=10, help="steps per configuration and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, configurations interleaved")
+    parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                         help="channels-last memory format in every configuration")
     args = parser.parse_args(argv)
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
         names = list(CONFIGS)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
+                emit(f"  round {r + 1}/{args.rounds}: {name} ...")
                 trainer = pl.Trainer(
                     accelerator=args.accelerator, devices=1, max_steps=args.steps, callbacks=[timers[name]],
                     logger=False, enable_checkpointing=False, enable_progress_bar=False,

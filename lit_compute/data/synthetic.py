@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -157,6 +158,8 @@ def make_synthetic_image_folder(
         )
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    total = (images_per_class + n_val) * num_classes
+    progress = _progress(total, f"lit_compute: writing the synthetic dataset ({total} images, {h}x{w}) to {root}")
     try:
         counts = {}
         for split_idx, (split, n) in enumerate((("train", images_per_class), ("val", n_val))):
@@ -166,6 +169,7 @@ def make_synthetic_image_folder(
                 for i in range(n):
                     rng = np.random.default_rng([seed, split_idx, label, i])
                     render_image(label, num_classes, (h, w), rng).save(folder / f"{i:05d}.jpg", quality=90)
+                    progress.update(1)
             counts[split] = n * num_classes
         (tmp / _MANIFEST).write_text(json.dumps({**spec, "counts": counts}, indent=2))
         if root.exists():
@@ -176,6 +180,14 @@ def make_synthetic_image_folder(
             if not (root / _MANIFEST).is_file():  # lost a race to another process: theirs is the same data
                 raise
     finally:
+        progress.close()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _progress(total: int, description: str) -> Any:
+    """A progress bar on stderr for the longer jobs (tqdm ships with Lightning); silent for small ones."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit="img", disable=total < 500, leave=False, mininterval=1.0)

@@ -179,6 +179,10 @@ class TokenDataModule(LightningDataModule):
             with np.load(path) as data:
                 return {split: np.split(data[f"{split}_tokens"], data[f"{split}_ends"][:-1])
                         for split in ("train", "val")}
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(f"TokenDataModule: tokenising this Python's standard library ({self.max_tokens:,} tokens; once, "
+                       f"cached in {path.parent})")
         files = stdlib_sources()
         if not files:
             raise ValueError("TokenDataModule: found no standard-library .py files under "
