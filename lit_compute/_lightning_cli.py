@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -89,11 +90,25 @@ class LitComputeCLI(LightningCLI):
 
 def run(args: Sequence[str] | None) -> None:
     """Run a LightningCLI subcommand (``args=None``: from ``sys.argv``, without Lightning's args warning)."""
+    quiet_lightning()
+    LitComputeCLI(args=args)
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip")
+
+
+def quiet_lightning() -> None:
+    """Leave out lines no user of lit-compute acts on: Lightning's internal deprecation notice (its pytree
+    helper), its model summary's note that mixed precision is "not supported" (the parameters are float32 there,
+    which is what it then assumes), and its advertisement for a cloud logger."""
     import warnings
 
-    # Lightning's own internal deprecation notice (its pytree helper): not the user's to act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    LitComputeCLI(args=args)
+    warnings.filterwarnings("ignore", message=r"Precision (16|bf16)-mixed is not supported by the model summary.*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropTips())
 
 
 __all__ = ["LitComputeCLI", "constructor_error", "lightning_cli", "run"]

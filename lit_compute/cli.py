@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(_overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
                          f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
         return 2
+    import os
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10's profiler notes ("Memory block of unknown size")
     from lit_compute._lightning_cli import run
 
     run(None if argv is None else args)

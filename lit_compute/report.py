@@ -311,8 +311,11 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     mfu, hfu = run.scalars.get("compute/mfu"), run.scalars.get("compute/hfu")
     if mfu:
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot([s for s, _ in mfu], [100 * v for _, v in mfu], color="#c44e52", marker=".", label="MFU (model FLOPs)")
-        if hfu:
+        same = bool(hfu) and dict(hfu).keys() == dict(mfu).keys() and all(
+            abs(dict(hfu)[s] - v) <= 1e-6 * max(abs(v), 1e-12) for s, v in mfu)
+        label = "MFU = HFU (nothing recomputed)" if same else "MFU (model FLOPs)"
+        ax.plot([s for s, _ in mfu], [100 * v for _, v in mfu], color="#c44e52", marker=".", label=label)
+        if hfu and not same:
             ax.plot([s for s, _ in hfu], [100 * v for _, v in hfu], color="#55a868", marker=".", linestyle=":",
                     label="HFU (hardware FLOPs)")
         _marks(ax, run)
