@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test venv lint clean
+.PHONY: demo demo-gpt test venv lint clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -16,6 +16,13 @@ demo: $(PY)
 	$(VENV)/bin/lit-compute report lightning_logs --latest --out lightning_logs/report.md
 	@echo "TensorBoard logs: $(CURDIR)/lightning_logs  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)"
 	@echo "Report:           $(CURDIR)/lightning_logs/report.md  (plots in lightning_logs/report_plots/)"
+
+demo-gpt: $(PY)
+	$(PIP) install -e '.[all]'
+	$(VENV)/bin/lit-compute fit --config configs/gpt.yaml
+	$(VENV)/bin/lit-compute report lightning_logs --latest --out lightning_logs/report_gpt.md
+	@echo "TensorBoard logs: $(CURDIR)/lightning_logs  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)"
+	@echo "Report:           $(CURDIR)/lightning_logs/report_gpt.md"
 
 test: $(PY)
 	$(PIP) install -e '.[all,dev]'

@@ -107,6 +107,9 @@ class TokenSpec:
         check_dataclass(self)
 
 
+_DEFAULT_SPEC = TokenSpec()
+
+
 def use_token_spec(owner: Any, trainer: Any, spec: TokenSpec | None) -> None:
     """Install a callback's ``tokens=`` on the trainer's timeline (one spec per trainer; a different second one warns)."""
     if spec is None:
@@ -131,7 +134,7 @@ def token_counts(batch: Any, spec: TokenSpec | None = None) -> tuple[int, Any] |
     """``(positions computed, non-padding positions or None)`` of a token batch, or None for other batches.
 
     The non-padding count stays a device tensor (no synchronisation); read it at logging steps."""
-    spec = spec or TokenSpec()
+    spec = spec or _DEFAULT_SPEC
     ids = _field(batch, spec.key)
     if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point:
         return None

@@ -211,17 +211,21 @@ def check_arguments(owner: str, fn: Callable[..., Any], bound: inspect.BoundArgu
         param = bound.signature.parameters[name]
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self" or name not in hints:
             continue
-        tp = hints[name]
-        reason = _refused(value, tp)
-        if reason is not None:
-            raise ValueError(f"{owner}({name}={value!r}) {reason}")
-        try:
-            _check(value, tp)
-            ok = _finite_numbers(value, tp)
-        except _Invalid:
-            ok = False
-        if not ok:
-            raise ValueError(f"{owner}({name}={value!r}) must be {_type_name(tp)}")
+        check_value(owner, name, value, hints[name])
+
+
+def check_value(owner: str, name: str, value: Any, tp: Any) -> None:
+    """One argument against its annotation; ValueError ``Owner(name=value) must be ...`` (or its refusal reason)."""
+    reason = _refused(value, tp)
+    if reason is not None:
+        raise ValueError(f"{owner}({name}={value!r}) {reason}")
+    try:
+        _check(value, tp)
+        ok = _finite_numbers(value, tp)
+    except _Invalid:
+        ok = False
+    if not ok:
+        raise ValueError(f"{owner}({name}={value!r}) must be {_type_name(tp)}")
 
 
 def validated(init: F) -> F:
@@ -245,13 +249,5 @@ def check_dataclass(obj: Any) -> None:
     hints = _hints(type(obj))
     owner = type(obj).__name__
     for f in dataclasses.fields(obj):
-        if f.name not in hints:
-            continue
-        value, tp = getattr(obj, f.name), hints[f.name]
-        try:
-            _check(value, tp)
-            ok = _finite_numbers(value, tp)
-        except _Invalid:
-            ok = False
-        if not ok:
-            raise ValueError(f"{owner}({f.name}={value!r}) must be {_type_name(tp)}")
+        if f.name in hints:
+            check_value(owner, f.name, getattr(obj, f.name), hints[f.name])

@@ -18,14 +18,18 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def quiet() -> None:
-    """Benchmarks print their own progress and tables: Lightning's per-Trainer banners and its own deprecation noise
-    would bury them."""
+    """Benchmarks print their own progress and tables: Lightning's per-Trainer banners, its tips and its own
+    deprecation notices would bury them."""
     import logging
     import warnings
 
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_utilities"):
+    import lightning.pytorch  # noqa: F401 - sets its loggers' levels on import: lower them after
+
+    from lit_compute._lightning_cli import quiet_lightning
+
+    quiet_lightning()
+    for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r".*validation_step. but have no .val_dataloader.*")
 
 

@@ -23,10 +23,11 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _fmt(value: Any) -> str:
+    """Numbers as people read them: 4 significant digits, thousands separated, never scientific notation."""
     if isinstance(value, float):
-        if value != value:
-            return "n/a"
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+        from lit_compute.report import human
+
+        return human(value, 4)
     return str(value)
 
 
@@ -82,3 +83,12 @@ def random_image_loader(n: int, batch_size: int, image_size: int, num_classes: i
     x = torch.randn(n, 3, image_size, image_size, generator=g)
     y = torch.randint(0, num_classes, (n,), generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False, drop_last=True)
+
+
+def cumulative_rows(base: dict[str, Any], steps: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Recipe rows where each adds one change to the row above: ``(slug, name, change)`` -> settings per row."""
+    rows, current = [], dict(base)
+    for slug, name, change in steps:
+        current = {**current, **change}
+        rows.append({"slug": slug, "name": name, **current})
+    return rows

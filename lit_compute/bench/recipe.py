@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median
+from lit_compute.bench._common import StepTimer, cumulative_rows, emit, machine_line, markdown, median
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops
@@ -51,11 +51,7 @@ def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
     if args.no_dali:  # the optimised row keeps the torchvision loader
         steps[-1] = ("4_optimised", "+ FlopsLogger on (optimised, torchvision loader)",
                      {"observe": True, "tuned_ddp": args.devices > 1})
-    rows, current = [], dict(base)
-    for slug, name, change in steps:
-        current = {**current, **change}
-        rows.append({"slug": slug, "name": name, **current})
-    return rows
+    return cumulative_rows(base, steps)
 
 
 def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:

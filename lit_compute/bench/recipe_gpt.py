@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_compute.bench._common import emit, machine_line, markdown
+from lit_compute.bench._common import cumulative_rows, emit, machine_line, markdown
 from lit_compute.bench.recipe import low_precision
 from lit_compute.data import TokenDataModule
 from lit_compute.flops import FlopsLogger
@@ -65,11 +65,7 @@ def rows_for(device: str, compile_row: bool = False) -> list[dict[str, Any]]:
     ]
     if compile_row:
         steps.append(("3_compiled", "+ torch.compile (blocks)", {"compile": True}))
-    rows, current = [], {"precision": "32-true", "mode": "padded", "batch_mult": 1, "compile": False}
-    for slug, name, change in steps:
-        current = {**current, **change}
-        rows.append({"slug": slug, "name": name, **current})
-    return rows
+    return cumulative_rows({"precision": "32-true", "mode": "padded", "batch_mult": 1, "compile": False}, steps)
 
 
 def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:

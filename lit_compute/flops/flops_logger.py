@@ -195,7 +195,9 @@ class FlopsLogger(MeasuringCallback):
         dtype = precision_dtype(trainer.precision)
         if self.peak == "measure":
             measured = measure_peak_flops(device, dtype)
-            rank_zero_info(f"FlopsLogger: measured peak {measured / 1e12:.3g} TFLOP/s ({dtype}, {device})")
+            from lit_compute.report import flops_rate
+
+            rank_zero_info(f"FlopsLogger: measured peak {flops_rate(measured / 1e12)} ({dtype}, {device})")
             return measured
         value = peak_flops(device, dtype)
         if value is None:
@@ -393,8 +395,10 @@ class FlopsLogger(MeasuringCallback):
             from lit_compute._utils import log_scalars
 
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
-            rank_zero_info(f"FlopsLogger: forward {per_sample:.4g} GFLOPs per sample, {count.total / 1e9:.4g} GFLOPs "
-                           "per training batch (forward + backward, model FLOPs)")
+            from lit_compute.report import human
+
+            rank_zero_info(f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
+                           "GFLOPs per training batch (forward + backward, model FLOPs)")
 
     # -- validation and test --------------------------------------------------------------------------
     def _eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
