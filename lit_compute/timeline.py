@@ -249,10 +249,10 @@ class Timeline:
         Every lit_compute callback calls it at ``on_train_start``, before any batch: idempotent there."""
         self.device = trainer.strategy.root_device
         self._reset_loop()
-        if self._stack:  # an interval left open by an earlier run that raised inside it
-            self._stack.clear()
-            self._category_start.clear()
-            self._pause_start = None
+        # an interval left open by an earlier run that raised inside it
+        self._stack.clear()
+        self._category_start.clear()
+        self._pause_start = None
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
             pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
             if isinstance(pad, int):

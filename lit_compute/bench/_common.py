@@ -11,6 +11,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lit_compute.report import human
+
 
 def markdown(header: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table with right-aligned number columns."""
@@ -25,8 +27,6 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 def _fmt(value: Any) -> str:
     """Numbers as people read them: 4 significant digits, thousands separated, never scientific notation."""
     if isinstance(value, float):
-        from lit_compute.report import human
-
         return human(value, 4)
     return str(value)
 

@@ -17,6 +17,7 @@ from lit_compute._validate import Check, validated
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops
 from lit_compute.flops.predict import ShapePredictor
+from lit_compute.report import flops_rate, human
 from lit_compute.timeline import LogEvent, StepRecord, timeline_for
 
 if TYPE_CHECKING:
@@ -195,8 +196,6 @@ class FlopsLogger(MeasuringCallback):
         dtype = precision_dtype(trainer.precision)
         if self.peak == "measure":
             measured = measure_peak_flops(device, dtype)
-            from lit_compute.report import flops_rate
-
             rank_zero_info(f"FlopsLogger: measured peak {flops_rate(measured / 1e12)} ({dtype}, {device})")
             return measured
         value = peak_flops(device, dtype)
@@ -395,8 +394,6 @@ class FlopsLogger(MeasuringCallback):
             from lit_compute._utils import log_scalars
 
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
-            from lit_compute.report import human
-
             rank_zero_info(f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
                            "GFLOPs per training batch (forward + backward, model FLOPs)")
 
