@@ -37,6 +37,7 @@ _WHERE = {
     "GPT": "lit_compute.models",
     "ImageClassifier": "lit_compute.models",
     "TokenSpec": "lit_compute._batch",
+    "MeasuringCallback": "lit_compute.callback",
     "Timeline": "lit_compute.timeline",
     "timeline_for": "lit_compute.timeline",
 }

@@ -1,5 +1,7 @@
 """What a batch holds, read the way Lightning reads batches: tensors inside mappings, sequences, namedtuples,
-dataclasses and plain objects holding tensors; the batch size; the tokens of a language-model batch."""
+dataclasses and plain objects holding tensors; the batch size; the tokens of a language-model batch.
+
+This module only reads batches: it knows nothing of trainers, timelines or callbacks."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from lit_compute._validate import check_dataclass
 
 _MAX_DEPTH = 8
 _MAX_LEAVES = 4096
@@ -69,8 +74,6 @@ def signature(stage: str, batch: Any) -> tuple:
 
 def batch_size(batch: Any) -> int | None:
     """The batch size as Lightning infers it (its first tensor's first dimension), or None."""
-    from lightning.pytorch.utilities.data import extract_batch_size
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning warns about ambiguous collections; a measurement needs no warning
@@ -102,26 +105,10 @@ class TokenSpec:
     pad_id: int | None = None
 
     def __post_init__(self) -> None:
-        from lit_compute._validate import check_dataclass
-
         check_dataclass(self)
 
 
 _DEFAULT_SPEC = TokenSpec()
-
-
-def use_token_spec(owner: Any, trainer: Any, spec: TokenSpec | None) -> None:
-    """Install a callback's ``tokens=`` on the trainer's timeline (one spec per trainer; a different second one warns)."""
-    if spec is None:
-        return
-    from lit_compute.timeline import timeline_for
-
-    timeline = timeline_for(trainer)
-    if timeline.token_spec is not None and timeline.token_spec != spec:
-        owner._warn_once("tokens", f"{type(owner).__name__}(tokens={spec}) differs from {timeline.token_spec}, which "
-                         "another lit_compute callback set; the first one is used.")
-        return
-    timeline.token_spec = spec
 
 
 def _field(batch: Any, key: str) -> Any:
@@ -144,3 +131,22 @@ def token_counts(batch: Any, spec: TokenSpec | None = None) -> tuple[int, Any] |
     if spec.pad_id is not None:
         return ids.numel(), (ids.detach() != spec.pad_id).sum()
     return ids.numel(), None
+
+
+@dataclass
+class BatchFacts:
+    """What a batch holds, read once per batch by the timeline for every consumer."""
+
+    samples: int | None = None
+    tokens: int | None = None  # positions computed (``input_ids.numel()``), when the batch has tokens
+    real_tokens: Any = None  # non-padding positions: an int, or a device tensor read only at logging steps
+
+
+def read_batch(batch: Any, spec: TokenSpec | None = None) -> BatchFacts:
+    """Samples and tokens of a batch. Tokens: a mapping with ``input_ids`` (positions computed) and, with an
+    ``attention_mask``, the non-padding positions (kept on the device until read)."""
+    facts = BatchFacts(samples=batch_size(batch))
+    counts = token_counts(batch, spec)
+    if counts is not None:
+        facts.tokens, facts.real_tokens = counts
+    return facts

@@ -1,15 +1,25 @@
-"""The one place that touches private attributes of torch / Lightning (each use guarded)."""
+"""The one place that touches private attributes of torch / Lightning (each use guarded), and facts about the
+system this process runs on (CPU cores)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+
+def available_cpu_cores() -> int:
+    """CPU cores this process may run on (affinity-aware), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return max(1, os.cpu_count() or 1)
 
 
 def seed_module_names(tracker: Any, root: nn.Module, prefix: str) -> bool:

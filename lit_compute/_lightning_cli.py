@@ -13,6 +13,7 @@ import lightning.pytorch.cli as lightning_cli
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
+import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
 
 _PACKAGE = str(Path(__file__).resolve().parent)
@@ -37,8 +38,6 @@ def constructor_error(err: BaseException) -> BaseException | str | None:
             if last is not None and str(Path(last).resolve()).startswith(_PACKAGE):
                 return current
         stack += [e for e in (current.__cause__, current.__context__) if e is not None]
-    import lit_compute
-
     names = "|".join(re.escape(n) for n in lit_compute.__all__ if n[:1].isupper())
     pattern = re.compile(rf"(?:^|[\s-])((?:{names})(?:\(\w+=|: ).*)$")
     for line in str(err).splitlines():

@@ -3,16 +3,13 @@
 TensorBoard's Custom Scalars plugin matches a chart's tag patterns with ``re.match`` (a prefix match), so every
 pattern here is anchored (``^time/step_ms$`` does not pull in ``time/step_ms_p90``), and every chart holds one
 unit (FLOPs, FLOP/s, a fraction, milliseconds...), so no line sits flat at zero on another's axis.
+Pure data and matching; :func:`lit_compute.writer.write_layout` writes it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
 
 
 def _tags(*names: str) -> list[str]:
@@ -80,16 +77,3 @@ def layout_for(tags: Iterable[str]) -> dict[str, dict[str, list]]:
             if chart_matches(patterns, tags):
                 out.setdefault(category, {})[title] = ["Multiline", patterns]
     return out
-
-
-def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
-    """Write the layout to the TensorBoard logger's event file (TensorBoard shows the latest one)."""
-    from lit_compute._utils import tensorboard_logger
-
-    tb = tensorboard_logger(trainer)
-    layout = layout_for(tags)
-    if tb is None or not layout or not trainer.is_global_zero:
-        return False
-    tb.experiment.add_custom_scalars(layout)
-    tb.experiment.flush()
-    return True

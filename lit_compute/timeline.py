@@ -23,7 +23,10 @@ same marks whatever their order in ``Trainer(callbacks=[...])``:
 - **one logging event** per step or validation run: every lit_compute metric of it is written with one
   ``log_metrics`` call at one step number, and the values that need all ranks go through **one** all-reduce
   whose layout depends only on configuration and the step number (never on a rank's own data or
-  failures): a rank with nothing to say contributes NaN.
+  failures): a rank with nothing to say contributes NaN. :meth:`Timeline.flush` returns the finished event;
+  :mod:`lit_compute.writer` writes it. The timeline itself writes nothing and imports nothing above
+  :mod:`lit_compute._batch` and :mod:`lit_compute._compat`: its callers pass their participants in
+  (:class:`Participant`).
 
 The clock is ``time.perf_counter`` looked up at every call (so ``mock.patch("time.perf_counter")`` drives it,
 as Lightning's own callback tests do), or any callable given as :attr:`Timeline.clock`.
@@ -35,33 +38,25 @@ import contextlib
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from lit_compute import _compat
+from lit_compute._batch import BatchFacts, TokenSpec, read_batch
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lit_compute._utils import MeasuringCallback
+__all__ = ["BatchFacts", "LogEvent", "Participant", "StepRecord", "Timeline", "read_batch", "timeline_for"]
 
 CATEGORIES = ("instrument", "validation", "checkpoint")
 
 
 def _perf_counter() -> float:
     return time.perf_counter()
-
-
-@dataclass
-class BatchFacts:
-    """What a batch holds, read once per batch by the timeline for every consumer."""
-
-    samples: int | None = None
-    tokens: int | None = None  # positions computed (``input_ids.numel()``), when the batch has tokens
-    real_tokens: Any = None  # non-padding positions: an int, or a device tensor read only at logging steps
 
 
 @dataclass
@@ -128,6 +123,31 @@ class LogEvent:
         """Add metrics to this event (written once, by rank 0, when the event is flushed)."""
         self.metrics.update({k: float(v) for k, v in metrics.items()})
 
+    def contribute(self, owner: Participant, values: Mapping[str, float],
+                   finish: Callable[[dict[str, float]], dict[str, float]]) -> None:
+        """Put ``values`` into this event's all-reduce (sum over ranks; NaN where a rank knows nothing);
+        ``finish(sums)`` returns the metrics to log once the sums are known. The keys must be in the owner's
+        ``reduce_keys`` for this event's stage (the slots every rank reserves); others are never reduced."""
+        for key, value in values.items():
+            self._reduce[(id(owner), key)] = float(value)
+        self._finish.append((owner, finish))
+
+
+class Participant(Protocol):
+    """What the timeline needs of a callback that takes part in the logging event (a
+    :class:`~lit_compute.callback.MeasuringCallback` is one).
+
+    ``reduce_keys[stage]`` names the values the participant puts into the event's all-reduce when
+    ``logs_at(trainer, stage, step)``; that predicate depends only on configuration, the stage and the step, so
+    the all-reduce has the same layout on every rank. ``disable(reason)`` is called when its ``finish`` raises.
+    """
+
+    reduce_keys: Mapping[str, tuple[str, ...]]
+
+    def logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool: ...
+
+    def disable(self, reason: str) -> None: ...
+
 
 class Timeline:
     """The shared clock, step marks and logging events of one trainer (see the module docstring).
@@ -147,10 +167,7 @@ class Timeline:
         self._category_start: dict[str, float] = {}
         self.device: torch.device | None = None
         self.event: LogEvent | None = None
-        self.tags: set[str] = set()  # tags logged so far (for TensorBoard's custom-scalars layout)
-        self.failed_loggers: set[int] = set()  # loggers that raised once: skipped by every lit_compute callback
-        self.warned: set[str] = set()  # warnings given once for all of lit_compute
-        self.token_spec: Any = None  # lit_compute._batch.TokenSpec (None: auto-detect input_ids/attention_mask)
+        self.token_spec: TokenSpec | None = None  # None: auto-detect input_ids/attention_mask
         self._reset_loop()
 
     def _reset_loop(self) -> None:
@@ -256,8 +273,6 @@ class Timeline:
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
             pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
             if isinstance(pad, int):
-                from lit_compute._batch import TokenSpec
-
                 self.token_spec = TokenSpec(pad_id=pad)
 
     def epoch_start(self) -> None:
@@ -346,50 +361,37 @@ class Timeline:
         return self.event
 
     # -- the one logging event ----------------------------------------------------------------------------
-    def flush(self, trainer: pl.Trainer, measuring: list[MeasuringCallback], stage: str) -> None:
-        """Reduce and write the pending event. Called by the last lit_compute callback of the trainer's list, on
-        every rank. The all-reduce's layout depends only on the callbacks' configuration and the step number."""
+    def flush(self, trainer: pl.Trainer, participants: Sequence[Participant], stage: str) -> LogEvent | None:
+        """Reduce the pending event of ``stage`` and finish its metrics; the event (None when there was none).
+
+        Called once per event on every rank, with the same ``participants`` in the same order. The all-reduce's
+        layout depends only on their ``reduce_keys`` and ``logs_at`` (configuration and the step number), never on
+        what a rank contributed. Writing the event is the caller's job (:func:`lit_compute.writer.write_event`)."""
         event = self.event if self.event is not None and self.event.stage == stage else None
         self.event = None
         step = event.step if event is not None else _compat.batches_that_stepped(trainer)
-        slots = []
-        for i, cb in enumerate(measuring):
+        slots: list[tuple[int, str]] = []
+        for p in participants:
+            keys = tuple(p.reduce_keys.get(stage, ()))
             try:
-                if cb._logs_at(trainer, stage, step):
-                    slots += [(i, key) for key in cb._reduce_keys.get(stage, ())]
+                logs = p.logs_at(trainer, stage, step)
             except Exception:  # noqa: BLE001 - configuration arithmetic; never skip the collective on one rank
-                slots += [(i, key) for key in cb._reduce_keys.get(stage, ())]
+                logs = True
+            if logs:
+                slots += [(id(p), key) for key in keys]
         reduced: dict[tuple[int, str], float] = {}
         if slots:
             local = [event._reduce.get(slot, math.nan) if event is not None else math.nan for slot in slots]
             reduced = dict(zip(slots, _all_reduce_sum(trainer, local)))
         if event is None:
-            return
+            return None
         for owner, finish in event._finish:
-            index = measuring.index(owner) if owner in measuring else -1
-            values = {key: value for (i, key), value in reduced.items() if i == index}
+            values = {key: value for (pid, key), value in reduced.items() if pid == id(owner)}
             try:
                 event.log(finish(values))
             except Exception as err:  # noqa: BLE001 - a measuring callback must not stop training
-                owner._disable(f"computing its metrics failed with {type(err).__name__}: {err}")
-        if event.metrics and trainer.is_global_zero:
-            from lit_compute._utils import log_scalars
-
-            log_scalars(trainer, event.metrics, step=event.step)
-
-    def contribute(self, owner: MeasuringCallback, trainer: pl.Trainer, values: dict[str, float],
-                   finish: Callable[[dict[str, float]], dict[str, float]]) -> None:
-        """Put ``values`` into the pending event's all-reduce (sum over ranks; NaN where a rank knows nothing);
-        ``finish(reduced)`` returns the metrics to log once the sums are known. Keys must be declared in the
-        owner's ``_reduce_keys`` for the event's stage."""
-        event = self.event
-        if event is None:
-            return
-        measuring = measuring_callbacks(trainer)
-        index = measuring.index(owner)
-        for key, value in values.items():
-            event._reduce[(index, key)] = float(value)
-        event._finish.append((owner, finish))
+                owner.disable(f"computing its metrics failed with {type(err).__name__}: {err}")
+        return event
 
 
 def _all_reduce_sum(trainer: pl.Trainer, values: list[float]) -> list[float]:
@@ -398,18 +400,6 @@ def _all_reduce_sum(trainer: pl.Trainer, values: list[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
     out = trainer.strategy.reduce(tensor, reduce_op="sum")
     return [float(v) for v in out.detach().cpu().tolist()]
-
-
-def read_batch(batch: Any, spec: Any = None) -> BatchFacts:
-    """Samples and tokens of a batch. Tokens: a mapping with ``input_ids`` (positions computed) and, with an
-    ``attention_mask``, the non-padding positions (kept on the device until read)."""
-    from lit_compute._batch import batch_size, token_counts
-
-    facts = BatchFacts(samples=batch_size(batch))
-    counts = token_counts(batch, spec)
-    if counts is not None:
-        facts.tokens, facts.real_tokens = counts
-    return facts
 
 
 _TIMELINES: weakref.WeakKeyDictionary[Any, Timeline] = weakref.WeakKeyDictionary()
@@ -423,10 +413,3 @@ def timeline_for(trainer: pl.Trainer) -> Timeline:
         _TIMELINES[trainer] = timeline
         _compat.mark_checkpoint_saving(trainer, timeline)
     return timeline
-
-
-def measuring_callbacks(trainer: pl.Trainer) -> list[MeasuringCallback]:
-    """lit_compute's measuring callbacks of ``trainer``, in the order Lightning calls them."""
-    from lit_compute._utils import MeasuringCallback
-
-    return [cb for cb in trainer.callbacks if isinstance(cb, MeasuringCallback)]

@@ -65,6 +65,150 @@ def test_labelled_intervals_pause_the_clock_once_even_when_nested():
     assert timeline.end("checkpoint") == 0.0  # nothing open: nothing happens
 
 
+# -- the unit layer: the timeline without a Trainer ----------------------------------------------------------
+class StubTrainer:
+    """What the timeline reads of a trainer, and nothing more: the step counters, accumulation, the strategy's
+    device and reduce (recorded: the layout of every all-reduce)."""
+
+    def __init__(self, world_size: int = 1, accumulate: int = 1, reduce_with=None) -> None:
+        from types import SimpleNamespace
+
+        self.global_step = 0
+        self.world_size = world_size
+        self.is_global_zero = True
+        self.datamodule = None
+        self.lightning_module = SimpleNamespace(automatic_optimization=True)
+        self.reduced: list[list[float]] = []
+        self._batches = 0
+        self._accumulate = accumulate
+        self._reduce_with = reduce_with  # other ranks' values, added to ours (None: just ours)
+        loop = SimpleNamespace(_batches_that_stepped=0, _should_accumulate=lambda: self._batches % accumulate != 0)
+        self.fit_loop = SimpleNamespace(epoch_loop=loop)
+        self.strategy = SimpleNamespace(root_device=torch.device("cpu"), reduce=self._reduce)
+
+    def _reduce(self, tensor, reduce_op):
+        assert reduce_op == "sum"
+        self.reduced.append(tensor.tolist())
+        other = torch.tensor(self._reduce_with(tensor.tolist()), dtype=tensor.dtype) if self._reduce_with else 0
+        return tensor + other
+
+    def finish_batch(self) -> None:
+        """What Lightning does after a training batch: step the optimizer at the accumulation boundary."""
+        self._batches += 1
+        if self._batches % self._accumulate == 0:
+            self.global_step += 1
+            self.fit_loop.epoch_loop._batches_that_stepped += 1
+
+
+class Participant:
+    def __init__(self, keys=("x",), every: int = 1, fails: bool = False) -> None:
+        self.reduce_keys = {"train": tuple(keys)}
+        self.every, self.fails, self.disabled = every, fails, None
+
+    def logs_at(self, trainer, stage, step):
+        return stage == "train" and (step + 1) % self.every == 0
+
+    def disable(self, reason):
+        self.disabled = reason
+
+
+def _run_step(timeline, trainer, clock, wait=0.0, compute=0.0, batch=None):
+    clock.advance(wait)
+    timeline.batch_start(trainer, batch if batch is not None else torch.zeros(4, 3))
+    clock.advance(compute)
+    trainer.finish_batch()
+    return timeline.batch_end(trainer)
+
+
+def test_unit_marks_give_exact_wait_and_compute_and_the_first_step_is_tainted():
+    clock, trainer = DrivenClock(), StubTrainer()
+    timeline = Timeline(clock)
+    timeline.train_start(trainer)
+    timeline.epoch_start()
+    first = _run_step(timeline, trainer, clock, wait=0.5, compute=0.25)
+    second = _run_step(timeline, trainer, clock, wait=0.125, compute=0.25)
+    assert (first.index, second.index) == (0, 1)
+    assert first.taints == {"start"} and not first.clean  # its wait includes the loader's start
+    assert second.clean and second.samples == 4 and second.batches == 1
+    assert (second.wait_s, second.compute_s) == (pytest.approx(0.125), pytest.approx(0.25))
+    # a later caller in the same batch gets the same record; the first caller took the mark
+    assert timeline.batch_end(trainer) is second
+
+
+def test_unit_intervals_inside_a_step_are_removed_and_taints_mark_the_step():
+    clock, trainer = DrivenClock(), StubTrainer()
+    timeline = Timeline(clock)
+    timeline.train_start(trainer)
+    _run_step(timeline, trainer, clock, compute=0.1)
+    clock.advance(0.2)  # data wait
+    timeline.batch_start(trainer, torch.zeros(2, 3))
+    clock.advance(0.3)
+    with timeline.instrument("trace_export"):
+        clock.advance(7.0)
+    timeline.taint("profiler")
+    clock.advance(0.1)
+    trainer.finish_batch()
+    record = timeline.batch_end(trainer)
+    assert record.compute_s == pytest.approx(0.4) and record.wait_s == pytest.approx(0.2)
+    assert record.taints == {"profiler"} and timeline.totals["instrument:trace_export"] == pytest.approx(7.0)
+    # a checkpoint between steps is left out of the next step's data wait
+    with timeline.interval("checkpoint", "save_checkpoint"):
+        clock.advance(3.0)
+    clock.advance(0.05)
+    assert _run_step(timeline, trainer, clock, compute=0.1).wait_s == pytest.approx(0.05)
+
+
+def test_unit_accumulated_micro_batches_are_one_step():
+    clock, trainer = DrivenClock(), StubTrainer(accumulate=3)
+    timeline = Timeline(clock)
+    timeline.train_start(trainer)
+    records = [_run_step(timeline, trainer, clock, wait=0.01, compute=0.1) for _ in range(6)]
+    assert records[0] is None and records[1] is None and records[3] is None and records[4] is None
+    assert (records[2].index, records[5].index) == (0, 1)
+    assert records[5].batches == 3 and records[5].samples == 12
+    assert records[5].compute_s == pytest.approx(0.3) and records[5].wait_s == pytest.approx(0.03)
+
+
+def test_unit_flush_has_one_layout_whatever_a_rank_contributed():
+    """Two participants, one logging every other step; the all-reduce's layout depends on configuration and step
+    only: a rank with no event (or no contribution) sends NaN in the same slots."""
+    clock, trainer = DrivenClock(), StubTrainer(world_size=2, reduce_with=lambda mine: [1.0] * len(mine))
+    timeline = Timeline(clock)
+    timeline.train_start(trainer)
+    every_step, every_other = Participant(("a", "b")), Participant(("c",), every=2)
+    participants = [every_step, every_other]
+    layouts, logged = [], []
+    for step in range(4):
+        _run_step(timeline, trainer, clock, compute=0.1)
+        event = timeline.event
+        if step == 1:  # only the first participant contributes at step 1
+            event.contribute(every_step, {"a": 2.0}, lambda sums: {"sum/a": sums["a"], "sum/b": sums["b"]})
+        event.log({"local/step": step})
+        flushed = timeline.flush(trainer, participants, "train")
+        layouts.append(len(trainer.reduced[-1]))
+        logged.append(flushed.metrics)
+    assert layouts == [2, 3, 2, 3]  # a, b every step; c at steps 1 and 3
+    assert trainer.reduced[1][:2] == [2.0, pytest.approx(float("nan"), nan_ok=True)]
+    assert logged[1] == {"local/step": 1.0, "sum/a": 3.0, "sum/b": pytest.approx(float("nan"), nan_ok=True)}
+    assert timeline.event is None
+    # a rank without an event still joins the collective with the same layout, and returns nothing to write
+    assert timeline.flush(trainer, participants, "train") is None
+    assert len(trainer.reduced[-1]) == 2 and all(v != v for v in trainer.reduced[-1])
+
+
+def test_unit_a_finish_that_raises_disables_its_owner_only():
+    clock, trainer = DrivenClock(), StubTrainer()
+    timeline = Timeline(clock)
+    timeline.train_start(trainer)
+    good, bad = Participant(("g",)), Participant(("b",))
+    _run_step(timeline, trainer, clock, compute=0.1)
+    timeline.event.contribute(bad, {"b": 1.0}, lambda sums: 1 / 0)
+    timeline.event.contribute(good, {"g": 5.0}, lambda sums: {"good": sums["g"]})
+    event = timeline.flush(trainer, [good, bad], "train")
+    assert event.metrics == {"good": 5.0}
+    assert "ZeroDivisionError" in bad.disabled and good.disabled is None
+
+
 # -- instrument time is not the user's time ---------------------------------------------------------------
 def test_profiler_export_never_lands_in_data_wait_or_tflops(tmp_path, monkeypatch):
     clock = DrivenClock()
@@ -347,12 +491,12 @@ class Recording(FlopsLogger):
         super().__init__(**kwargs)
         self.seen = {}
 
-    def _step_end(self, trainer, pl_module, record, event):
-        if FAIL_ON_RANK1 and trainer.global_rank == 1 and record.index == 3:
+    def _log(self, trainer, pl_module, event):
+        if FAIL_ON_RANK1 and trainer.global_rank == 1 and event.step == 3:
             raise RuntimeError("injected failure on rank 1 only")
-        super()._step_end(trainer, pl_module, record, event)
-        if self.last_local_tflops is not None:
-            self.seen[record.index] = self.last_local_tflops
+        super()._log(trainer, pl_module, event)
+        if event.stage == "train" and self.last_local_tflops is not None:
+            self.seen[event.step] = self.last_local_tflops
 
     def on_train_end(self, trainer, pl_module):
         (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))

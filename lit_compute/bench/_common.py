@@ -11,24 +11,14 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_compute.report import human
+from lit_compute.flops.peaks import measure_peak_flops
+from lit_compute.formatting import markdown_table
 
 
 def markdown(header: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table with right-aligned number columns."""
-    cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
-    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in cells[1:]]
-    return "\n".join(out)
-
-
-def _fmt(value: Any) -> str:
-    """Numbers as people read them: 4 significant digits, thousands separated, never scientific notation."""
-    if isinstance(value, float):
-        return human(value, 4)
-    return str(value)
+    """A Markdown table for a terminal: numbers as people read them (4 significant digits, thousands separated,
+    never scientific notation), right-aligned."""
+    return markdown_table(header, rows, aligned=True)
 
 
 def emit(text: str) -> None:
@@ -92,3 +82,12 @@ def cumulative_rows(base: dict[str, Any], steps: list[tuple[str, str, dict[str, 
         current = {**current, **change}
         rows.append({"slug": slug, "name": name, **current})
     return rows
+
+
+def low_precision(device: str) -> str:
+    """bf16-mixed where bf16 matmuls are fast (GPUs with bf16, CPUs with bf16 units), else 16-mixed on GPU."""
+    if device == "cuda":
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    fp32 = measure_peak_flops("cpu", torch.float32, size=1024, seconds=0.3)
+    bf16 = measure_peak_flops("cpu", torch.bfloat16, size=1024, seconds=0.3)
+    return "bf16-mixed" if bf16 > 1.2 * fp32 else "32-true"

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from lit_compute._utils import available_cpu_cores
+from lit_compute._compat import available_cpu_cores
 from lit_compute.bench._common import emit, machine_line, markdown, median
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available

@@ -18,22 +18,22 @@ import lightning.pytorch as pl
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_compute.bench._common import StepTimer, cumulative_rows, emit, machine_line, markdown, median
+from lit_compute.bench import recipe_gpt
+from lit_compute.bench._common import (
+    StepTimer,
+    cumulative_rows,
+    emit,
+    low_precision,
+    machine_line,
+    markdown,
+    median,
+)
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available
-from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops
+from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops, precision_dtype
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import StepTimeMonitor
 from lit_compute.precision import fp32_norm_precision
-
-
-def low_precision(device: str) -> str:
-    """bf16-mixed where bf16 matmuls are fast (GPUs with bf16, CPUs with bf16 units), else 16-mixed on GPU."""
-    if device == "cuda":
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    fp32 = measure_peak_flops("cpu", torch.float32, size=1024, seconds=0.3)
-    bf16 = measure_peak_flops("cpu", torch.bfloat16, size=1024, seconds=0.3)
-    return "bf16-mixed" if bf16 > 1.2 * fp32 else "32-true"
 
 
 def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
@@ -99,9 +99,7 @@ def main(argv: list[str]) -> int:
     pre.add_argument("--model", default="resnet50")
     known, _ = pre.parse_known_args(argv)
     if known.model == "gpt":
-        from lit_compute.bench.recipe_gpt import main as gpt_main
-
-        return gpt_main(argv)
+        return recipe_gpt.main(argv)
     parser = argparse.ArgumentParser(prog="lit-compute bench recipe", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      epilog="--model gpt: the language-model recipe (lit-compute bench recipe --model gpt "
@@ -130,8 +128,7 @@ def main(argv: list[str]) -> int:
     peaks = {}
     results = []
     for row in rows:
-        dtype = torch.bfloat16 if row["precision"].startswith("bf16") else (
-            torch.float16 if row["precision"].startswith("16") else torch.float32)
+        dtype = precision_dtype(row["precision"])
         if dtype not in peaks:
             peaks[dtype] = measure_peak_flops(device, dtype) * args.devices
         measured = run_row(row, args, log_dir)
@@ -139,7 +136,8 @@ def main(argv: list[str]) -> int:
         results.append(measured)
         emit(f"  {row['name']}: {measured['samples_per_sec']:.1f} samples/s")
     base = results[0]["samples_per_sec"]
-    table = [[row["name"], round(r["samples_per_sec"], 1), round(1e3 / r["samples_per_sec"], 2),
+    # measured values to 4 significant digits (markdown): the ratios read back from the table hold at any speed
+    table = [[row["name"], r["samples_per_sec"], 1e3 / r["samples_per_sec"],
               f"{100 * r['mfu']:.1f}%", f"{100 * r['data_wait']:.1f}%", f"{r['samples_per_sec'] / base:.2f}x"]
              for row, r in zip(rows, results)]
     emit(f"\n# bench recipe: {args.model} at {args.image_size}px, batch {args.batch_size}, {args.steps} steps per row, "

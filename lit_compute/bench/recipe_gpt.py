@@ -21,8 +21,7 @@ import lightning.pytorch as pl
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_compute.bench._common import cumulative_rows, emit, machine_line, markdown
-from lit_compute.bench.recipe import low_precision
+from lit_compute.bench._common import cumulative_rows, emit, low_precision, machine_line, markdown
 from lit_compute.data import TokenDataModule
 from lit_compute.flops import FlopsLogger
 from lit_compute.models import GPT
@@ -130,7 +129,7 @@ def main(argv: list[str]) -> int:
         results.append(measured)
         emit(f"        {measured['tokens_per_sec']:,.0f} tokens/s")
     base = results[0]["tokens_per_sec"]
-    table = [[row["name"], f"{r['tokens_per_sec']:,.0f}", f"{r['samples_per_sec']:.1f}", f"{100 * r['mfu']:.1f}%",
+    table = [[row["name"], float(r["tokens_per_sec"]), float(r["samples_per_sec"]), f"{100 * r['mfu']:.1f}%",
               f"{100 * r['padding']:.1f}%", r["steps_timed"], f"{r['tokens_per_sec'] / base:.2f}x"]
              for row, r in zip(rows, results)]
     emit("")

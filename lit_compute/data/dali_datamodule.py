@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import torch
 
-from lit_compute._utils import available_cpu_cores
+from lit_compute._compat import available_cpu_cores
 from lit_compute._validate import Check, validated
 from lit_compute.data.folders import first_undecodable
 from lit_compute.data.torchvision_datamodule import IMAGENET_MEAN, IMAGENET_STD, TorchvisionImageDataModule

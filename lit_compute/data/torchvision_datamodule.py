@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from lit_compute._utils import available_cpu_cores
+from lit_compute._compat import available_cpu_cores
 from lit_compute._validate import Check, validated
 from lit_compute.data.folders import ImageFolderScan, scan_image_folder
 from lit_compute.data.synthetic import make_synthetic_image_folder

@@ -9,9 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
-from lit_compute._utils import MeasuringCallback, guarded, log_scalars, log_text, markdown_table
 from lit_compute._validate import Check, validated
+from lit_compute.callback import MeasuringCallback, guarded
+from lit_compute.formatting import markdown_table
+from lit_compute.timeline import timeline_for
+from lit_compute.writer import log_scalars, log_text
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -73,8 +77,6 @@ def allreduce_sweep(device: torch.device, sizes: list[int], seconds: float = 10.
 def timed_sweep(trainer: Any, sizes: list[int], seconds: float) -> list[AllReduceResult]:
     """:func:`allreduce_sweep` as instrument time of the trainer's timeline, on a process group of its own whose
     timeout bounds the wait if one rank fails mid-sweep (so the others raise instead of hanging)."""
-    from lit_compute.timeline import timeline_for
-
     timeout = timedelta(seconds=max(60.0, 6 * seconds))
     with timeline_for(trainer).instrument("comm_benchmark"):
         group = dist.new_group(timeout=timeout)
@@ -128,6 +130,7 @@ class CommBenchmark(MeasuringCallback):
         self.seconds = seconds
         self.results: list[AllReduceResult] = []
 
+    @override
     @guarded
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if not (dist.is_available() and dist.is_initialized()) or trainer.world_size < 2:

@@ -13,10 +13,11 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lit_compute._utils import log_text, markdown_table
 from lit_compute._validate import Check, validated
 from lit_compute.distributed.comm_benchmark import default_sizes, log_results, timed_sweep
 from lit_compute.distributed.nccl_settings import NCCLSettings
+from lit_compute.formatting import markdown_table
+from lit_compute.writer import log_text
 
 
 def destroy_process_group(barrier: bool = True) -> None:

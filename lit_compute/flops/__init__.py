@@ -2,7 +2,7 @@
 
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
 from lit_compute.flops.flops_logger import FlopsLogger
-from lit_compute.flops.peaks import PEAK_TABLE, chip_for_name, measure_peak_flops, peak_flops
+from lit_compute.flops.peaks import PEAK_TABLE, chip_for_name, measure_peak_flops, peak_flops, precision_dtype
 
 __all__ = [
     "PEAK_TABLE",
@@ -13,4 +13,5 @@ __all__ = [
     "count_flops",
     "measure_peak_flops",
     "peak_flops",
+    "precision_dtype",
 ]

@@ -122,6 +122,20 @@ def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda", kind: str = "
     return key
 
 
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype matmuls run in under a Lightning precision string ("bf16-mixed" -> bfloat16, ...)."""
+    p = str(precision)
+    if p.startswith("bf16"):
+        return torch.bfloat16
+    if p.startswith("16"):
+        return torch.float16
+    if p.startswith("64"):
+        return torch.float64
+    if p.startswith("transformer-engine"):
+        return torch.bfloat16
+    return torch.float32
+
+
 def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str = torch.float32,
                flops_by_op: dict[str, int] | None = None) -> float | None:
     """Dense peak FLOP/s of a GPU for ``dtype``, from :data:`PEAK_TABLE`; None when unknown (CPUs included).

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import psutil
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
-from lit_compute._utils import MeasuringCallback
 from lit_compute._validate import Check, validated
-from lit_compute.timeline import LogEvent, StepRecord
+from lit_compute.callback import MeasuringCallback
+from lit_compute.timeline import LogEvent
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -106,6 +107,7 @@ class DeviceMonitor(MeasuringCallback):
         self._gpu_reader: _GpuReader | None = None
         self._process: psutil.Process | None = None
 
+    @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.cpu:
             self._process = psutil.Process(os.getpid())
@@ -127,10 +129,9 @@ class DeviceMonitor(MeasuringCallback):
             self._warn_once("nvml-init", f"DeviceMonitor: NVML failed to start ({err}); GPU metrics are off.")
         return None
 
-    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
-                  event: LogEvent) -> None:
-        if self._logs_at(trainer, "train", record.index):
-            event.log(self.read())
+    @override
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, event: LogEvent) -> None:
+        event.log(self.read())
 
     def read(self) -> dict[str, float]:
         """One reading of every enabled metric."""
@@ -151,6 +152,7 @@ class DeviceMonitor(MeasuringCallback):
                 self._gpu_reader = None
         return metrics
 
+    @override
     def _teardown(self) -> None:
         if self._gpu_reader is not None:
             self._gpu_reader.close()

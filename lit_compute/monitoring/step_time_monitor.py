@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Annotated, Any
 
-from lit_compute._batch import TokenSpec, use_token_spec
-from lit_compute._utils import MeasuringCallback, available_cpu_cores, log_text
+from typing_extensions import override
+
+from lit_compute._batch import TokenSpec
+from lit_compute._compat import available_cpu_cores
 from lit_compute._validate import Check, validated
-from lit_compute.timeline import LogEvent, StepRecord, timeline_for
+from lit_compute.callback import MeasuringCallback, use_token_spec
+from lit_compute.timeline import LogEvent, StepRecord
+from lit_compute.writer import log_text
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -87,29 +91,34 @@ class StepTimeMonitor(MeasuringCallback):
         self._instrument_mark = 0.0
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)  # (wait_ms, compute_ms)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"advice": self.advice}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.advice = state_dict.get("advice")
 
+    @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         use_token_spec(self, trainer, self.tokens)
 
+    @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
-        self._instrument_mark = timeline_for(trainer).totals.get("instrument", 0.0)
+        self._instrument_mark = self.timeline.totals.get("instrument", 0.0)
 
-    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
-                  event: LogEvent) -> None:
+    @override
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
         self._steps_since_log += 1
         if record.clean:
             self._interval.append(record)
-        if not self._logs_at(trainer, "train", record.index):
-            return
+
+    @override
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, event: LogEvent) -> None:
         records, self._interval = self._interval, []
         steps, self._steps_since_log = self._steps_since_log, 0
-        instrument = timeline_for(trainer).totals.get("instrument", 0.0)
+        instrument = self.timeline.totals.get("instrument", 0.0)
         instrument_ms, self._instrument_mark = (instrument - self._instrument_mark) * 1e3 / steps, instrument
         event.log({"time/instrument_ms": instrument_ms})
         if not records:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
+from typing_extensions import override
 
 from lit_compute._compat import grad_scaler_scale_tensor
-from lit_compute._utils import MeasuringCallback
 from lit_compute._validate import Check, validated
+from lit_compute.callback import MeasuringCallback
 from lit_compute.timeline import LogEvent, StepRecord
 
 if TYPE_CHECKING:
@@ -50,11 +51,13 @@ class LossScaleMonitor(MeasuringCallback):
         self._last: torch.Tensor | None = None
         self._pending: list[torch.Tensor] = []
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         self._count_pending()  # steps not yet counted at a checkpoint are counted into it
         last = float(self._last.float().cpu().reshape(())) if self._last is not None else None
         return {"skipped_steps": self.skipped_steps, "optimizer_steps": self.optimizer_steps, "last_scale": last}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.optimizer_steps = int(state_dict.get("optimizer_steps", 0))
@@ -62,6 +65,7 @@ class LossScaleMonitor(MeasuringCallback):
         self._last = torch.tensor(float(last)) if last is not None else None
         self._pending.clear()
 
+    @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._pending.clear()
@@ -77,14 +81,17 @@ class LossScaleMonitor(MeasuringCallback):
         # before the first step the scaler holds no tensor yet and get_scale() is the initial scale (no sync)
         self._last = scale.detach().clone() if scale is not None else torch.tensor(float(self._scaler.get_scale()))
 
-    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
-                  event: LogEvent) -> None:
+    @override
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
         if self._scaler is None:
             return
         scale = grad_scaler_scale_tensor(self._scaler)
         if scale is not None:
             self._pending.append(scale.detach().clone())  # a device copy, no sync
-        if not self._pending or not self._logs_at(trainer, "train", record.index):
+
+    @override
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, event: LogEvent) -> None:
+        if self._scaler is None or not self._pending:
             return
         latest = self._pending[-1]
         self._count_pending()

@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 from torch.profiler import ProfilerAction, ProfilerActivity
+from typing_extensions import override
 
 from lit_compute import _compat
-from lit_compute._utils import MeasuringCallback, log_scalars, log_text, markdown_table
 from lit_compute._validate import Check, validated
+from lit_compute.callback import MeasuringCallback
+from lit_compute.formatting import markdown_table
 from lit_compute.profiling.trace_summary import WindowSummary, summarize_trace
-from lit_compute.timeline import LogEvent, StepRecord, timeline_for
+from lit_compute.timeline import StepRecord
+from lit_compute.writer import log_scalars, log_text
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -127,13 +130,15 @@ class ProfilerWindow(MeasuringCallback):
         self._trainer: pl.Trainer | None = None
         self._durations: list[float] = []
         self._slow_next: int | None = None
-        self._pending_scalars: dict[str, float] = {}
+        self._first_batch = True
 
     # -- state ----------------------------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"windows_done": list(self.windows_done), "slow_windows": self.slow_windows,
                 "windows_written": self.windows_written}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.windows_done = [int(s) for s in state_dict.get("windows_done", [])]
         self.windows_written = int(state_dict.get("windows_written", len(self.windows_done)))
@@ -159,15 +164,17 @@ class ProfilerWindow(MeasuringCallback):
             return first, max(first, step), first + self.active - 1
         return None
 
+    @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if isinstance(trainer.profiler, PyTorchProfiler):
-            self._disable(
+            self.disable(
                 "Trainer(profiler='pytorch') already runs torch.profiler and two profilers cannot run at once; "
                 "remove one of them"
             )
 
+    @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._durations, self._slow_next, self._pending_scalars = [], None, {}
+        self._durations, self._slow_next = [], None
         self._first_batch = True
 
     def _report_missed(self, current: int) -> None:
@@ -179,9 +186,10 @@ class ProfilerWindow(MeasuringCallback):
                 self._warn_once(f"missed{first}", f"ProfilerWindow: the window of steps {first}-{last} was not "
                                 f"captured: this run starts at step {current}, after it (resumed from a checkpoint).")
 
+    @override
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        timeline = timeline_for(trainer)
-        if getattr(self, "_first_batch", False) and timeline.current is not None:
+        timeline = self.timeline
+        if self._first_batch and timeline.current is not None:
             self._first_batch = False
             self._report_missed(timeline.current.index)
         if self._profiler is not None:
@@ -227,10 +235,11 @@ class ProfilerWindow(MeasuringCallback):
             _compat.start_profiler_at_step(profiler, begin)
         except RuntimeError as err:  # another profiler (torch's or Lightning's) is already running
             self._window = None
-            self._disable(f"could not start torch.profiler ({err}); is another profiler active?")
+            self.disable(f"could not start torch.profiler ({err}); is another profiler active?")
             return
         self._profiler = profiler
 
+    @override
     def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                    record: StepRecord | None) -> None:
         window = self._window
@@ -239,7 +248,7 @@ class ProfilerWindow(MeasuringCallback):
         if record.index >= window["first"]:
             window["recorded"].append(record.index)
         window["current"] = record.index + 1
-        with timeline_for(trainer).instrument("profiler_export"):
+        with self.timeline.instrument("profiler_export"):
             if record.index < window["last"] and _compat.is_last_training_step(trainer):
                 self._finish()  # training ends inside the window: write what it holds, without an empty next step
             else:
@@ -247,11 +256,8 @@ class ProfilerWindow(MeasuringCallback):
                 if record.index >= window["last"]:
                     self._finish()
 
-    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord,
-                  event: LogEvent) -> None:
-        if self._pending_scalars:
-            event.log(self._pending_scalars)
-            self._pending_scalars = {}
+    @override
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
         if self.on_slow_step is None or self._profiler is not None or not record.clean:
             return
         duration = record.duration_s
@@ -281,10 +287,10 @@ class ProfilerWindow(MeasuringCallback):
         try:
             self._export(trainer, profiler, window)
         except Exception as err:  # noqa: BLE001 - a broken export must not stop training
-            self._disable(f"exporting the profiler window failed with {type(err).__name__}: {err}")
+            self.disable(f"exporting the profiler window failed with {type(err).__name__}: {err}")
 
     def _export(self, trainer: pl.Trainer, profiler: torch.profiler.profile, window: dict[str, Any]) -> None:
-        timeline = timeline_for(trainer)
+        timeline = self.timeline
         started = timeline.raw()
         recorded = window["recorded"]
         first = recorded[0] if recorded else window["first"]
@@ -329,14 +335,15 @@ class ProfilerWindow(MeasuringCallback):
         log_text(trainer, "profiler/top_ops", header + markdown_table(
             ["op", "calls", "self time ms", "share"], top_rows), step=last)
         log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=last)
-        scalars["profiler/export_ms"] = (timeline_for(trainer).raw() - started) * 1e3
-        event = timeline_for(trainer).event
+        scalars["profiler/export_ms"] = (timeline.raw() - started) * 1e3
+        event = timeline.event
         if event is not None and event.stage == "train" and event.step == last:
-            self._pending_scalars = scalars  # written with the rest of this step's event
+            event.log(scalars)  # written with the rest of this step's event, whether or not the step logs
         else:
             log_scalars(trainer, scalars, step=last)
 
     # -- robustness -----------------------------------------------------------------------------------
+    @override
     def _teardown(self) -> None:
         profiler, self._profiler = self._profiler, None
         window = self._window

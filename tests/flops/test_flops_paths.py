@@ -17,7 +17,7 @@ from lit_compute.flops import SafeFlopCounterMode
 from lit_compute.flops.counting import is_heavy_op
 from lit_compute.flops.predict import ShapePredictor
 
-from .conftest import DrivenClock, clocked_trainer, make_trainer, read_events, scalar_values
+from ..conftest import DrivenClock, clocked_trainer, make_trainer, read_events, scalar_values
 
 
 def _values(acc, tag) -> dict[int, float]:

@@ -27,11 +27,11 @@ from lit_compute import (
     ProfilerWindow,
     StepTimeMonitor,
 )
-from lit_compute._utils import markdown_table
-from lit_compute.report import ReportError, build_report, flops_rate, human, load_run, main
+from lit_compute.formatting import flops_rate, human, markdown_table
+from lit_compute.report import ReportError, build_report, load_run, main
 from lit_compute.tensorboard_layout import LAYOUT, chart_matches
 
-from .conftest import DrivenClock, TimedImages, clocked_trainer, read_events, scalar_values, tiny_model
+from ..conftest import DrivenClock, TimedImages, clocked_trainer, read_events, scalar_values, tiny_model
 
 
 def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Path:
@@ -207,7 +207,7 @@ def test_the_flops_hparam_is_in_hparams_yaml_and_the_hparams_plugin(tmp_path):
     trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=2,
                               callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
     model = tiny_model()
-    from .conftest import tiny_data
+    from ..conftest import tiny_data
 
     trainer.fit(model, datamodule=tiny_data())  # ImageClassifier gives an example input at the data's image size
     saved = yaml.safe_load((Path(trainer.logger.log_dir) / "hparams.yaml").read_text())

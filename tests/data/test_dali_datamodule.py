@@ -15,7 +15,7 @@ from PIL import Image
 from lit_compute import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data import make_synthetic_image_folder
 
-from .conftest import TINY_DATA, SpawnDDP, make_trainer, tiny_model
+from ..conftest import TINY_DATA, SpawnDDP, make_trainer, tiny_model
 
 pytestmark = pytest.mark.dali
 
@@ -167,7 +167,7 @@ def test_demo_trains_with_the_dali_datamodule(tmp_path, monkeypatch):
     from lit_compute.cli import LitComputeCLI
 
     monkeypatch.chdir(tmp_path)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cli = LitComputeCLI(args=[
         "fit", "--config", str(root / "configs" / "dali.yaml"), "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
         "--data.init_args.synthetic_images_per_class=8", "--trainer.log_every_n_steps=1",

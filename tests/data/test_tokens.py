@@ -13,9 +13,9 @@ from lit_compute.data import TokenDataModule
 from lit_compute.data.tokens import EOS, PAD, decode
 from lit_compute.models import GPT
 
-from .conftest import DrivenClock, clocked_trainer, read_events, scalar_values
+from ..conftest import DrivenClock, clocked_trainer, read_events, scalar_values
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(seq_len=128, max_tokens=60_000, batch_size=4)
 
 

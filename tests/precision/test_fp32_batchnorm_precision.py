@@ -1,56 +1,23 @@
-"""FP32BatchNormPrecision and LossScaleMonitor on CPU (GradScaler and bf16/fp16 autocast work on CPU)."""
-
+"""FP32BatchNormPrecision on CPU (bf16/fp16 autocast work on CPU): norms in float32, statistics, refusals, SyncBatchNorm."""
 from __future__ import annotations
-
-import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.data import DataLoader, TensorDataset
 
-from lit_compute import FP32BatchNormHalfPrecision, FP32BatchNormPrecision, LossScaleMonitor
+from lit_compute import FP32BatchNormHalfPrecision, FP32BatchNormPrecision
 from lit_compute.precision import fp32_norm_precision
 
-from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, tiny_data, tiny_model
+from ..conftest import SpawnDDP, make_trainer, tiny_data, tiny_model
+from .conftest import _ConvNet, _loader
 
 EXPECTED_OTHER = {"16-mixed": torch.float32, "bf16-mixed": torch.float32, "bf16-true": torch.bfloat16}
 
 
-class _ConvNet(pl.LightningModule):
-    """conv -> BatchNorm -> GroupNorm -> linear, on random images."""
-
-    def __init__(self, scale: float = 1.0, inf_at: tuple[int, ...] = ()):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.gn = nn.GroupNorm(2, 8)
-        self.head = nn.Linear(8, 4)
-        self.scale = scale
-        self.inf_at = inf_at
-
-    def forward(self, x):
-        x = self.gn(torch.relu(self.bn(self.conv(x * self.scale))))
-        return self.head(x.mean(dim=(2, 3)))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self(x).float(), y)
-
-    def on_after_backward(self):
-        if self.global_step in self.inf_at:
-            self.head.weight.grad.fill_(float("inf"))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _loader(n=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return DataLoader(TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)),
-                      batch_size=8)
 
 
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "bf16-true"])
@@ -120,50 +87,6 @@ def test_16_true_is_refused_with_the_reason():
         FP32BatchNormPrecision("64-true")
     with pytest.raises(ValueError, match=r"backoff_factor=2"):
         FP32BatchNormPrecision("16-mixed", backoff_factor=2)
-
-
-def test_injected_inf_gradients_drop_the_scale_and_count_skipped_steps(tmp_path):
-    model = _ConvNet(inf_at=(2, 5))
-    plugin = FP32BatchNormPrecision("16-mixed", init_scale=1024.0, growth_interval=1000)
-    trainer = make_trainer(tmp_path, max_steps=8, limit_train_batches=8, plugins=[plugin],
-                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
-    trainer.fit(model, train_dataloaders=_loader())
-    acc = read_events(trainer.logger.log_dir)
-    scales = [v for _, v in scalar_values(acc, "amp/loss_scale")]
-    skipped = [v for _, v in scalar_values(acc, "amp/skipped_steps")]
-    assert scales[0] == 1024.0 and scales[-1] == 256.0  # halved twice
-    assert skipped[0] == 0 and skipped[-1] == 2
-    assert scalar_values(acc, "amp/skipped_step_fraction")[-1][1] == pytest.approx(2 / 8)
-
-
-def test_checkpoint_resume_keeps_the_scale(tmp_path):
-    plugin = FP32BatchNormPrecision("16-mixed", init_scale=1024.0)
-    trainer = make_trainer(tmp_path, max_steps=4, plugins=[plugin])
-    trainer.fit(_ConvNet(inf_at=(1,)), train_dataloaders=_loader())
-    assert plugin.scaler.get_scale() == 512.0
-    ckpt = tmp_path / "scale.ckpt"
-    trainer.save_checkpoint(ckpt)
-
-    seen = {}
-
-    class Probe(pl.Callback):
-        def on_train_start(self, trainer, pl_module):
-            seen["scale"] = trainer.precision_plugin.scaler.get_scale()
-
-    resumed = FP32BatchNormPrecision("16-mixed", init_scale=1024.0)
-    trainer2 = make_trainer(tmp_path / "resume", max_steps=6, plugins=[resumed], callbacks=[Probe()])
-    trainer2.fit(_ConvNet(), train_dataloaders=_loader(), ckpt_path=str(ckpt))
-    assert seen["scale"] == 512.0
-
-
-def test_loss_scale_monitor_without_scaler_is_quiet_and_logs_nothing(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-mixed")],
-                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.fit(_ConvNet(), train_dataloaders=_loader())
-    assert not [w for w in caught if "LossScaleMonitor" in str(w.message)]  # bf16 has no scaler: nothing to say
-    assert not [t for t in read_events(trainer.logger.log_dir).Tags()["scalars"] if t.startswith("amp/")]
 
 
 def _norm_dtypes(module) -> list[str]:

@@ -4,7 +4,7 @@ import torch
 from lit_compute.data import TorchvisionImageDataModule
 from lit_compute.data.torchvision_datamodule import default_num_workers
 
-from .conftest import tiny_data
+from ..conftest import tiny_data
 
 
 def test_batches_shape_dtype_and_normalisation():

@@ -1,5 +1,4 @@
-"""ProfilerWindow and profile_model: trace files, scalars, robustness."""
-
+"""ProfilerWindow: trace files, scalars, windows across resume, robustness."""
 from __future__ import annotations
 
 import json
@@ -9,14 +8,12 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
-import torchvision
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lit_compute import ProfilerWindow, profile_model
-from lit_compute.profiling.trace_summary import summarize_trace
+from lit_compute import ProfilerWindow
 
-from .conftest import make_trainer, read_events, scalar_values, text_values
+from ..conftest import make_trainer, read_events, scalar_values, text_values
 
 
 class _Small(pl.LightningModule):
@@ -75,28 +72,6 @@ def _profiler_steps(path) -> list[int]:
     return sorted(int(m.group(1)) for e in events if e.get("ph") == "X"
                   and not str(e.get("cat", "")).startswith("gpu_")  # the GPU timeline's copy of the range
                   and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
-
-
-def test_summary_of_a_cuda_trace_counts_each_step_once_and_measures_gpu_idle_and_overlap():
-    """The shape of a Kineto trace on CUDA: each ProfilerStep#N on the CPU and again on the GPU timeline."""
-    def x(cat, name, ts, dur):
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
-
-    events = [
-        x("user_annotation", "ProfilerStep#5", 0, 100), x("user_annotation", "ProfilerStep#6", 100, 100),
-        # GPU copies: the kernels lag the CPU ranges, the last ends at 250
-        x("gpu_user_annotation", "ProfilerStep#5", 20, 110), x("gpu_user_annotation", "ProfilerStep#6", 140, 110),
-        x("kernel", "sm90_gemm", 20, 60), x("kernel", "ncclDevKernel_AllReduce", 60, 40),  # 20 us overlap
-        x("kernel", "sm90_gemm", 140, 50), x("kernel", "elementwise", 230, 20),
-        x("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 100, 10),
-    ]
-    summary = summarize_trace({"traceEvents": events})
-    assert summary.steps == [5, 6]
-    assert summary.step_time_ms == pytest.approx(0.1)  # 100 us CPU steps, not the GPU copies
-    assert summary.dataloader_fraction == pytest.approx(10 / 200)
-    # window 0..250 us (GPU finished at 250): busy 20..100, 140..190, 230..250 = 150 us
-    assert summary.gpu_idle_fraction == pytest.approx(1 - 150 / 250)
-    assert summary.comm_overlap_fraction == pytest.approx(20 / 40)
 
 
 def test_window_at_steps_5_to_7_writes_trace_table_and_scalars(tmp_path):
@@ -171,18 +146,3 @@ def test_bad_arguments_list_what_is_accepted():
         ProfilerWindow(start_step=-1)
     with pytest.raises(ValueError, match=r"sort_by='fastest'.*self_cpu_time_total"):
         ProfilerWindow(sort_by="fastest")
-
-
-def test_profile_model_on_cpu_makes_no_cuda_call(monkeypatch, capsys):
-    def no_cuda(*args, **kwargs):
-        raise AssertionError("CUDA was touched")
-
-    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", no_cuda)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", no_cuda)
-    model = torchvision.models.resnet18().train()
-    result = profile_model(model, (1, 3, 64, 64))
-    out = capsys.readouterr().out
-    assert "aten::" in out and "peak memory" in out
-    assert result.peak_memory_mb and result.peak_memory_mb > 0
-    assert model.training  # mode restored

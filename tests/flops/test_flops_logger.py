@@ -14,7 +14,7 @@ from torch.utils.flop_counter import flop_registry
 from lit_compute import FlopsLogger, count_flops
 from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
 
-from .conftest import SpawnDDP, make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
+from ..conftest import SpawnDDP, make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
 
 
 def _all_close(points, expected) -> bool:

@@ -1,0 +1,79 @@
+"""Advice derived from a run's numbers, each line citing the number that triggered it."""
+
+from __future__ import annotations
+
+from lit_compute.formatting import human, percent
+from lit_compute.report.runs import Run
+
+__all__ = ["INPUT_BOUND", "LOW_MFU", "PADDING", "advice"]
+
+INPUT_BOUND = 0.2
+LOW_MFU = {"32": 0.3, "other": 0.2}  # below this share of peak the compute is worth a look
+PADDING = 0.15
+
+
+def advice(run: Run) -> list[str]:
+    """Advice derived from the numbers, each line citing the number that triggered it."""
+    lines = []
+    precision = run.info("precision") or ""
+    wait = run.mean("time/data_wait_fraction")
+    if wait is not None and wait > INPUT_BOUND:
+        if run.tokens:
+            fix = ("tokenise once and cache the token ids (TokenDataModule does), raise DataLoader num_workers, and keep "
+                   "collation light")
+        elif (run.info("data") or "").endswith("ImageDataModule") or "image" in (run.info("data") or "").lower():
+            fix = ("raise DataLoader num_workers (about 75% of the cores), set pin_memory=True on CUDA, or decode with "
+                   "lit_compute.data.DALIImageDataModule")
+        else:
+            fix = "raise DataLoader num_workers, set pin_memory=True on CUDA, and move work out of __getitem__"
+        lines.append(f"Input-bound: data wait is {percent(wait)} of step time (time/data_wait_fraction > "
+                     f"{INPUT_BOUND:.0%}): {fix}.")
+    cpu, load, cores = run.mean("device/cpu_percent"), run.mean("device/load_avg_1m"), _number(run.info("cpu cores"))
+    if cpu is not None and cores and load is not None and load > 1.5 * cores and cpu < 60 * cores:
+        lines.append(f"CPU-starved: the machine's load average is {human(load)} on {int(cores)} cores while this "
+                     f"process got {human(cpu / 100)} of a core on average (device/cpu_percent {human(cpu)}%): other "
+                     "processes compete for the cores; stop them, or lower torch.set_num_threads and DataLoader "
+                     "num_workers so the total fits the cores.")
+    mfu = run.mean("compute/mfu")
+    low = LOW_MFU["32" if precision.startswith("32") else "other"]
+    if mfu is not None and mfu < low:
+        if precision.startswith("32"):
+            fix = ("switch on mixed precision: Trainer(plugins=[FP32BatchNormPrecision('bf16-mixed')]) (or '16-mixed' "
+                   "on GPUs without bf16)")
+        else:
+            fix = ("raise the batch size until memory is nearly full, use torch.compile, use channels_last for "
+                   "convolutions, and check the data wait and padding above")
+        lines.append(f"Low MFU: compute/mfu is {percent(mfu)} in {precision or 'this precision'} (below {low:.0%}): {fix}.")
+    padding = run.mean("compute/padding_fraction")
+    if padding is not None and padding > PADDING:
+        lines.append(f"Padding waste: {percent(padding)} of the computed token positions are padding "
+                     "(compute/padding_fraction): pack sequences into fixed-length rows (TokenDataModule(mode='packed')) "
+                     "or group batches by length.")
+    plugin = run.info("precision plugin") or ""
+    if precision and not precision.startswith("32") and "FP32BatchNorm" not in plugin and _has_batchnorm(run):
+        lines.append(f"Low precision ({precision}) without FP32BatchNormPrecision (plugin {plugin}): BatchNorm statistics "
+                     "in half precision drift and can overflow; use FP32BatchNormPrecision to keep norms in float32.")
+    overlap = run.mean("profiler/comm_overlap_fraction")
+    if overlap is not None and overlap < 0.5:
+        lines.append(f"Communication-bound: only {percent(overlap)} of NCCL time overlaps compute "
+                     "(profiler/comm_overlap_fraction). Try a larger bucket_cap_mb, a compression hook (comm_hook='bf16' "
+                     "or 'powersgd') or NCCL settings (TunedDDPStrategy).")
+    skipped = run.mean("amp/skipped_step_fraction")
+    if skipped is not None and skipped > 0.05:
+        lines.append(f"{percent(skipped)} of optimizer steps were skipped for inf/NaN gradients "
+                     "(amp/skipped_step_fraction): check the learning rate and the loss scale's init_scale/growth_interval.")
+    return lines
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _has_batchnorm(run: Run) -> bool:
+    tables = run.texts.get("compute/flops_by_module", [])
+    if not tables:
+        return True  # unknown: say it
+    return "bn" in tables[0].lower() or "batchnorm" in tables[0].lower()

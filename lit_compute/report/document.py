@@ -1,0 +1,146 @@
+"""``lit-compute report LOG_DIR [LOG_DIR ...]``: a Markdown run report with plots, advice and comparisons.
+
+Reads the TensorBoard event files with tensorboard's own reader. Runs are named by their path from the
+common folder of all runs reported (``exp_a/version_0`` and ``exp_b/version_0`` stay apart); folders with event
+files but none of lit_compute's tags are skipped with a line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lit_compute.formatting import flops_rate, human, markdown_table, percent
+from lit_compute.report.advice import advice
+from lit_compute.report.plots import write_plots
+from lit_compute.report.runs import ReportError, Run, find_runs, load_run, name_runs
+
+__all__ = ["build_report", "comparison", "main", "run_section"]
+
+
+def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
+    memory = run.maximum("device/torch_max_memory_allocated_gb")
+    memory_label = "GPU allocator peak"
+    if memory is None:
+        memory, memory_label = run.maximum("device/rss_gb"), "process RSS peak"
+    lines = [f"## {run.name}", "", f"`{run.path}`", ""]
+    peak = run.last("compute/peak_tflops")
+    rows = [
+        ("model forward GFLOPs per sample", human(run.forward_gflops, 4)),
+        ("mean step time (ms)", human(run.mean("time/step_ms"))),
+        ("p90 step time (ms)", human(run.mean("time/step_ms_p90"))),
+        ("samples/s", human(run.samples_per_sec)),
+    ]
+    if run.tokens:
+        rows += [("tokens/s", human(run.mean("time/tokens_per_sec"))),
+                 ("padding fraction", percent(run.mean("compute/padding_fraction")))]
+    rows += [
+        ("achieved (all ranks)", flops_rate(run.mean("compute/global_tflops_per_sec"))),
+        ("MFU", f"{percent(run.mean('compute/mfu'))} of {flops_rate(peak)} peak per device"),
+        ("HFU", percent(run.mean("compute/hfu"))),
+        ("data-wait fraction", percent(run.mean("time/data_wait_fraction"))),
+        (f"peak memory ({memory_label}, GB)", human(memory)),
+        ("precision", f"{run.info('precision') or 'n/a'} ({run.info('precision plugin') or 'n/a'})"),
+        ("skipped optimizer steps", human(run.last("amp/skipped_steps"))),
+        ("device", f"{run.info('device') or 'n/a'} x {run.info('world size') or '?'} ({run.info('strategy') or 'n/a'})"),
+    ]
+    lines += [markdown_table(["figure", "value"], [list(r) for r in rows]), ""]
+    for tag, title in (("ddp/config", "DDP / NCCL configuration"), ("profiler/top_ops", "Profiler windows")):
+        for text in run.texts.get(tag, []):
+            lines += [f"### {title}", "", text, ""]
+    tips = advice(run)
+    lines += ["### Advice", ""] + ([f"- {t}" for t in tips] or ["- Nothing stands out."]) + [""]
+    for p in plots:
+        rel = p.relative_to(report_dir) if p.is_relative_to(report_dir) else p
+        lines += [f"![{p.stem}]({rel.as_posix()})", ""]
+    return lines
+
+
+def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
+    base = runs[0]
+    lines = ["## Comparison (ratios to the first run)", ""]
+    header = ["run", "time per sample (ms)", "samples/s", "MFU", "time per sample vs first", "samples/s vs first"]
+    if price_per_hour:
+        header += ["cost per 1M samples", "cost vs first"]
+    table: list[list[str]] = []
+    summary = []
+    for run in runs:
+        tps, sps = run.time_per_sample_ms, run.samples_per_sec
+        row = [run.name, human(tps), human(sps), percent(run.mean("compute/mfu")),
+               human(tps / base.time_per_sample_ms if tps and base.time_per_sample_ms else None),
+               human(sps / base.samples_per_sec if sps and base.samples_per_sec else None)]
+        if price_per_hour:
+            cost = price_per_hour / 3600 * 1e6 / sps if sps else None
+            base_cost = price_per_hour / 3600 * 1e6 / base.samples_per_sec if base.samples_per_sec else None
+            row += [human(cost, 4), human(cost / base_cost if cost and base_cost else None)]
+            if run is not base and cost and base_cost:
+                saved = 1 - cost / base_cost
+                word = "less" if saved >= 0 else "more"
+                summary.append(f"{run.name} costs {abs(saved):.1%} {word} per sample than the baseline {base.name}.")
+        table.append(row)
+    return lines + [markdown_table(header, table), ""] + summary + ([""] if summary else [])
+
+
+def build_report(log_dirs: list[str], out: Path, plots_dir: Path | None, price_per_hour: float | None,
+                 latest: bool = False, plots: bool = True, skipped: list[str] | None = None) -> tuple[str, list[Run]]:
+    """Write the report; the text and the runs in it. Runs without lit_compute's tags are left out (their reasons
+    appended to ``skipped``); none left at all is an error."""
+    paths = [p for d in log_dirs for p in find_runs(d, latest)]
+    runs, reasons = [], []
+    for p in paths:
+        try:
+            runs.append(load_run(p))
+        except ReportError as err:
+            reasons.append(str(err).removeprefix("lit-compute report: "))
+    if skipped is not None:
+        skipped.extend(reasons)
+    if not runs:
+        raise ReportError("lit-compute report: no run to report on: " + "; ".join(reasons))
+    name_runs(runs)
+    report_dir = out.parent
+    plots_dir = plots_dir or report_dir / f"{out.stem}_plots"
+    lines = ["# lit_compute run report", ""]
+    if reasons:
+        lines += [f"Skipped {len(reasons)} folder(s) without lit_compute's tags: "
+                  + ", ".join(f"`{r.split(' has none')[0]}`" for r in reasons), ""]
+    if len(runs) > 1:
+        lines += comparison(runs, price_per_hour)
+    for i, run in enumerate(runs, 1):
+        lines += run_section(run, write_plots(run, plots_dir, i) if plots else [], report_dir)
+    text = "\n".join(lines) + "\n"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except IsADirectoryError:
+        raise ReportError(f"lit-compute report: --out {out} is a folder; name a file such as {out / 'report.md'}") from None
+    except OSError as err:
+        raise ReportError(f"lit-compute report: cannot write --out {out}: {err.strerror or err}") from None
+    return text, runs
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute report", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("log_dirs", nargs="+", metavar="LOG_DIR", help="folders holding TensorBoard event files")
+    parser.add_argument("--out", default="report.md", help="Markdown report path")
+    parser.add_argument("--plots", default=None, help="folder for the PNG plots (default: <out>_plots/ next to it)")
+    parser.add_argument("--no-plots", action="store_true", help="tables and advice only (fast over a sweep)")
+    parser.add_argument("--price-per-hour", type=float, default=None, help="machine price per hour, for costs")
+    parser.add_argument("--latest", action="store_true", help="only the most recent run under each LOG_DIR")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.is_dir():
+        sys.stderr.write(f"lit-compute report: --out {out} is a folder; name a file such as {out / 'report.md'}\n")
+        return 2
+    skipped: list[str] = []
+    try:
+        _, runs = build_report(args.log_dirs, out, Path(args.plots) if args.plots else None, args.price_per_hour,
+                               args.latest, plots=not args.no_plots, skipped=skipped)
+    except ReportError as err:
+        sys.stderr.write(f"{err}\n")
+        return 2
+    for reason in skipped:
+        sys.stdout.write(f"skipped: {reason}\n")
+    sys.stdout.write(f"report: {out.resolve()} ({len(runs)} run(s))\n")
+    return 0

@@ -1,0 +1,152 @@
+"""Runs read back from their TensorBoard event files, and named apart (``lit-compute report``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_compute.formatting import read_key_value_table
+
+__all__ = ["OUR_PREFIXES", "ReportError", "Run", "find_runs", "load_run", "name_runs"]
+
+OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/")
+_WINDOW = re.compile(r"Window \d+: steps (\d+)-(\d+)")
+
+
+class ReportError(ValueError):
+    """A log dir that cannot be reported on (no event files, none of our tags), or an output that cannot be written."""
+
+
+# -- one run ------------------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One run's numbers, read back from its event files."""
+
+    path: Path
+    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def values(self, tag: str) -> list[float]:
+        return [v for _, v in self.scalars.get(tag, [])]
+
+    def mean(self, tag: str) -> float | None:
+        vals = [v for v in self.values(tag) if math.isfinite(v)]
+        return statistics.fmean(vals) if vals else None
+
+    def last(self, tag: str) -> float | None:
+        vals = self.values(tag)
+        return vals[-1] if vals else None
+
+    def maximum(self, *tags: str) -> float | None:
+        vals = [v for t in tags for v in self.values(t)]
+        return max(vals) if vals else None
+
+    def info(self, key: str) -> str | None:
+        """A value of the run-info table (text ``lit_compute/run``, written by :func:`lit_compute.writer.run_info`)."""
+        for text in self.texts.get("lit_compute/run", []):
+            value = read_key_value_table(text).get(key)
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        return self.mean("time/samples_per_sec")
+
+    @property
+    def time_per_sample_ms(self) -> float | None:
+        sps = self.samples_per_sec
+        return 1e3 / sps if sps else None
+
+    @property
+    def forward_gflops(self) -> float | None:
+        value = self.last("compute/forward_gflops_per_sample")
+        if value is None:
+            value = self.hparams.get("compute/forward_gflops_per_sample")
+        return float(value) if value is not None else None
+
+    @property
+    def tokens(self) -> bool:
+        return "time/tokens_per_sec" in self.scalars or "compute/padding_fraction" in self.scalars
+
+    def windows(self) -> list[tuple[int, int]]:
+        """Profiler windows as ``(first step, last step)``."""
+        out = []
+        for text in self.texts.get("profiler/top_ops", []):
+            m = _WINDOW.search(text)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2))))
+        return out
+
+    def validation_steps(self) -> list[int]:
+        for tag in ("val/loss", "compute/val_flops_per_step", "val/acc"):
+            if tag in self.scalars:
+                return sorted({s for s, _ in self.scalars[tag]})
+        return []
+
+
+def find_runs(log_dir: str | Path, latest: bool = False) -> list[Path]:
+    """Directories under ``log_dir`` (itself included) that hold TensorBoard event files."""
+    root = Path(log_dir)
+    if not root.exists():
+        raise ReportError(f"lit-compute report: {root} does not exist")
+    dirs = sorted({p.parent for p in root.rglob("events.out.tfevents.*")})
+    if not dirs:
+        raise ReportError(f"lit-compute report: no TensorBoard event files (events.out.tfevents.*) under {root}")
+    if latest:
+        dirs = [max(dirs, key=lambda d: max(f.stat().st_mtime for f in d.glob("events.out.tfevents.*")))]
+    return dirs
+
+
+def load_run(path: Path) -> Run:
+    """Read one run. Raises :class:`ReportError` when it has none of lit_compute's tags."""
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0, "images": 1, "histograms": 1,
+                                                     "audio": 1, "compressedHistograms": 1})
+    acc.Reload()
+    tags = acc.Tags()
+    run = Run(path=path, name=f"{path.parent.name}/{path.name}")
+    for tag in tags.get("scalars", []):
+        run.scalars[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    if not any(t.startswith(OUR_PREFIXES) for t in run.scalars):
+        raise ReportError(
+            f"lit-compute report: {path} has none of lit_compute's tags ({', '.join(OUR_PREFIXES)}); "
+            "train with lit_compute's callbacks (FlopsLogger, StepTimeMonitor, ...) to get them"
+        )
+    for tag in tags.get("tensors", []):
+        if tag.endswith("/text_summary"):
+            run.texts[tag[: -len("/text_summary")]] = [
+                s.decode() for ev in acc.Tensors(tag) for s in ev.tensor_proto.string_val
+            ]
+    hp = path / "hparams.yaml"
+    if hp.is_file():
+        try:
+            loaded = yaml.safe_load(hp.read_text()) or {}
+        except yaml.YAMLError:
+            loaded = {}
+        if isinstance(loaded, dict):
+            run.hparams = loaded
+    return run
+
+
+def name_runs(runs: list[Run]) -> None:
+    """Name each run by its path from the common folder of all runs (the last two parts for a single run)."""
+    if len(runs) < 2:
+        return
+    common = Path(os.path.commonpath([str(r.path.resolve()) for r in runs]))
+    for run in runs:
+        rel = run.path.resolve().relative_to(common).as_posix()
+        run.name = rel if rel != "." else run.path.name
+    names = [r.name for r in runs]
+    for run in runs:  # the same folder given twice
+        if names.count(run.name) > 1:
+            run.name = str(run.path)

@@ -1,0 +1,180 @@
+"""The writer: every lit_compute write to the trainer's loggers goes through here.
+
+One :class:`Writer` per trainer (:func:`writer_for`) holds what writing needs to remember for all of lit_compute:
+the loggers that failed once (skipped from then on, one warning), the warnings already given, and the tags
+written so far (TensorBoard's Custom Scalars layout is rewritten when a new one appears). It writes:
+
+- a logging event's metrics (:func:`write_event`): one ``log_metrics`` call per logger at the event's step;
+- scalars outside an event (:func:`log_scalars`: a profiler window exported at the end of a run, a benchmark
+  sweep whose steps are message sizes);
+- Markdown text to TensorBoard's text plugin (:func:`log_text`), the run-info table (:func:`run_info`, read back
+  by ``lit-compute report``) and the Custom Scalars layout (:func:`write_layout`).
+
+Loggers that follow TensorBoard's run and version (``PrometheusLogger``) are linked duck-typed by their
+``follow(run, version)`` method (:func:`link_loggers`), so nothing here imports a logger class of lit_compute.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lightning
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lit_compute import _compat
+from lit_compute.formatting import markdown_table
+from lit_compute.tensorboard_layout import layout_for
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lit_compute.timeline import LogEvent
+
+
+@dataclass
+class Writer:
+    """What writing to one trainer's loggers remembers (see the module docstring)."""
+
+    failed_loggers: set[int] = field(default_factory=set)  # id() of loggers that raised once
+    warned: set[str] = field(default_factory=set)  # warnings given once for all of lit_compute
+    tags: set[str] = field(default_factory=set)  # scalar tags written so far
+
+
+_WRITERS: weakref.WeakKeyDictionary[Any, Writer] = weakref.WeakKeyDictionary()
+
+
+def writer_for(trainer: pl.Trainer) -> Writer:
+    """The :class:`Writer` of ``trainer`` (created on first use)."""
+    writer = _WRITERS.get(trainer)
+    if writer is None:
+        writer = _WRITERS[trainer] = Writer()
+    return writer
+
+
+def write_event(trainer: pl.Trainer, event: LogEvent | None) -> None:
+    """Write a finished logging event: its metrics in one ``log_metrics`` call per logger, at its step, by rank 0."""
+    if event is not None and event.metrics and trainer.is_global_zero:
+        log_scalars(trainer, event.metrics, step=event.step)
+
+
+def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Send scalars to every logger of the trainer at ``step`` (default: Lightning's logging step).
+
+    A logger that raises is reported once (for all of lit_compute, whichever callback logged) and skipped from
+    then on; training goes on."""
+    if not metrics:
+        return
+    writer = writer_for(trainer)
+    step = _compat.batches_that_stepped(trainer) if step is None else step
+    clean = {k: float(v) for k, v in metrics.items()}
+    first = not writer.tags
+    for logger in trainer.loggers:
+        if id(logger) in writer.failed_loggers:
+            continue
+        try:
+            logger.log_metrics(clean, step=step)
+        except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
+            writer.failed_loggers.add(id(logger))
+            rank_zero_warn(f"lit_compute: writing metrics to {type(logger).__name__} failed with {type(err).__name__}: "
+                           f"{err}. lit_compute's metrics are no longer sent to that logger; training goes on.",
+                           category=UserWarning)
+    if first:
+        log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
+    new = set(clean) - writer.tags
+    if new:
+        writer.tags.update(new)
+        write_layout(trainer, writer.tags)  # rewritten only when a new tag appears: a handful of times per run
+
+
+def tensorboard_logger(trainer: pl.Trainer) -> TensorBoardLogger | None:
+    """The first TensorBoard logger of the trainer, if any."""
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger
+    return None
+
+
+def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) -> bool:
+    """Write Markdown text to TensorBoard's text plugin. Returns False when there is no TensorBoard logger."""
+    tb = tensorboard_logger(trainer)
+    writer = writer_for(trainer)
+    if tb is None:
+        if trainer.loggers and trainer.is_global_zero and "no-tensorboard" not in writer.warned:
+            writer.warned.add("no-tensorboard")
+            rank_zero_warn(f"lit_compute: no TensorBoard logger among this trainer's loggers "
+                           f"({', '.join(type(lg).__name__ for lg in trainer.loggers)}): TensorBoard-only output (the "
+                           "per-module FLOPs table, profiler op tables, advice and run-info text, the Custom Scalars "
+                           "layout) is not written; every scalar still goes to every logger, and profiler traces to "
+                           "disk.", category=UserWarning)
+        return False
+    if not trainer.is_global_zero:
+        return False
+    if id(tb) in writer.failed_loggers:
+        return False
+    try:
+        tb.experiment.add_text(tag, text, global_step=trainer.global_step if step is None else step)
+    except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
+        writer.failed_loggers.add(id(tb))
+        rank_zero_warn(f"lit_compute: writing text to TensorBoard failed with {type(err).__name__}: {err}. "
+                       "lit_compute's output is no longer sent to it; training goes on.", category=UserWarning)
+        return False
+    return True
+
+
+def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
+    """Write the Custom Scalars layout of ``tags`` to the TensorBoard logger's event file (TensorBoard shows the
+    latest one)."""
+    tb = tensorboard_logger(trainer)
+    layout = layout_for(tags)
+    if tb is None or not layout or not trainer.is_global_zero:
+        return False
+    tb.experiment.add_custom_scalars(layout)
+    tb.experiment.flush()
+    return True
+
+
+#: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
+RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "strategy", "data", "cpu cores", "torch",
+                 "lightning")
+
+
+def run_info(trainer: pl.Trainer) -> str:
+    """One Markdown table describing the run, written once as text ``lit_compute/run`` (read back by
+    ``lit-compute report``: :meth:`lit_compute.report.runs.Run.info`)."""
+    device = trainer.strategy.root_device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    datamodule = getattr(trainer, "datamodule", None)
+    values = [
+        trainer.precision,
+        type(trainer.precision_plugin).__name__,
+        name,
+        trainer.world_size,
+        type(trainer.strategy).__name__,
+        type(datamodule).__name__ if datamodule is not None else "dataloaders",
+        _compat.available_cpu_cores(),
+        torch.__version__,
+        lightning.__version__,
+    ]
+    return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
+
+
+def link_loggers(trainer: pl.Trainer) -> None:
+    """Give loggers that follow TensorBoard's run (a ``follow(run, version)`` method: ``PrometheusLogger``) the
+    TensorBoard logger's run and version (its ``run`` label, the progress bar's ``v_num``)."""
+    tb = tensorboard_logger(trainer)
+    if tb is None:
+        return
+    run = f"{tb.name}/version_{tb.version}" if isinstance(tb.version, int) else f"{tb.name}/{tb.version}"
+    for logger in trainer.loggers:
+        follow = getattr(logger, "follow", None)
+        if logger is tb or not callable(follow):
+            continue
+        try:
+            follow(run, tb.version)
+        except Exception:  # noqa: BLE001 - a label is not worth failing for
+            pass

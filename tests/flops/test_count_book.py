@@ -1,0 +1,70 @@
+"""CountBook without a Trainer: counts by signature, predictions, the failure budget, the checkpoint round-trip."""
+
+from __future__ import annotations
+
+from lit_compute.flops.count_book import CountBook
+from lit_compute.flops.counting import FlopCount
+
+
+def _sig(length: int, stage: str = "train") -> tuple:
+    return (stage, (("input_ids", (4, length), "int64"),))
+
+
+def _count(length: int) -> FlopCount:
+    """An exact quadratic in the length, as attention is: forward 10 L^2 + 100 L, backward twice that."""
+    forward = 10 * length**2 + 100 * length
+    return FlopCount(forward=forward, backward=2 * forward, hardware=3 * forward, by_module={"model": 3 * forward},
+                     forward_by_module={"model": forward})
+
+
+def test_a_counted_signature_is_known_and_never_counted_again():
+    book = CountBook()
+    assert book.values(_sig(8)) is None and book.wants_count(_sig(8))
+    booked = book.record(_sig(8), _count(8))
+    assert booked.values == (1440, 2880, 4320) and not booked.prediction_missed
+    assert book.values(_sig(8)) == (1440, 2880, 4320) and not book.wants_count(_sig(8))
+    assert book.counted == 1 and book.first_train is book.counts[_sig(8)]
+
+
+def test_new_lengths_are_predicted_exactly_once_the_fit_has_enough_points():
+    book = CountBook(verify_every=1000)
+    for length in (8, 16, 24, 32, 40, 48):
+        if book.values(_sig(length)) is None:
+            book.record(_sig(length), _count(length))
+    predicted = book.values(_sig(100))
+    assert predicted == (10 * 100**2 + 100 * 100, 2 * (10 * 100**2 + 100 * 100), 3 * (10 * 100**2 + 100 * 100))
+    assert (book.counted, book.predicted) == (5, 2)  # the sixth length and 100 were predicted
+
+
+def test_a_wrong_prediction_is_reported_and_stops_prediction_for_that_structure():
+    book = CountBook()
+    for length in (8, 16, 24, 32, 40, 48):
+        book.record(_sig(length), _count(length))
+    wrong = FlopCount(forward=1, backward=1, hardware=1)
+    assert book.record(_sig(56), wrong).prediction_missed
+    assert book.values(_sig(64)) is None  # counted for real from now on
+
+
+def test_failed_counts_use_up_the_budget_and_then_nothing_is_counted():
+    book = CountBook(max_failures=2)
+    empty = FlopCount(forward=0, backward=0, hardware=0, uncounted_ops=["aten.foo"])
+    first = book.record(_sig(8), empty)
+    assert first.values is None and "aten.foo" in first.reason and not first.exhausted
+    assert book.values(_sig(8)) is None and not book.wants_count(_sig(8))  # a failed signature is not retried
+    broken = FlopCount(forward=5, backward=5, hardware=5, errors=["mm: bad shape"])
+    second = book.record(_sig(9), broken)
+    assert second.exhausted and second.reason == "mm: bad shape"
+    assert book.exhausted and not book.wants_count(_sig(10))
+
+
+def test_state_round_trips_counts_and_the_module_table_through_lists():
+    book = CountBook()
+    book.record(_sig(8), _count(8))
+    book.record(_sig(8, "val"), _count(8))
+    state = book.state_dict()
+    # a checkpoint stores signatures as lists (as torch.save/yaml give them back)
+    state["counts"] = [[[sig[0], [[p, list(s), d] for p, s, d in sig[1]]], v] for sig, v in state["counts"]]
+    again = CountBook()
+    again.load_state_dict(state)
+    assert again.values(_sig(8)) == (1440, 2880, 4320) and again.values(_sig(8, "val")) == (1440, 2880, 4320)
+    assert again.first_train.by_module == {"model": 4320} and again.counted == 0

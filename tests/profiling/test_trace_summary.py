@@ -1,0 +1,28 @@
+"""The trace summary of a CUDA trace (a stored Kineto-format trace, no GPU needed)."""
+from __future__ import annotations
+
+import pytest
+
+from lit_compute.profiling.trace_summary import summarize_trace
+
+
+def test_summary_of_a_cuda_trace_counts_each_step_once_and_measures_gpu_idle_and_overlap():
+    """The shape of a Kineto trace on CUDA: each ProfilerStep#N on the CPU and again on the GPU timeline."""
+    def x(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        x("user_annotation", "ProfilerStep#5", 0, 100), x("user_annotation", "ProfilerStep#6", 100, 100),
+        # GPU copies: the kernels lag the CPU ranges, the last ends at 250
+        x("gpu_user_annotation", "ProfilerStep#5", 20, 110), x("gpu_user_annotation", "ProfilerStep#6", 140, 110),
+        x("kernel", "sm90_gemm", 20, 60), x("kernel", "ncclDevKernel_AllReduce", 60, 40),  # 20 us overlap
+        x("kernel", "sm90_gemm", 140, 50), x("kernel", "elementwise", 230, 20),
+        x("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 100, 10),
+    ]
+    summary = summarize_trace({"traceEvents": events})
+    assert summary.steps == [5, 6]
+    assert summary.step_time_ms == pytest.approx(0.1)  # 100 us CPU steps, not the GPU copies
+    assert summary.dataloader_fraction == pytest.approx(10 / 200)
+    # window 0..250 us (GPU finished at 250): busy 20..100, 140..190, 230..250 = 150 us
+    assert summary.gpu_idle_fraction == pytest.approx(1 - 150 / 250)
+    assert summary.comm_overlap_fraction == pytest.approx(20 / 40)

@@ -1,0 +1,112 @@
+"""The writer: one ``log_metrics`` call per logging event and logger, failed loggers skipped, the run info."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from torch.utils.data import DataLoader
+
+from lit_compute import DeviceMonitor, FlopsLogger, StepTimeMonitor
+from lit_compute.formatting import read_key_value_table
+from lit_compute.report import OUR_PREFIXES
+from lit_compute.timeline import LogEvent
+from lit_compute.writer import RUN_INFO_KEYS, run_info, write_event, writer_for
+
+from .conftest import DrivenClock, TimedImages, TimedNet, clocked_trainer
+
+
+class RecordingLogger(Logger):
+    """A logger that records every ``log_metrics`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.calls.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+def test_each_logging_event_is_exactly_one_log_metrics_call(tmp_path):
+    clock, recording = DrivenClock(), RecordingLogger()
+    trainer = clocked_trainer(
+        tmp_path, clock, max_steps=6, limit_train_batches=6, log_every_n_steps=2, val_check_interval=3,
+        limit_val_batches=2, logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
+        callbacks=[FlopsLogger(peak_flops=1e11), StepTimeMonitor(), DeviceMonitor(gpu=False)])
+    loaders = dict(train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
+                   val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
+    trainer.fit(TimedNet(clock, compute_s=0.01), **loaders)
+    ours = [(step, m) for step, m in recording.calls if any(k.startswith(OUR_PREFIXES) for k in m)]
+    by_step: dict[int, list[dict]] = {}
+    for step, metrics in ours:
+        by_step.setdefault(step, []).append(metrics)
+    for step in (1, 3, 5):  # the training logging steps: everything of the step in one call
+        assert len(by_step[step]) == 1 + (step in (2, 5)), by_step[step]
+        train = next(m for m in by_step[step] if "time/step_ms" in m)
+        assert {"compute/flops_per_step", "compute/tflops_per_sec", "compute/mfu", "time/step_ms",
+                "device/rss_gb"} <= set(train)
+    # each validation run is one event too (its own call, at the step Lightning's self.log uses)
+    val_calls = [(s, m) for s, m in ours if any(k.startswith("compute/val_") for k in m)]
+    assert [s for s, _ in val_calls] == [2, 5] and all(len(by_step[s]) == 1 + (s == 5) for s, _ in val_calls)
+    assert all(not any(k.startswith("compute/val_") for k in m) for s, m in ours if s not in (2, 5))
+    # the only call outside an event: the forward GFLOPs per sample, once, at step 0
+    assert by_step[0] == [{"compute/forward_gflops_per_sample": pytest.approx(by_step[0][0][
+        "compute/forward_gflops_per_sample"])}]
+
+
+class _Broken(RecordingLogger):
+    def log_metrics(self, metrics, step=None) -> None:
+        raise OSError(28, "No space left on device")
+
+
+class _Stub(SimpleNamespace):
+    """A namespace the writer can key a weak reference on, as it keys a trainer."""
+
+    __hash__ = object.__hash__
+
+
+def _stub_trainer(loggers) -> _Stub:
+    return _Stub(loggers=loggers, is_global_zero=True, global_step=0, precision="32-true",
+                           precision_plugin=SimpleNamespace(), world_size=1, datamodule=None,
+                           strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)))
+
+
+def test_write_event_is_one_call_per_logger_and_a_broken_logger_is_skipped_after_one_warning():
+    good, broken = RecordingLogger(), _Broken()
+    trainer = _stub_trainer([broken, good])
+    with pytest.warns(UserWarning, match="writing metrics to _Broken failed with OSError.*No space left"):
+        write_event(trainer, LogEvent("train", 3, metrics={"time/step_ms": 2.0, "compute/mfu": 0.5}))
+    write_event(trainer, LogEvent("train", 5, metrics={"time/step_ms": 3.0}))
+    write_event(trainer, LogEvent("train", 7))  # nothing to write: no call
+    write_event(trainer, None)
+    assert good.calls == [(3, {"time/step_ms": 2.0, "compute/mfu": 0.5}), (5, {"time/step_ms": 3.0})]
+    assert writer_for(trainer).failed_loggers == {id(broken)}
+    assert writer_for(trainer).tags == {"time/step_ms", "compute/mfu"}
+
+
+def test_only_rank_zero_writes():
+    logger = RecordingLogger()
+    trainer = _stub_trainer([logger])
+    trainer.is_global_zero = False
+    write_event(trainer, LogEvent("train", 1, metrics={"time/step_ms": 1.0}))
+    assert logger.calls == []
+
+
+def test_run_info_is_read_back_by_the_same_keys():
+    table = read_key_value_table(run_info(_stub_trainer([])))
+    assert tuple(table) == RUN_INFO_KEYS
+    assert table["precision"] == "32-true" and table["device"] == "cpu" and table["world size"] == "1"
