@@ -1,13 +1,17 @@
 """``lit-compute bench overhead --callback NAME``: steady-state step time with and without a callback.
 
 The two configurations alternate round by round on the same model and in-memory data (so drift in the
-machine's speed hits both), and the ratio of median step times is printed.
+machine's speed hits both), and the ratio of median step times is printed. On a busy machine that ratio moves by
+a few percent from run to run, so the time spent inside the callback's own Lightning hooks is measured directly
+too (per step, median), which no other process can inflate by more than it slows the hooks themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +21,50 @@ from torch.utils.data import DataLoader
 
 from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median, random_image_loader
 from lit_compute.models import ImageClassifier
+
+
+class HookClock:
+    """Wall time inside a callback's own Lightning hooks (every ``on_*`` method its class overrides), per step."""
+
+    def __init__(self, callback: pl.Callback) -> None:
+        self.total = 0.0
+        self.per_step: list[float] = []
+        self._mark = 0.0
+        for name in dir(type(callback)):
+            if name.startswith("on_") and getattr(type(callback), name) is not getattr(pl.Callback, name, None):
+                setattr(callback, name, self._timed(getattr(callback, name)))
+
+    def _timed(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(hook)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - start
+
+        return timed
+
+    def step_done(self) -> None:
+        self.per_step.append(self.total - self._mark)
+        self._mark = self.total
+
+
+class _StepMark(pl.Callback):
+    """Last in the list: closes a step's hook time after every other callback's ``on_train_batch_end``."""
+
+    def __init__(self, clock: HookClock, skip: int) -> None:
+        self.clock, self.skip, self._seen = clock, skip, 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._seen = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self._seen >= self.skip:
+            self.clock.step_done()
+        else:
+            self.clock._mark = self.clock.total
+        self._seen += 1
 
 
 def _flops() -> pl.Callback:
@@ -92,13 +140,14 @@ def main(argv: list[str]) -> int:
     emit(f"# bench overhead --callback {args.callback}: {what}, {args.rounds} rounds x {args.steps} steps per "
          f"configuration, alternating\n# {machine_line()}\n")
     callback = CALLBACKS[args.callback]()
+    hooks = HookClock(callback)
     timers = {"without": StepTimer(skip=3), "with": StepTimer(skip=3)}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = ["without", "with"] if r % 2 == 0 else ["with", "without"]
             for variant in order:
                 emit(f"  round {r + 1}/{args.rounds}: {variant} {args.callback} ...")
-                callbacks = [timers[variant]] + ([callback] if variant == "with" else [])
+                callbacks = [timers[variant]] + ([callback, _StepMark(hooks, skip=3)] if variant == "with" else [])
                 trainer = pl.Trainer(
                     accelerator=args.accelerator, devices=1, max_steps=args.steps, callbacks=callbacks,
                     logger=pl.loggers.TensorBoardLogger(tmp, name=variant), enable_checkpointing=False,
@@ -116,6 +165,9 @@ def main(argv: list[str]) -> int:
     emit(markdown(["configuration", "steps timed", "median step ms", "mean step ms", "ratio to without"], rows))
     ratio = median(timers["with"].times) / base
     emit(f"\noverhead ratio (median step time with / without): {ratio:.4f}")
+    inside = median(hooks.per_step)
+    emit(f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "
+         f"({100 * inside / base:.2f}% of the median step without it; {len(hooks.per_step)} steps)")
     counter = callback if hasattr(callback, "counted_batches") else None
     if counter is not None:
         emit(f"FlopsLogger counted {counter.counted_batches} batches for real and predicted {counter.predicted_batches} "
