@@ -27,11 +27,22 @@ class Recorded:
     reason: str = ""  # why it failed
     exhausted: bool = False  # this failure used up the budget: counting is now off
     prediction_missed: bool = False  # the predictor's guess for this signature was wrong (prediction now off for it)
+    value_dependent: str = ""  # newly found: this signature's FLOPs depend on the batch's values (why, in words)
+
+
+#: Occurrences of an exactly counted signature at which it is counted again, to catch FLOPs that depend on a
+#: batch's values rather than its shapes (a data-dependent branch): a handful of counts over a whole run.
+RECOUNT_AT = frozenset(4**k for k in range(1, 12))
 
 
 class CountBook:
     """Exact counts by signature (None where counting failed), predictions of new shapes from counted ones, and
     a budget of failed counts after which nothing more is counted.
+
+    **Value-dependent FLOPs.** A signature is *estimated* when its FLOPs depend on the batch's values: found at
+    once when a count ran an op that makes them so (:data:`~lit_compute.flops.counting.VALUE_DEPENDENT_OPS`), or
+    when a recount of the same signature (at its 4th, 16th, 64th... occurrence, :data:`RECOUNT_AT`) differs from
+    the earlier ones. Its values are then the mean of every real count of it, and :meth:`estimated` says why.
 
     Args:
         predict_shapes: Predict new signatures of a structure counted several times
@@ -51,6 +62,9 @@ class CountBook:
         self.failures = 0
         self.first_train: FlopCount | None = None  # the first training count (the per-module table)
         self._predictor = ShapePredictor(verify_every=verify_every, tolerance=tolerance)
+        self._seen: dict[tuple, int] = {}  # lookups of each exactly counted signature
+        self._samples: dict[tuple, list[Values]] = {}  # every real count of each signature
+        self._estimated: dict[tuple, str] = {}  # signature -> why its FLOPs depend on the batch's values
 
     @property
     def exhausted(self) -> bool:
@@ -61,7 +75,13 @@ class CountBook:
         """Known or predicted values of a signature; None when it must be counted (or counting failed)."""
         if sig in self.counts:
             c = self.counts[sig]
-            return None if c is None else (c.forward, c.backward, c.hardware)
+            if c is None:
+                return None
+            self._seen[sig] = self._seen.get(sig, 0) + 1
+            samples = self._samples.get(sig)
+            if sig in self._estimated and samples:
+                return tuple(round(sum(v[i] for v in samples) / len(samples)) for i in range(3))  # type: ignore[return-value]
+            return (c.forward, c.backward, c.hardware)
         if self.predict_shapes:
             guess = self._predictor.predict(sig)
             if guess is not None:
@@ -73,9 +93,25 @@ class CountBook:
         """Whether a batch of this signature should be counted (call after :meth:`values` returned None)."""
         return sig not in self.counts and not self.exhausted
 
+    def wants_recount(self, sig: tuple) -> bool:
+        """Whether a batch of this exactly counted signature should be counted again (call after :meth:`values`
+        returned its values): at its 4th, 16th, 64th... occurrence."""
+        return self.counts.get(sig) is not None and self._seen.get(sig, 0) in RECOUNT_AT and not self.exhausted
+
+    def estimated(self, sig: tuple) -> str:
+        """Why the FLOPs of this signature depend on the batch's values ("" when they do not)."""
+        return self._estimated.get(sig, "")
+
+    @property
+    def any_estimated(self) -> bool:
+        return bool(self._estimated)
+
     def record(self, sig: tuple, count: FlopCount) -> Recorded:
         """Book a finished count of ``sig``. A count with no FLOPs or with formula errors is a failure."""
         self.counted += 1
+        earlier = self.counts.get(sig)
+        if (count.total == 0 or count.errors) and earlier is not None:  # a failed recount: keep what is known
+            return Recorded((earlier.forward, earlier.backward, earlier.hardware))
         if count.total == 0 or count.errors:
             self.failures += 1
             self.counts[sig] = None
@@ -83,12 +119,26 @@ class CountBook:
                 f"no matmul, convolution or attention ran ({', '.join(count.uncounted_ops) or 'no op with a formula'})"
             )
             return Recorded(None, reason=reason, exhausted=self.failures == self.max_failures)
-        self.counts[sig] = count
         values = (count.forward, count.backward, count.hardware)
-        missed = self.predict_shapes and not self._predictor.add(sig, values)
+        self._samples.setdefault(sig, []).append(values)
+        why = ""
+        if sig not in self._estimated:
+            if count.value_dependent:
+                why = "; ".join(f"{op.removeprefix('aten.')} in {', '.join(f'`{p}`' for p in paths[:3])}"
+                                for op, paths in sorted(count.value_dependent.items()))
+            elif earlier is not None and (earlier.forward, earlier.backward, earlier.hardware) != values:
+                changed = _changed_modules(earlier, count)
+                why = "two batches of the same shapes counted " + ("differently in " + ", ".join(
+                    f"`{p}`" for p in changed[:3]) if changed else "differently")
+            if why:
+                self._estimated[sig] = why
+        if earlier is not None:  # a recount: the first count keeps the module table and the predictor's point
+            return Recorded(values, value_dependent=why)
+        self.counts[sig] = count
+        missed = self.predict_shapes and not why and not self._predictor.add(sig, values)
         if sig[0] == "train" and self.first_train is None:
             self.first_train = count
-        return Recorded(values, prediction_missed=missed)
+        return Recorded(values, prediction_missed=missed, value_dependent=why)
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -110,6 +160,12 @@ class CountBook:
             self.first_train = FlopCount(forward=table["forward"], backward=table["backward"],
                                          by_module=dict(table["by_module"]),
                                          forward_by_module=dict(table["forward_by_module"]))
+
+
+def _changed_modules(a: FlopCount, b: FlopCount) -> list[str]:
+    """The outermost modules whose counts differ between two counts (``policy``, not its layers)."""
+    paths = sorted(p for p in set(a.by_module) | set(b.by_module) if a.by_module.get(p) != b.by_module.get(p))
+    return [p for p in paths if not any(p.startswith(q + ".") for q in paths)]
 
 
 def _as_tuple(x: Any) -> Any:

@@ -32,6 +32,9 @@ from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
 _ROOT = "model"
+#: Ops after which the FLOPs of a batch depend on its values, not only its shapes: the nested tensors the
+#: ``nn.TransformerEncoder`` fast path builds from a padding mask, and packed sequences of an RNN.
+VALUE_DEPENDENT_OPS = frozenset({"aten._nested_tensor_from_mask", "aten._pack_padded_sequence"})
 # Ops whose names say they do heavy arithmetic: seen without a formula, they make a count a lower bound.
 _HEAVY_TOKENS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "einsum", "tensordot", "linear", "bilinear",
                  "trilinear", "lstm", "gru", "rnn", "attention", "convolution"}
@@ -64,6 +67,9 @@ class FlopCount:
         by_op: op name (``"aten.convolution"``) -> hardware FLOPs, forward + backward.
         uncounted_ops: heavy ops that ran without a FLOP formula (the count is then a lower bound).
         errors: formula failures (the count is then a lower bound).
+        value_dependent: ops whose FLOPs depend on the values of their inputs, not only on shapes (a nested tensor
+            built from a padding mask, a packed sequence) -> the module paths they ran in: this count holds for
+            this batch's values only.
     """
 
     forward: int = 0
@@ -75,6 +81,7 @@ class FlopCount:
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted_ops: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    value_dependent: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -161,6 +168,7 @@ class SafeFlopCounterMode(FlopCounterMode):
     def _reset_counts(self) -> None:
         self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
         self._recompute = 0
+        self._value_dependent: dict[str, set[str]] = {}  # op -> module paths it ran in
 
     def __enter__(self) -> SafeFlopCounterMode:
         self._reset_counts()
@@ -176,6 +184,8 @@ class SafeFlopCounterMode(FlopCounterMode):
             phase = _phase()
             if phase == "forward" and self._hookless:
                 self.mod_tracker.note_forward_op(args)
+            if str(func_packet) in VALUE_DEPENDENT_OPS:
+                self._value_dependent.setdefault(str(func_packet), set()).update(set(self.mod_tracker.parents))
             formula = self.flop_registry.get(func_packet)
             if formula is None:
                 if is_heavy_op(str(func_packet)):
@@ -221,7 +231,16 @@ class SafeFlopCounterMode(FlopCounterMode):
             # convolution backward variants are covered by the convolution_backward formula
             uncounted_ops=sorted(op for op in self.uncounted if "backward" not in op or "convolution" not in op),
             errors=list(self.errors),
+            value_dependent={op: _deepest(names, self._module_paths is not None)
+                             for op, names in self._value_dependent.items()},
         )
+
+
+def _deepest(names: set[str], relative: bool) -> list[str]:
+    """The innermost module paths of a set of tracker names (``Global`` and enclosing modules left out)."""
+    paths = [(_module_path(n) if relative else n) for n in names if n != "Global"]
+    paths = [p for p in paths if p]
+    return sorted(p for p in paths if not any(q != p and q.startswith(p + ".") for q in paths)) or ["the model"]
 
 
 def _module_path(name: str) -> str | None:

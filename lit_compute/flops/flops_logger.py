@@ -22,6 +22,7 @@ from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
+from lit_compute.flops.model_state import ModelState
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
@@ -42,22 +43,33 @@ def batch_signature(stage: str, batch: Any) -> tuple:
 
 @dataclass
 class EvalTally:
-    """One evaluation run's FLOPs, samples and clean time (a counted batch's time is instrument time)."""
+    """One evaluation run's FLOPs, samples and clean time. Every batch's FLOPs count in the per-step and per-sample
+    figures, counted batches included; a counted batch's time is instrument time, so the rate is taken over the
+    other batches."""
 
     start: float = 0.0  # raw clock at the run's start
     instrument: float = 0.0  # the timeline's instrument total at the run's start
     flops: int = 0
     samples: int = 0
     batches: int = 0
+    timed_flops: int = 0  # FLOPs of the batches that were not counted (their time is the run's clean time)
     valid: bool = True  # False once a batch's FLOPs were unknown
+    estimated: bool = False  # True once a batch's FLOPs were an estimate (a value-dependent signature)
     excluded: float = 0.0  # seconds of counted batches
+
+    def add(self, flops: int, samples: int, timed: bool) -> None:
+        self.flops += flops
+        self.samples += samples
+        self.batches += 1
+        if timed:
+            self.timed_flops += flops
 
     def tflops(self, raw_now: float, instrument_now: float) -> float:
         """Model TFLOP/s over the run's clean time; NaN when unknown."""
-        if not (self.batches and self.valid):
+        if not (self.timed_flops and self.valid):
             return math.nan
         elapsed = raw_now - self.start - (instrument_now - self.instrument) - self.excluded
-        return self.flops / elapsed / 1e12 if elapsed > 0 else math.nan
+        return self.timed_flops / elapsed / 1e12 if elapsed > 0 else math.nan
 
 
 class FlopsLogger(MeasuringCallback):
@@ -154,13 +166,18 @@ class FlopsLogger(MeasuringCallback):
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
         self._peak_refined = False
         self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
+        self._model_state = ModelState()
+        self._train_key: tuple[str, int, int] | None = None  # the model state of the last training batch
         self._reset_run()
 
     def _reset_run(self) -> None:
         self._table_logged = False
         self._batch_values: Values | None = None
+        self._batch_estimated = False  # the batch's values are an estimate (a value-dependent signature)
         self._step = [0, 0, 0]  # model forward, model backward, hardware FLOPs of the step in progress
         self._step_known = True
+        self._step_estimated = False
+        self._last_estimated = False
         self._window: list[tuple[StepRecord, int, int]] = []
         self._token_steps: list[StepRecord] = []  # every step's tokens since the last log (padding fraction)
         self._last: tuple[int, int, int | None] | None = None  # (model, hardware, samples) of the last step
@@ -255,10 +272,19 @@ class FlopsLogger(MeasuringCallback):
 
     # -- counting -------------------------------------------------------------------------------------
     def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any) -> None:
-        sig = batch_signature(stage, batch)
+        key = self._model_state.key(pl_module)
+        if stage == "train":
+            if self._train_key is not None and key != self._train_key:
+                rank_zero_info(f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); its "
+                               "FLOPs are counted again")
+            self._train_key = key
+        sig = (*batch_signature(stage, batch), key)
         self._batch_values = self.book.values(sig)
-        if self._batch_values is not None or not self.book.wants_count(sig):
+        known = self._batch_values is not None
+        self._batch_estimated = known and bool(self.book.estimated(sig))
+        if not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
             return
+        self._batch_estimated = False  # counted for real: exact for this batch
         stack = contextlib.ExitStack()
         counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pl_module, hookless=True)
         stack.enter_context(_compat.eager_compiled_code())
@@ -285,6 +311,12 @@ class FlopsLogger(MeasuringCallback):
             self._warn_once("uncounted", f"FlopsLogger: ops without a FLOP formula ran ({', '.join(count.uncounted_ops)}); "
                             "the counts are lower bounds. Register a formula with "
                             "torch.utils.flop_counter.register_flop_formula.")
+        if booked.value_dependent:
+            self._warn_once(f"value-dependent:{booked.value_dependent}", "FlopsLogger: the FLOPs of batches "
+                            f"{_short(sig)} depend on their values, not only their shapes ({booked.value_dependent}); "
+                            "batches of these shapes that are not counted for real get the mean of the real counts, "
+                            "an estimate, and compute/flops_estimated (or compute/val_flops_estimated) is 1 where "
+                            "the logged figure used one.")
         if booked.prediction_missed:
             self._warn_once("prediction-miss", f"FlopsLogger: the predicted count of batches {_short(sig)} missed the "
                             "real count; their shapes are counted for real from now on.")
@@ -311,6 +343,7 @@ class FlopsLogger(MeasuringCallback):
             self._step_known = False
         else:
             self._step = [a + b for a, b in zip(self._step, values)]
+        self._step_estimated |= self._batch_estimated
         self._log_table_once(trainer, batch)
 
     @override
@@ -318,6 +351,7 @@ class FlopsLogger(MeasuringCallback):
         model, hardware = self._step[0] + self._step[1], self._step[2]
         known, self._step, self._step_known = self._step_known, [0, 0, 0], True
         self._last = (model, hardware, record.samples) if known else None
+        self._last_estimated, self._step_estimated = self._step_estimated, False
         if known and record.clean:
             self._window.append((record, model, hardware))
         if record.tokens is not None and record.real_tokens is not None:
@@ -343,6 +377,8 @@ class FlopsLogger(MeasuringCallback):
             event.log({"compute/flops_per_step": step_model, "compute/hardware_flops_per_step": step_hw})
             if samples:
                 event.log({"compute/flops_per_sample": step_model / samples})
+            if self.book.any_estimated:
+                event.log({"compute/flops_estimated": float(self._last_estimated)})
         world, peak = trainer.world_size, self.peak_used
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
@@ -395,15 +431,13 @@ class FlopsLogger(MeasuringCallback):
         counting = self._counting
         values = self._end_batch(trainer)
         tally = self._eval
-        if counting is not None:  # a counted batch's time is instrument time
+        if counting is not None:  # a counted batch's time is instrument time; its FLOPs still count
             tally.excluded += self.timeline.raw() - counting[3]
-            return
         if values is None:
             tally.valid = False
             return
-        tally.flops += values[0]
-        tally.batches += 1
-        tally.samples += _batch.batch_size(batch) or 0
+        tally.add(values[0], _batch.batch_size(batch) or 0, timed=counting is None)
+        tally.estimated |= self._batch_estimated
 
     def _log_evaluation(self, trainer: pl.Trainer, event: LogEvent) -> None:
         tally, prefix = self._eval, _STAGE_PREFIX.get(event.stage, event.stage)
@@ -412,6 +446,8 @@ class FlopsLogger(MeasuringCallback):
             event.log({f"compute/{prefix}_flops_per_step": tally.flops / tally.batches})
             if tally.samples:
                 event.log({f"compute/{prefix}_flops_per_sample": tally.flops / tally.samples})
+            if self.book.any_estimated:
+                event.log({f"compute/{prefix}_flops_estimated": float(tally.estimated)})
         world, peak = trainer.world_size, self.peak_used
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
@@ -435,6 +471,6 @@ class FlopsLogger(MeasuringCallback):
 
 
 def _short(sig: tuple) -> str:
-    stage, leaves = sig
+    stage, leaves = sig[0], sig[1]
     shown = ", ".join(f"{path or 'batch'}: {tuple(shape)}" for path, shape, _ in leaves[:4])
     return f"{stage} [{shown}{', ...' if len(leaves) > 4 else ''}]"

@@ -23,9 +23,11 @@ _EXACT = 1e-9
 
 
 def structure_of(sig: tuple) -> tuple:
-    """The structure of a signature from :func:`lit_compute._batch.signature`: paths, ranks and dtypes."""
-    stage, leaves = sig
-    return (stage, tuple((path, len(shape), dtype) for path, shape, dtype in leaves))
+    """The structure of a signature ``(stage, leaves, *rest)`` (leaves from :func:`lit_compute._batch.signature`):
+    paths, ranks and dtypes, and whatever else the signature holds (the model's state key): only batches of one
+    structure and one model state are fitted together."""
+    stage, leaves, *rest = sig
+    return (stage, tuple((path, len(shape), dtype) for path, shape, dtype in leaves), *rest)
 
 
 def dims_of(sig: tuple) -> tuple[int, ...]:

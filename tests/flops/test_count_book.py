@@ -68,3 +68,33 @@ def test_state_round_trips_counts_and_the_module_table_through_lists():
     again.load_state_dict(state)
     assert again.values(_sig(8)) == (1440, 2880, 4320) and again.values(_sig(8, "val")) == (1440, 2880, 4320)
     assert again.first_train.by_module == {"model": 4320} and again.counted == 0
+
+
+def test_a_signature_is_recounted_at_its_4th_16th_64th_occurrence():
+    book = CountBook()
+    book.record(_sig(8), _count(8))
+    due = [n for n in range(1, 80) if book.values(_sig(8)) is not None and book.wants_recount(_sig(8))]
+    assert due == [4, 16, 64]
+
+
+def test_a_recount_that_differs_makes_the_signature_estimated_with_the_mean_of_real_counts():
+    book = CountBook()
+    first = FlopCount(forward=100, backward=200, hardware=300, by_module={"net": 300})
+    book.record(_sig(8), first)
+    assert book.values(_sig(8)) == (100, 200, 300) and not book.estimated(_sig(8))
+    other = FlopCount(forward=150, backward=300, hardware=450, by_module={"net": 300, "policy": 150, "policy.0": 150})
+    booked = book.record(_sig(8), other)
+    assert booked.values == (150, 300, 450)  # the recounted batch itself is exact
+    assert booked.value_dependent == "two batches of the same shapes counted differently in `policy`"
+    assert book.values(_sig(8)) == (125, 250, 375) and book.any_estimated
+    assert book.counts[_sig(8)] is first and book.counted == 2  # the first count keeps the module table
+    broken = FlopCount(errors=["mm: bad"])
+    assert book.record(_sig(8), broken).values == (100, 200, 300) and book.failures == 0  # a failed recount
+
+
+def test_an_op_whose_flops_follow_values_flags_the_signature_at_once():
+    book = CountBook()
+    count = _count(8)
+    count.value_dependent = {"aten._nested_tensor_from_mask": ["encoder"]}
+    assert book.record(_sig(8, "val"), count).value_dependent == "_nested_tensor_from_mask in `encoder`"
+    assert book.estimated(_sig(8, "val")) and not book.estimated(_sig(8))

@@ -264,3 +264,31 @@ def test_ddp_global_tflops_is_summed_over_ranks(tmp_path):
         assert value != pytest.approx(2 * local[step], rel=1e-9)
     for step, mfu in scalar_values(acc, "compute/mfu"):
         assert mfu == pytest.approx(summed[step] / (2 * 0.1), rel=1e-5)
+
+
+def test_the_first_validation_counts_every_batch_its_counted_ones_included(tmp_path):
+    """Batches of 4, 4 and 2 samples: the first validation counts two shapes for real; its FLOPs per step is the
+    mean over all three batches (2 x B x 64 x 32 each), as every later validation's is."""
+
+    class Linear(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(64, 32, bias=False)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val/loss", self.layer(batch[0]).pow(2).mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.TensorDataset(torch.randn(10, 64))
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=2, limit_val_batches=3, check_val_every_n_epoch=1,
+                           callbacks=[FlopsLogger(peak="none")])
+    trainer.fit(Linear(), train_dataloaders=DataLoader(data, batch_size=4),
+                val_dataloaders=DataLoader(data, batch_size=4))
+    per_step = scalar_values(read_events(trainer.logger.log_dir), "compute/val_flops_per_step")
+    exact = (2 * 4 * 64 * 32 * 2 + 2 * 2 * 64 * 32) / 3
+    assert [v for _, v in per_step] == [pytest.approx(exact)] * 2  # two validations, the first one exact too
