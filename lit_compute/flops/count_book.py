@@ -31,8 +31,9 @@ class Recorded:
 
 
 #: Occurrences of an exactly counted signature at which it is counted again, to catch FLOPs that depend on a
-#: batch's values rather than its shapes (a data-dependent branch): a handful of counts over a whole run.
-RECOUNT_AT = frozenset(4**k for k in range(1, 12))
+#: batch's values rather than its shapes (a data-dependent branch): a handful of counts over a whole run (16, 64,
+#: 256...: the first after the warm-up steps every benchmark and short run leaves out anyway).
+RECOUNT_AT = frozenset(4**k for k in range(2, 13))
 
 
 class CountBook:
@@ -41,7 +42,7 @@ class CountBook:
 
     **Value-dependent FLOPs.** A signature is *estimated* when its FLOPs depend on the batch's values: found at
     once when a count ran an op that makes them so (:data:`~lit_compute.flops.counting.VALUE_DEPENDENT_OPS`), or
-    when a recount of the same signature (at its 4th, 16th, 64th... occurrence, :data:`RECOUNT_AT`) differs from
+    when a recount of the same signature (at its 16th, 64th, 256th... occurrence, :data:`RECOUNT_AT`) differs from
     the earlier ones. Its values are then the mean of every real count of it, and :meth:`estimated` says why.
 
     Args:
@@ -95,7 +96,7 @@ class CountBook:
 
     def wants_recount(self, sig: tuple) -> bool:
         """Whether a batch of this exactly counted signature should be counted again (call after :meth:`values`
-        returned its values): at its 4th, 16th, 64th... occurrence."""
+        returned its values): at its 16th, 64th, 256th... occurrence."""
         return self.counts.get(sig) is not None and self._seen.get(sig, 0) in RECOUNT_AT and not self.exhausted
 
     def estimated(self, sig: tuple) -> str:

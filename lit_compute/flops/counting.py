@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from lit_compute._compat import eager_compiled_code, seed_module_names
-from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas
+from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
 _ROOT = "model"
@@ -193,7 +193,7 @@ class SafeFlopCounterMode(FlopCounterMode):
                 return out
             hardware = int(formula(*args, **kwargs, out_val=out))
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
-            model = hardware - recompute
+            model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
             self._recompute += recompute
             column = 0 if phase == "forward" else 1
             for parent in set(self.mod_tracker.parents):

@@ -84,6 +84,18 @@ class FlopsLogger(MeasuringCallback):
     seen. If counting a batch fails, the batch's count is abandoned with one warning and the step completes as
     without FlopsLogger; after three failed counts counting stops.
 
+    **The model as it changes.** A count's key is the batch signature and the model's state: its module
+    structure, each module's train/eval mode and which parameters require gradients
+    (:class:`~lit_compute.flops.model_state.ModelState`), so unfreezing a backbone (``BackboneFinetuning``), a
+    mode switch inside ``training_step`` or a model grown between epochs is counted again.
+
+    **Value-dependent FLOPs.** Where a batch's FLOPs depend on its values, not only its shapes (the nested
+    tensors of ``nn.TransformerEncoder``'s fast path with a padding mask, packed sequences, a data-dependent
+    branch), a count holds for that batch only. Such signatures are found when the count runs a nested-tensor
+    or packing op, or when a recount of a signature (at its 16th, 64th, 256th... occurrence) differs; one warning
+    names the module, later batches of that signature get the mean of its real counts, and
+    ``compute/flops_estimated`` (``compute/val_flops_estimated``) says where a logged figure used one.
+
     **Variable shapes.** With ``predict_shapes=True`` new signatures of a structure already counted several
     times are predicted by an exact polynomial fit of the counts in the varying dimensions (see
     :mod:`lit_compute.flops.predict`); one new shape in 25 is still counted to check the fit, and a miss
@@ -113,6 +125,10 @@ class FlopsLogger(MeasuringCallback):
         - ``compute/mfu``: ``global_tflops_per_sec / (world_size * peak_tflops)``.
         - ``compute/hfu``: the same from hardware FLOPs.
         - ``compute/peak_tflops``: the per-device peak used as the denominator.
+        - ``compute/timed_seconds``: this device's clean time the TFLOP/s, MFU and HFU of the logging step were
+          measured over (``lit-compute report`` weighs each window by it: total work over total time).
+        - ``compute/flops_estimated`` (``compute/val_flops_estimated``): logged once a batch's FLOPs were found to
+          depend on its values (see *Value-dependent FLOPs*): 1 when the logged FLOPs used an estimate, else 0.
         - ``compute/val_flops_per_step``, ``compute/val_flops_per_sample``, ``compute/val_tflops_per_sec``,
           ``compute/val_mfu`` (and ``compute/test_*`` under ``trainer.test``): the same for evaluation (forward
           only), once per evaluation run.
@@ -372,6 +388,8 @@ class FlopsLogger(MeasuringCallback):
         local = sum(m for _, m, _ in window) / seconds / 1e12 if seconds > 0 and window else math.nan
         local_hw = sum(h for _, _, h in window) / seconds / 1e12 if seconds > 0 and window else math.nan
         self.last_local_tflops = local if math.isfinite(local) else None
+        if seconds > 0 and window:
+            event.log({"compute/timed_seconds": seconds})
         if self._last is not None:
             step_model, step_hw, samples = self._last
             event.log({"compute/flops_per_step": step_model, "compute/hardware_flops_per_step": step_hw})

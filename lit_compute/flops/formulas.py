@@ -188,6 +188,32 @@ def _trilinear(i1_shape, i2_shape, i3_shape, expand1, expand2, expand3, sumdim, 
     return 2 * math.prod(full)
 
 
+def unneeded_input_grad_flops(func_packet: Any, args: tuple) -> int:
+    """FLOPs an RNN backward kernel spends on an input gradient that nothing needs (0 for every other op).
+
+    oneDNN's LSTM/GRU/RNN layer backward always computes the gradients of the layer's input and of its initial
+    hidden state; when those need no gradient (the first layer of a model fed with data; a zero initial state)
+    autograd would not have computed them, and the meta path (which decomposes the layer into matmuls) does not.
+    That work is hardware FLOPs, not model FLOPs, so both paths give the same model FLOPs. Read from the autograd
+    node being executed: an input edge is empty when that input needs no gradient."""
+    if str(func_packet) != "aten.mkldnn_rnn_layer_backward" or len(args) < 21:
+        return 0
+    try:
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return 0
+        edges = node.next_functions  # input, w_ih, w_hh, b_ih, b_hh, hx, cx
+        input_, w_ih, w_hh, hx = args[0], args[1], args[2], args[5]
+        unneeded = 0
+        if edges[0][0] is None:  # d input = grad_gates x W_ih, at every time step
+            unneeded += 2 * _rnn_tokens(tuple(input_.shape), args[20]) * math.prod(w_ih.shape)
+        if len(edges) > 5 and edges[5][0] is None:  # d h_0 = grad_gates(t=0) x W_hh, once per sequence
+            unneeded += 2 * (hx.numel() // w_hh.shape[1]) * math.prod(w_hh.shape)
+        return unneeded
+    except Exception:  # noqa: BLE001 - another torch version's internals: count it as model FLOPs
+        return 0
+
+
 def attention_recompute_flops(func_packet: Any, args: tuple, hardware_flops: int) -> int:
     """The part of a fused attention backward's FLOPs that recomputes ``Q K^T`` (0 for every other op).
 

@@ -49,6 +49,8 @@ class StepTimeMonitor(MeasuringCallback):
         - ``time/data_wait_ms``: mean wait for the batch per step since the last log.
         - ``time/compute_ms``: mean compute time per step since the last log.
         - ``time/step_ms``: mean step time (wait + compute) since the last log.
+        - ``time/timed_steps``: the clean steps those means are over (``lit-compute report`` weighs each logging
+          window by ``timed_steps x step_ms`` to give whole-run totals: total work over total time).
         - ``time/step_ms_p50``, ``time/step_ms_p90``, ``time/step_ms_max``: over the last ``window`` steps.
         - ``time/data_wait_fraction``: wait / step time since the last log.
         - ``time/samples_per_sec``: samples / step time since the last log (this process).
@@ -132,6 +134,7 @@ class StepTimeMonitor(MeasuringCallback):
         n = len(records)
         recent = [w + c for w, c in self._recent]
         metrics = {
+            "time/timed_steps": float(n),
             "time/data_wait_ms": waits / n,
             "time/compute_ms": computes / n,
             "time/step_ms": total / n,

@@ -16,7 +16,7 @@ def advice(run: Run) -> list[str]:
     """Advice derived from the numbers, each line citing the number that triggered it."""
     lines = []
     precision = run.info("precision") or ""
-    wait = run.mean("time/data_wait_fraction")
+    wait = run.total("time/data_wait_fraction")
     if wait is not None and wait > INPUT_BOUND:
         if run.tokens:
             fix = ("tokenise once and cache the token ids (TokenDataModule does), raise DataLoader num_workers, and keep "
@@ -34,7 +34,7 @@ def advice(run: Run) -> list[str]:
                      f"process got {human(cpu / 100)} of a core on average (device/cpu_percent {human(cpu)}%): other "
                      "processes compete for the cores; stop them, or lower torch.set_num_threads and DataLoader "
                      "num_workers so the total fits the cores.")
-    mfu = run.mean("compute/mfu")
+    mfu = run.total("compute/mfu")
     low = LOW_MFU["32" if precision.startswith("32") else "other"]
     if mfu is not None and mfu < low:
         if precision.startswith("32"):

@@ -28,18 +28,19 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     peak = run.last("compute/peak_tflops")
     rows = [
         ("model forward GFLOPs per sample", human(run.forward_gflops, 4)),
-        ("mean step time (ms)", human(run.mean("time/step_ms"))),
+        ("figures over", _span(run)),
+        ("mean step time (ms)", human(run.mean_step_ms)),
         ("p90 step time (ms)", human(run.mean("time/step_ms_p90"))),
         ("samples/s", human(run.samples_per_sec)),
     ]
     if run.tokens:
-        rows += [("tokens/s", human(run.mean("time/tokens_per_sec"))),
+        rows += [("tokens/s", human(run.total("time/tokens_per_sec"))),
                  ("padding fraction", percent(run.mean("compute/padding_fraction")))]
     rows += [
-        ("achieved (all ranks)", flops_rate(run.mean("compute/global_tflops_per_sec"))),
-        ("MFU", f"{percent(run.mean('compute/mfu'))} of {flops_rate(peak)} peak per device"),
-        ("HFU", percent(run.mean("compute/hfu"))),
-        ("data-wait fraction", percent(run.mean("time/data_wait_fraction"))),
+        ("achieved (all ranks)", flops_rate(run.total("compute/global_tflops_per_sec"))),
+        ("MFU", f"{percent(run.total('compute/mfu'))} of {flops_rate(peak)} peak per device"),
+        ("HFU", percent(run.total("compute/hfu"))),
+        ("data-wait fraction", percent(run.total("time/data_wait_fraction"))),
         (f"peak memory ({memory_label}, GB)", human(memory)),
         ("precision", f"{run.info('precision') or 'n/a'} ({run.info('precision plugin') or 'n/a'})"),
         ("skipped optimizer steps", human(run.last("amp/skipped_steps"))),
@@ -57,6 +58,14 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     return lines
 
 
+def _span(run: Run) -> str:
+    span = run.timed_span()
+    if span is None:
+        return "the mean of the logging windows (this run did not log its timed steps)"
+    steps, first, last = span
+    return f"{steps} timed steps, logged at steps {first}-{last}: rates are total work / total timed time"
+
+
 def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
     base = runs[0]
     lines = ["## Comparison (ratios to the first run)", ""]
@@ -67,7 +76,7 @@ def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
     summary = []
     for run in runs:
         tps, sps = run.time_per_sample_ms, run.samples_per_sec
-        row = [run.name, human(tps), human(sps), percent(run.mean("compute/mfu")),
+        row = [run.name, human(tps), human(sps), percent(run.total("compute/mfu")),
                human(tps / base.time_per_sample_ms if tps and base.time_per_sample_ms else None),
                human(sps / base.samples_per_sec if sps and base.samples_per_sec else None)]
         if price_per_hour:

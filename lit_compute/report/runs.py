@@ -56,9 +56,43 @@ class Run:
                 return value
         return None
 
+    def window_seconds(self, family: str) -> dict[int, float]:
+        """Each logging window's timed seconds by step: ``time/*`` windows from ``time/timed_steps x time/step_ms``,
+        ``compute/*`` windows from ``compute/timed_seconds``."""
+        if family == "time":
+            steps, ms = dict(self.scalars.get("time/timed_steps", [])), dict(self.scalars.get("time/step_ms", []))
+            return {s: steps[s] * ms[s] / 1e3 for s in steps if s in ms}
+        return dict(self.scalars.get("compute/timed_seconds", []))
+
+    def total(self, tag: str) -> float | None:
+        """A rate or a fraction of time over the whole run: total work over total timed time, that is each logging
+        window's value weighted by the seconds it was measured over. Runs that did not log their windows' time
+        (older versions) get the mean of the windows."""
+        weights = self.window_seconds("time" if tag.startswith("time/") else "compute")
+        pairs = [(v, weights[s]) for s, v in self.scalars.get(tag, []) if math.isfinite(v) and weights.get(s, 0) > 0]
+        if not pairs:
+            return self.mean(tag)
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+
+    @property
+    def mean_step_ms(self) -> float | None:
+        """Total timed time over timed steps (the mean of the windows for older runs)."""
+        steps, ms = dict(self.scalars.get("time/timed_steps", [])), dict(self.scalars.get("time/step_ms", []))
+        pairs = [(ms[s], steps[s]) for s in steps if s in ms and steps[s] > 0]
+        if not pairs:
+            return self.mean("time/step_ms")
+        return sum(m * n for m, n in pairs) / sum(n for _, n in pairs)
+
+    def timed_span(self) -> tuple[int, int, int] | None:
+        """``(timed steps, first logging step, last logging step)`` the totals are over (None: not logged)."""
+        steps = self.scalars.get("time/timed_steps", [])
+        if not steps:
+            return None
+        return int(sum(n for _, n in steps)), steps[0][0], steps[-1][0]
+
     @property
     def samples_per_sec(self) -> float | None:
-        return self.mean("time/samples_per_sec")
+        return self.total("time/samples_per_sec")
 
     @property
     def time_per_sample_ms(self) -> float | None:

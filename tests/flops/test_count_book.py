@@ -70,11 +70,11 @@ def test_state_round_trips_counts_and_the_module_table_through_lists():
     assert again.first_train.by_module == {"model": 4320} and again.counted == 0
 
 
-def test_a_signature_is_recounted_at_its_4th_16th_64th_occurrence():
+def test_a_signature_is_recounted_at_its_16th_64th_256th_occurrence():
     book = CountBook()
     book.record(_sig(8), _count(8))
-    due = [n for n in range(1, 80) if book.values(_sig(8)) is not None and book.wants_recount(_sig(8))]
-    assert due == [4, 16, 64]
+    due = [n for n in range(1, 300) if book.values(_sig(8)) is not None and book.wants_recount(_sig(8))]
+    assert due == [16, 64, 256]
 
 
 def test_a_recount_that_differs_makes_the_signature_estimated_with_the_mean_of_real_counts():

@@ -54,10 +54,13 @@ def test_recurrent_layers_count_in_a_real_cpu_training_step(tmp_path, cell, gate
     logged = _values(read_events(trainer.logger.log_dir), "compute/flops_per_step")
     (count,) = flops.counts.values()
     expected = 3 * forward  # every weight on every step, forward and both gradients
-    if "aten.mkldnn_rnn_layer" not in count.by_op:
-        # the unfused cell path: at t=0 the hidden state is zeros that need no gradient, so autograd skips it
-        expected -= 2 * 2 * batch * gates * hidden * hidden
+    # but at t=0 the hidden state is zeros that need no gradient: autograd skips d h_0 on the unfused cell path, and
+    # the fused oneDNN kernel's d h_0 is hardware FLOPs only, so model FLOPs agree on both paths
+    skipped = 2 * 2 * batch * gates * hidden * hidden
+    expected -= skipped
     assert logged == {0: expected, 1: expected}
+    fused = "aten.mkldnn_rnn_layer" in count.by_op
+    assert count.hardware == expected + (skipped if fused else 0)
 
 
 def test_masked_encoder_in_eval_counts_each_sequence_at_its_own_length():
@@ -339,3 +342,36 @@ def test_shape_predictor_refuses_what_it_cannot_fit():
         quadratic.add(sig(h), (7 * h * h + 3 * h + 11,))
     assert quadratic.predict(sig(100)) == (7 * 100 * 100 + 3 * 100 + 11,)
     assert quadratic.predict(("train", (("0", (3, 3, 100, 100), "float32"),))) is None  # a dimension never seen varying
+
+
+def test_an_lstm_fed_with_data_has_the_same_model_flops_on_the_kernel_and_the_meta_path(tmp_path):
+    """2 layers on CPU: oneDNN's kernel computes the first layer's input gradient and d h_0, which nothing needs;
+    the meta path (matmuls under autograd) leaves them out. Model FLOPs agree; hardware FLOPs keep the work."""
+
+    class Tagger(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(48, 96, num_layers=2, batch_first=True)
+            self.head = nn.Linear(96, 4)
+
+        def forward(self, x):
+            out, _ = self.rnn(x)
+            return self.head(out[:, -1])
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model, x = Tagger(), torch.randn(8, 20, 48)
+    flops = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=1, callbacks=[flops])
+    trainer.fit(model, train_dataloaders=DataLoader(torch.utils.data.TensorDataset(x, torch.randint(0, 4, (8,))),
+                                                    batch_size=8))
+    (kernel,) = flops.counts.values()
+    meta = count_flops(model, x, count_on="meta")
+    assert kernel.total == meta.total
+    if "aten.mkldnn_rnn_layer" in kernel.by_op:
+        unneeded = 2 * 8 * 20 * (4 * 96 * 48) + 2 * 2 * 8 * (4 * 96 * 96)  # first layer's d input; d h_0 per layer
+        assert kernel.hardware == kernel.total + unneeded

@@ -31,7 +31,15 @@ from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.report import ReportError, build_report, load_run, main
 from lit_compute.tensorboard_layout import LAYOUT, chart_matches
 
-from ..conftest import DrivenClock, TimedImages, clocked_trainer, read_events, scalar_values, tiny_model
+from ..conftest import (
+    DrivenClock,
+    TimedImages,
+    TimedNet,
+    clocked_trainer,
+    read_events,
+    scalar_values,
+    tiny_model,
+)
 
 
 def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Path:
@@ -302,3 +310,28 @@ def test_report_over_many_runs_reads_every_one(tmp_path):
     text, runs = build_report([str(tmp_path / "sweep")], tmp_path / "r.md", None, None, plots=False)
     assert len(runs) == 12 and len({r.name for r in runs}) == 12
     assert "lr_11/version_0" in text
+
+
+def test_run_figures_are_total_work_over_total_time_not_a_mean_of_windows(tmp_path):
+    """Logging windows of very different step times (steps 2-3 take 10x longer): the report's samples/s, mean step,
+    data-wait fraction, achieved FLOP/s and MFU are totals over the timed steps, exactly, on a driven clock."""
+    clock = DrivenClock()
+    compute = {s: (0.1 if s in (2, 3) else 0.01) for s in range(8)}
+    trainer = clocked_trainer(tmp_path, clock, max_steps=8, limit_train_batches=8, log_every_n_steps=2,
+                              limit_val_batches=0, callbacks=[StepTimeMonitor(), FlopsLogger(peak_flops=1e9)])
+    trainer.fit(TimedNet(clock, slow=compute), train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
+    run = load_run(Path(trainer.logger.log_dir))
+    timed = range(1, 8)  # step 0 is tainted (the loader's start, and the FLOP count)
+    seconds = sum(0.004 + compute[s] for s in timed)  # 4 images x 1 ms of loading, then the step's compute
+    assert run.samples_per_sec == pytest.approx(4 * len(timed) / seconds, rel=1e-4)
+    assert run.mean_step_ms == pytest.approx(seconds / len(timed) * 1e3, rel=1e-4)
+    assert run.total("time/data_wait_fraction") == pytest.approx(0.004 * len(timed) / seconds, rel=1e-4)
+    flops = run.last("compute/flops_per_step")
+    assert run.total("compute/global_tflops_per_sec") == pytest.approx(flops * len(timed) / seconds / 1e12, rel=1e-4)
+    assert run.total("compute/mfu") == pytest.approx(flops * len(timed) / seconds / 1e9, rel=1e-4)
+    windows = run.values("time/samples_per_sec")
+    assert abs(sum(windows) / len(windows) - run.samples_per_sec) > 0.1 * run.samples_per_sec  # the old mean was off
+    assert run.timed_span() == (7, 1, 7)
+    text, _ = build_report([str(trainer.logger.log_dir)], tmp_path / "report.md", None, None, plots=False)
+    assert "7 timed steps, logged at steps 1-7: rates are total work / total timed time" in text
+    assert f"| samples/s | {human(run.samples_per_sec)} |" in text
