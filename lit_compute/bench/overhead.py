@@ -142,6 +142,7 @@ def main(argv: list[str]) -> int:
     callback = CALLBACKS[args.callback]()
     hooks = HookClock(callback)
     timers = {"without": StepTimer(skip=3), "with": StepTimer(skip=3)}
+    rounds: dict[str, list[float]] = {"without": [], "with": []}  # each round's median step
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = ["without", "with"] if r % 2 == 0 else ["with", "without"]
@@ -154,7 +155,9 @@ def main(argv: list[str]) -> int:
                     enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
                     num_sanity_val_steps=0, limit_val_batches=0,
                 )
+                before = len(timers[variant].times)
                 trainer.fit(model, train_dataloaders=loader)
+                rounds[variant].append(median(timers[variant].times[before:]))
     base = median(timers["without"].times)
     rows = []
     for variant in ("without", "with"):
@@ -165,6 +168,9 @@ def main(argv: list[str]) -> int:
     emit(markdown(["configuration", "steps timed", "median step ms", "mean step ms", "ratio to without"], rows))
     ratio = median(timers["with"].times) / base
     emit(f"\noverhead ratio (median step time with / without): {ratio:.4f}")
+    pairs = sorted(w / wo for w, wo in zip(rounds["with"], rounds["without"]))
+    emit(f"per-round ratios (each round's median with / without; a machine's drift between rounds shows here): "
+         f"median {median(pairs):.4f}, range {pairs[0]:.4f}-{pairs[-1]:.4f} over {len(pairs)} rounds")
     inside = median(hooks.per_step)
     emit(f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "
          f"({100 * inside / base:.2f}% of the median step without it; {len(hooks.per_step)} steps)")
