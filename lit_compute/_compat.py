@@ -22,6 +22,15 @@ def available_cpu_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def module_flags(model: nn.Module) -> tuple[tuple[int, ...], bytes, bytes, int]:
+    """In one walk over ``model``'s modules: their ids, each module's ``training`` flag and each parameter's
+    ``requires_grad`` flag (as bytes), and how many parameters require gradients. Reads each module's own
+    parameter table (``_parameters``) instead of ``parameters()``, which walks the modules a second time."""
+    modules = list(model.modules())
+    grads = [p.requires_grad for m in modules for p in getattr(m, "_parameters", {}).values() if p is not None]
+    return tuple(map(id, modules)), bytes([m.training for m in modules]), bytes(grads), sum(grads)
+
+
 def seed_module_names(tracker: Any, root: nn.Module, prefix: str) -> bool:
     """Name ``root``'s submodules by their real paths in torch's ``ModuleTracker`` (``prefix.path``).
 

@@ -183,7 +183,7 @@ class FlopsLogger(MeasuringCallback):
         self._peak_refined = False
         self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
         self._model_state = ModelState()
-        self._train_key: tuple[str, int, int] | None = None  # the model state of the last training batch
+        self._train_key: tuple[str, str, str, int] | None = None  # the model state of the last training batch
         self._reset_run()
 
     def _reset_run(self) -> None:
