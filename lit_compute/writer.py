@@ -80,8 +80,8 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
             logger.log_metrics(clean, step=step)
         except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
             writer.failed_loggers.add(id(logger))
-            rank_zero_warn(f"lit_compute: writing metrics to {type(logger).__name__} failed with {type(err).__name__}: "
-                           f"{err}. lit_compute's metrics are no longer sent to that logger; training goes on.",
+            rank_zero_warn(f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
+                           "lit_compute's metrics are no longer sent to that logger; training goes on.",
                            category=UserWarning)
     if first:
         log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
@@ -120,10 +120,18 @@ def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) 
         tb.experiment.add_text(tag, text, global_step=trainer.global_step if step is None else step)
     except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
         writer.failed_loggers.add(id(tb))
-        rank_zero_warn(f"lit_compute: writing text to TensorBoard failed with {type(err).__name__}: {err}. "
+        rank_zero_warn(f"lit_compute: writing text to TensorBoard failed with {_cause(err)}. "
                        "lit_compute's output is no longer sent to it; training goes on.", category=UserWarning)
         return False
     return True
+
+
+def _cause(err: BaseException) -> str:
+    """The root of an exception chain, as ``Type: message`` (Lightning's TensorBoardLogger re-raises a failed write
+    as "you tried to log ... which is currently not supported"; the cause is the ENOSPC or ENOENT beneath)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return f"{type(err).__name__}: {err}"
 
 
 def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
@@ -131,10 +139,17 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
     latest one)."""
     tb = tensorboard_logger(trainer)
     layout = layout_for(tags)
-    if tb is None or not layout or not trainer.is_global_zero:
+    writer = writer_for(trainer)
+    if tb is None or not layout or not trainer.is_global_zero or id(tb) in writer.failed_loggers:
         return False
-    tb.experiment.add_custom_scalars(layout)
-    tb.experiment.flush()
+    try:
+        tb.experiment.add_custom_scalars(layout)
+        tb.experiment.flush()
+    except Exception as err:  # noqa: BLE001 - a full disk or a deleted log folder must not stop training
+        writer.failed_loggers.add(id(tb))
+        rank_zero_warn(f"lit_compute: writing the Custom Scalars layout to TensorBoard failed with {_cause(err)}. "
+                       "lit_compute's output is no longer sent to it; training goes on.", category=UserWarning)
+        return False
     return True
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -110,3 +112,68 @@ def test_run_info_is_read_back_by_the_same_keys():
     table = read_key_value_table(run_info(_stub_trainer([])))
     assert tuple(table) == RUN_INFO_KEYS
     assert table["precision"] == "32-true" and table["device"] == "cpu" and table["world size"] == "1"
+
+
+# -- a log folder that breaks mid-run (issue: faults) ---------------------------------------------------------
+def _only_lit_compute(tmp_path, callbacks, max_steps=8):
+    """A run in which only lit_compute writes to TensorBoard (Lightning's BoringModel logs nothing itself)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         logger=TensorBoardLogger(str(tmp_path), name="tb"),
+                         callbacks=[StepTimeMonitor(log_every_n_steps=1), *callbacks])
+    return trainer, BoringModel()
+
+
+def test_a_failing_custom_scalars_write_warns_with_the_real_cause_and_training_goes_on(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    def full_disk(self, layout):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SummaryWriter, "add_custom_scalars", full_disk)
+    trainer, model = _only_lit_compute(tmp_path, [])
+    with pytest.warns(UserWarning, match=r"Custom Scalars layout to TensorBoard failed with OSError: \[Errno 28\] "
+                                         r"No space left on device.*training goes on"):
+        trainer.fit(model)
+    assert trainer.global_step == 8
+
+
+def test_a_failing_scalar_write_names_the_cause_beneath_lightnings_message(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    def gone(self, *args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "events.out.tfevents.0")
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", gone)
+    trainer, model = _only_lit_compute(tmp_path, [])
+    with pytest.warns(UserWarning, match=r"writing metrics to TensorBoardLogger failed with FileNotFoundError: "
+                                         r"\[Errno 2\] No such file or directory"):
+        trainer.fit(model)
+    assert trainer.global_step == 8
+
+
+def test_deleting_the_log_folder_mid_run_does_not_kill_the_run(tmp_path):
+    import shutil
+
+    from lightning.pytorch.callbacks import Callback
+
+    class DeleteLogs(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 4:
+                shutil.rmtree(trainer.logger.log_dir)
+
+    trainer, model = _only_lit_compute(tmp_path, [DeleteLogs(), FlopsLogger(peak="none"), DeviceMonitor(gpu=False)],
+                                       max_steps=12)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(FileNotFoundError) as raised:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    # every step ran and lit_compute said what broke; what still raises is Lightning's own TensorBoardLogger
+    # closing its event file at the end of fit (no lit_compute frame in the traceback)
+    assert trainer.global_step == 12
+    assert any("lit_compute: writing" in str(w.message) and "FileNotFoundError" in str(w.message) for w in caught)
+    frames = traceback.extract_tb(raised.tb)
+    assert not [f for f in frames if "/lit_compute/" in f.filename]
+    assert any(f.name == "finalize" for f in frames)

@@ -131,6 +131,7 @@ class ProfilerWindow(MeasuringCallback):
         self._durations: list[float] = []
         self._slow_next: int | None = None
         self._first_batch = True
+        self._dir: Path | None = None  # <trainer.log_dir>/profiler, resolved at setup on every rank
 
     # -- state ----------------------------------------------------------------------------------------
     @override
@@ -166,6 +167,9 @@ class ProfilerWindow(MeasuringCallback):
 
     @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts (a collective): every rank resolves it here, at the same point, never later
+        # inside an export that only one rank may run
+        self._dir = Path(trainer.log_dir or trainer.default_root_dir) / "profiler"
         if isinstance(trainer.profiler, PyTorchProfiler):
             self.disable(
                 "Trainer(profiler='pytorch') already runs torch.profiler and two profilers cannot run at once; "
@@ -275,8 +279,7 @@ class ProfilerWindow(MeasuringCallback):
 
     # -- output ---------------------------------------------------------------------------------------
     def _out_dir(self, trainer: pl.Trainer) -> Path:
-        root = trainer.log_dir or trainer.default_root_dir
-        path = Path(root) / "profiler"
+        path = self._dir if self._dir is not None else Path(trainer.default_root_dir) / "profiler"
         path.mkdir(parents=True, exist_ok=True)
         return path
 
