@@ -16,11 +16,16 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
+_FP16_SMALLEST = 2.0**-24  # float16's smallest subnormal: a scale below it flushes every scaled gradient to 0
+
+
 class LossScaleMonitor(MeasuringCallback):
     """Logs the dynamic loss scale of fp16 mixed precision and how many optimizer steps were skipped.
 
     A GradScaler skips the optimizer step when it finds inf/NaN gradients and then lowers the scale by its
-    backoff factor; a skipped step is counted as an optimizer step after which the scale went down. After
+    backoff factor; a skipped step is counted as an optimizer step after which the scale went down, or stayed at
+    0 (a scale that underflowed to 0 skips every step; one warning says so as soon as the scale falls below
+    float16's smallest subnormal, 2^-24, where the run can no longer learn). After
     every step (an optimizer step, once per accumulation cycle, after ``scaler.update()``; see
     :mod:`lit_compute.timeline`) the scale tensor is copied on the device (no sync); the copies are read only
     at logging steps, since reading the scale forces a device sync. Steps not yet counted when a checkpoint is
@@ -108,7 +113,15 @@ class LossScaleMonitor(MeasuringCallback):
         scales = torch.stack([s.reshape(()).float().cpu() for s in self._pending])
         previous = self._last.float().cpu().reshape(()) if self._last is not None else scales[0]
         chain = torch.cat([previous.reshape(1), scales])
-        self.skipped_steps += int((chain[1:] < chain[:-1]).sum())
+        # a step was skipped when the scale went down, or when it is 0 and can go down no further (0 x loss
+        # gives gradients that unscale to NaN: every step is skipped from then on)
+        self.skipped_steps += int(((chain[1:] < chain[:-1]) | (chain[1:] == 0)).sum())
         self.optimizer_steps += len(self._pending)
         self._last = self._pending[-1]
         self._pending = []
+        latest = float(scales[-1])
+        if latest < _FP16_SMALLEST:
+            self._warn_once("collapsed", f"LossScaleMonitor: the loss scale collapsed to {latest:.3g} (below float16's "
+                            "smallest subnormal, 2^-24): every scaled gradient underflows to zero and each optimizer "
+                            "step is skipped, so the run can no longer learn. Look for inf/NaN in the loss or the "
+                            "gradients (a learning rate too high, a log of 0, a division by 0).")

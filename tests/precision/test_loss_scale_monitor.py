@@ -54,3 +54,18 @@ def test_loss_scale_monitor_without_scaler_is_quiet_and_logs_nothing(tmp_path):
         trainer.fit(_ConvNet(), train_dataloaders=_loader())
     assert not [w for w in caught if "LossScaleMonitor" in str(w.message)]  # bf16 has no scaler: nothing to say
     assert not [t for t in read_events(trainer.logger.log_dir).Tags()["scalars"] if t.startswith("amp/")]
+
+
+def test_a_collapsed_scale_keeps_counting_skipped_steps_and_warns(tmp_path):
+    """inf gradients at every step: the scale halves each step until it is 0 (float32 underflow) and stays there;
+    every step is still counted as skipped, and one warning says the run can no longer learn."""
+    model = _ConvNet(inf_at=tuple(range(40)))
+    plugin = FP32BatchNormPrecision("16-mixed", init_scale=2.0**-140, growth_interval=1000)
+    trainer = make_trainer(tmp_path, max_steps=24, limit_train_batches=8, plugins=[plugin],
+                           callbacks=[LossScaleMonitor(log_every_n_steps=4)])
+    with pytest.warns(UserWarning, match=r"loss scale collapsed to .*can no longer learn"):
+        trainer.fit(model, train_dataloaders=_loader())
+    acc = read_events(trainer.logger.log_dir)
+    assert scalar_values(acc, "amp/loss_scale")[-1][1] == 0.0
+    assert scalar_values(acc, "amp/skipped_steps")[-1] == (23, 24.0)  # every step, to the end
+    assert scalar_values(acc, "amp/skipped_step_fraction")[-1][1] == 1.0
