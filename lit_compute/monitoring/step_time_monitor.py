@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Annotated, Any
 
+from torchvision.datasets import DatasetFolder
 from typing_extensions import override
 
 from lit_compute._batch import TokenSpec
@@ -190,7 +191,9 @@ def input_bound_advice(trainer: pl.Trainer, fraction: float, threshold: float, s
         if workers > 0 and not getattr(dl, "persistent_workers", False):
             lines.append("- persistent_workers=False: workers restart every epoch; set persistent_workers=True.")
     datamodule = getattr(trainer, "datamodule", None)
-    if type(datamodule).__name__ != "DALIImageDataModule":
+    decodes_image_files = type(datamodule).__name__ == "TorchvisionImageDataModule" or any(
+        isinstance(getattr(dl, "dataset", None), DatasetFolder) for dl in loaders)
+    if decodes_image_files:  # DALI replaces decoding image files; it does nothing for tensors already in memory
         lines.append(
             "- Next step: decode and augment with NVIDIA DALI: lit_compute.data.DALIImageDataModule "
             "(same batches as TorchvisionImageDataModule; GPU decode on CUDA)."

@@ -14,16 +14,20 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lit_compute._validate import Check, validated
 
-_REFUSED_16_TRUE = (
+_WHY_16_TRUE = (
     "is refused: with float16 parameters the gradients are float16 too; small ones underflow to zero and a "
-    "GradScaler cannot unscale them without float32 master weights. Use precision='16-mixed' (float16 compute, "
-    "float32 weights, dynamic loss scaling) or 'bf16-true'"
+    "GradScaler cannot unscale them without float32 master weights. "
 )
+# each class names what it accepts itself, and the other class for the rest
+_REFUSED_16_TRUE = _WHY_16_TRUE + ("Use precision='16-mixed' (float16 compute, float32 weights, dynamic loss "
+                                   "scaling), or FP32BatchNormHalfPrecision('bf16-true')")
+_REFUSED_16_TRUE_HALF = _WHY_16_TRUE + ("Use precision='bf16-true' (bfloat16 keeps float32's range), or "
+                                        "FP32BatchNormPrecision('16-mixed') for float16 with loss scaling")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USE_HALF = ("is a HalfPrecision, not a MixedPrecision: use FP32BatchNormHalfPrecision('bf16-true') (or "
              "lit_compute.fp32_norm_precision('bf16-true'))")
 _REFUSED = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (("bf16-true", _USE_HALF),)
-_REFUSED_HALF = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (
+_REFUSED_HALF = tuple((value, _REFUSED_16_TRUE_HALF) for value in ("16-true", "16", "half")) + (
     ("16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('16-mixed')"),
     ("bf16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('bf16-mixed')"))
 _REFUSED_FSDP = tuple((value, "is refused: float16 gradients reduced without loss scaling underflow to zero; use "

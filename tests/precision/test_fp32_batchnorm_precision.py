@@ -139,3 +139,13 @@ def test_sync_batchnorm_trains_float32_on_two_gpus(tmp_path):
                          enable_checkpointing=False)
     trainer.fit(_ConvNet(), train_dataloaders=_loader())
     assert (tmp_path / "rank1.txt").read_text().splitlines()[0] == "bn torch.float32 torch.float32"
+
+
+def test_each_refusal_of_16_true_recommends_only_what_can_be_used():
+    with pytest.raises(ValueError) as mixed:
+        FP32BatchNormPrecision("16", "cpu")
+    assert "precision='16-mixed'" in str(mixed.value) and "FP32BatchNormHalfPrecision('bf16-true')" in str(mixed.value)
+    assert "precision='bf16-true'" not in str(mixed.value)  # this class refuses bf16-true: it must not suggest it
+    with pytest.raises(ValueError) as half:
+        FP32BatchNormHalfPrecision("16-true")
+    assert "precision='bf16-true'" in str(half.value) and "FP32BatchNormPrecision('16-mixed')" in str(half.value)
