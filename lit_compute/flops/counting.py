@@ -67,6 +67,8 @@ class FlopCount:
         by_op: op name (``"aten.convolution"``) -> hardware FLOPs, forward + backward.
         uncounted_ops: heavy ops that ran without a FLOP formula (the count is then a lower bound).
         errors: formula failures (the count is then a lower bound).
+        unnamed_modules: module class -> why the module tracker could not name it: its FLOPs are in the totals and
+            its parents' rows, not under its own name in ``by_module``.
         value_dependent: ops whose FLOPs depend on the values of their inputs, not only on shapes (a nested tensor
             built from a padding mask, a packed sequence) -> the module paths they ran in: this count holds for
             this batch's values only.
@@ -82,6 +84,7 @@ class FlopCount:
     uncounted_ops: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     value_dependent: dict[str, list[str]] = field(default_factory=dict)
+    unnamed_modules: dict[str, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -233,6 +236,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             errors=list(self.errors),
             value_dependent={op: _deepest(names, self._module_paths is not None)
                              for op, names in self._value_dependent.items()},
+            unnamed_modules=dict(getattr(self.mod_tracker, "unnamed", {})),
         )
 
 

@@ -327,6 +327,11 @@ class FlopsLogger(MeasuringCallback):
             self._warn_once("uncounted", f"FlopsLogger: ops without a FLOP formula ran ({', '.join(count.uncounted_ops)}); "
                             "the counts are lower bounds. Register a formula with "
                             "torch.utils.flop_counter.register_flop_formula.")
+        if count.unnamed_modules:
+            named = ", ".join(f"{cls} ({why})" for cls, why in sorted(count.unnamed_modules.items())[:3])
+            self._warn_once("unnamed", f"FlopsLogger: the module tracker could not name {named}; their FLOPs are in "
+                            "every total but not under their own names in compute/flops_by_module (the table is "
+                            "incomplete there).")
         if booked.value_dependent:
             self._warn_once(f"value-dependent:{booked.value_dependent}", "FlopsLogger: the FLOPs of batches "
                             f"{_short(sig)} depend on their values, not only their shapes ({booked.value_dependent}); "

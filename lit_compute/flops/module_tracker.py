@@ -27,6 +27,7 @@ class HooklessModuleTracker(ModuleTracker):
     def __init__(self) -> None:
         self._stack: list[str] = []
         self._by_sequence: dict[int, frozenset[str]] = {}
+        self.unnamed: dict[str, str] = {}  # module class -> why naming it failed (its FLOPs go to its parents)
         super().__init__()
 
     @property  # type: ignore[override]
@@ -55,8 +56,9 @@ class HooklessModuleTracker(ModuleTracker):
     def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
         try:
             self._stack.append(self._get_mod_name(mod))
-        except Exception:  # noqa: BLE001 - the tracker must never raise inside the tracked code
-            pass
+        except Exception as err:  # noqa: BLE001 - the tracker must never raise inside the tracked code: say it
+            if len(self.unnamed) < 16:
+                self.unnamed.setdefault(type(mod).__name__, f"{type(err).__name__}: {err}")
 
     def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
         try:

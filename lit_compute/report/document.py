@@ -116,7 +116,12 @@ def build_report(log_dirs: list[str], out: Path, plots_dir: Path | None, price_p
     if len(runs) > 1:
         lines += comparison(runs, price_per_hour)
     for i, run in enumerate(runs, 1):
-        lines += run_section(run, write_plots(run, plots_dir, i) if plots else [], report_dir)
+        try:
+            drawn = write_plots(run, plots_dir, i) if plots else []
+        except OSError as err:
+            raise ReportError(f"lit-compute report: cannot write the plots to {plots_dir}: {err.strerror or err}; "
+                              "pass --plots DIR (a writable folder) or --no-plots") from None
+        lines += run_section(run, drawn, report_dir)
     text = "\n".join(lines) + "\n"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

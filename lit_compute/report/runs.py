@@ -149,6 +149,11 @@ def load_run(path: Path) -> Run:
     acc.Reload()
     tags = acc.Tags()
     run = Run(path=path, name=f"{path.parent.name}/{path.name}")
+    if not any(v for v in tags.values() if isinstance(v, list)):
+        files = sorted(path.glob("events.out.tfevents.*"))
+        sizes = ", ".join(f"{f.stat().st_size} bytes" for f in files[:4]) + (", ..." if len(files) > 4 else "")
+        raise ReportError(f"lit-compute report: {path} holds no readable TensorBoard events ({len(files)} event "
+                          f"file(s): {sizes}): empty or cut short, as when a run is killed while writing")
     for tag in tags.get("scalars", []):
         run.scalars[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
     if not any(t.startswith(OUR_PREFIXES) for t in run.scalars):

@@ -292,3 +292,22 @@ def test_the_first_validation_counts_every_batch_its_counted_ones_included(tmp_p
     per_step = scalar_values(read_events(trainer.logger.log_dir), "compute/val_flops_per_step")
     exact = (2 * 4 * 64 * 32 * 2 + 2 * 2 * 64 * 32) / 3
     assert [v for _, v in per_step] == [pytest.approx(exact)] * 2  # two validations, the first one exact too
+
+
+def test_a_module_the_tracker_cannot_name_is_said_and_the_totals_stay_whole(tmp_path, monkeypatch):
+    from lit_compute.flops.module_tracker import HooklessModuleTracker
+
+    original = HooklessModuleTracker._get_mod_name
+
+    def fails_on_linear(self, mod):
+        if isinstance(mod, nn.Linear):
+            raise KeyError("no name for this module")
+        return original(self, mod)
+
+    monkeypatch.setattr(HooklessModuleTracker, "_get_mod_name", fails_on_linear)
+    flops = FlopsLogger(peak="none", log_every_n_steps=1)
+    trainer = make_trainer(tmp_path, max_steps=1, callbacks=[flops])
+    with pytest.warns(UserWarning, match=r"could not name Linear \(KeyError: 'no name for this module'\).*incomplete"):
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+    (count,) = [c for sig, c in flops.counts.items() if sig[0] == "train"]
+    assert count.total > 0 and not any(path.endswith("fc") for path in count.by_module)

@@ -335,3 +335,23 @@ def test_run_figures_are_total_work_over_total_time_not_a_mean_of_windows(tmp_pa
     text, _ = build_report([str(trainer.logger.log_dir)], tmp_path / "report.md", None, None, plots=False)
     assert "7 timed steps, logged at steps 1-7: rates are total work / total timed time" in text
     assert f"| samples/s | {human(run.samples_per_sec)} |" in text
+
+
+def test_cut_or_empty_event_files_are_named_as_such(tmp_path, capsys):
+    run_dir = _train(tmp_path / "logs", "cut", steps=2)
+    for events in run_dir.glob("events.out.tfevents.*"):
+        events.write_bytes(events.read_bytes()[:10])  # a run killed while writing
+    assert main([str(run_dir), "--out", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no readable TensorBoard events (1 event file(s): 10 bytes): empty or cut short" in err
+    assert "train with lit_compute's callbacks" not in err
+
+
+def test_plots_in_a_folder_that_cannot_be_written_end_in_one_line(tmp_path, capsys):
+    run_dir = _train(tmp_path / "logs", "ok", steps=2)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the plots folder would go")
+    assert main([str(run_dir), "--out", str(tmp_path / "r.md"), "--plots", str(blocked / "plots")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lit-compute report: cannot write the plots to {blocked / 'plots'}: ")
+    assert err.endswith("pass --plots DIR (a writable folder) or --no-plots") and "\n" not in err
