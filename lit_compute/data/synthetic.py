@@ -172,18 +172,28 @@ def make_synthetic_image_folder(
                     progress.update(1)
             counts[split] = n * num_classes
         (tmp / _MANIFEST).write_text(json.dumps({**spec, "counts": counts}, indent=2))
-        if root.exists():
-            root.rmdir()  # empty, checked above
         try:
+            if root.exists():
+                root.rmdir()  # empty, checked above (unless another process has filled it since)
             os.replace(tmp, root)
         except OSError:
-            if not (root / _MANIFEST).is_file():  # lost a race to another process: theirs is the same data
+            # lost a race to another process or rank that wrote the same folder first: theirs is the same data
+            if not _holds(root, spec):
                 raise
     finally:
         progress.close()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _holds(root: Path, spec: dict[str, Any]) -> bool:
+    """Whether ``root`` holds a finished synthetic dataset of exactly ``spec``."""
+    try:
+        existing = json.loads((root / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return {k: existing.get(k) for k in spec} == spec
 
 
 def _progress(total: int, description: str) -> Any:

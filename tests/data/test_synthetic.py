@@ -48,3 +48,25 @@ def test_different_seed_different_data_and_mismatch_error(tmp_path):
         make_synthetic_image_folder(tmp_path / "x", num_classes=2, images_per_class=2, seed=1)
     with pytest.raises(ValueError, match="num_classes=1"):
         make_synthetic_image_folder(tmp_path / "y", num_classes=1)
+
+
+def test_two_writers_of_one_cold_cache_both_succeed(tmp_path, monkeypatch):
+    """Another process finishes the same folder while this one is still writing its copy (two `lit-compute fit`
+    at once on a cold cache, or two ranks): this one's final rename finds the folder full and uses theirs."""
+    import lit_compute.data.synthetic as synthetic
+
+    real_render, raced = synthetic.render_image, []
+
+    def render_while_another_process_finishes(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            synthetic.make_synthetic_image_folder(tmp_path / "cache", num_classes=2, images_per_class=3,
+                                                  image_size=(16, 16))
+        return real_render(*args, **kwargs)
+
+    monkeypatch.setattr(synthetic, "render_image", render_while_another_process_finishes)
+    root = synthetic.make_synthetic_image_folder(tmp_path / "cache", num_classes=2, images_per_class=3,
+                                                 image_size=(16, 16))
+    assert raced and (root / "manifest.json").is_file()
+    assert sorted(p.name for p in (root / "train").iterdir()) == ["class_000", "class_001"]
+    assert not list(tmp_path.glob(".cache.tmp-*"))  # this writer's own copy is cleaned up
