@@ -26,6 +26,7 @@ _WHERE = {
     "FP32BatchNormHalfPrecision": "lit_compute.precision",
     "FP32BatchNormPrecision": "lit_compute.precision",
     "fp32_norm_precision": "lit_compute.precision",
+    "fully_shard_fp32_norms": "lit_compute.precision",
     "LossScaleMonitor": "lit_compute.precision",
     "DeviceMonitor": "lit_compute.monitoring",
     "PrometheusLogger": "lit_compute.monitoring",

@@ -8,6 +8,7 @@ import functools
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -159,3 +160,43 @@ def add_initial_hparam(pl_module: Any, key: str, value: Any) -> None:
         initial = AttributeDict()
         pl_module._hparams_initial = initial
     initial[key] = value
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How a run's ranks divide the work: ``data_parallel`` replicas (each its own batch) x ``tensor_parallel``
+    peers (sharing one batch, each executing a share of every sharded op), on ``nodes`` x ``devices_per_node``."""
+
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    nodes: int = 1
+    devices_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def describe(self) -> str:
+        return f"data parallel {self.data_parallel} x tensor parallel {self.tensor_parallel}"
+
+
+_TENSOR_PARALLEL_DIMS = ("tensor_parallel", "tp")
+
+
+def parallel_layout(trainer: Any) -> ParallelLayout:
+    """The run's :class:`ParallelLayout`, read from the strategy's device mesh (Lightning's
+    ``ModelParallelStrategy`` names its dimensions ``data_parallel`` and ``tensor_parallel``); every other strategy
+    (DDP, FSDP, one device) is data parallel over all ranks. The same on every rank."""
+    world = max(1, int(getattr(trainer, "world_size", 1) or 1))
+    nodes = max(1, int(getattr(trainer, "num_nodes", 1) or 1))
+    devices = max(1, world // nodes)
+    tensor = 1
+    mesh = getattr(trainer.strategy, "_device_mesh", None)
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    for dim in _TENSOR_PARALLEL_DIMS:
+        if dim in names:
+            with contextlib.suppress(Exception):
+                tensor = max(1, int(mesh[dim].size()))
+            break
+    return ParallelLayout(data_parallel=max(1, world // tensor), tensor_parallel=tensor, nodes=nodes,
+                          devices_per_node=devices)

@@ -202,6 +202,11 @@ class MeasuringCallback(Callback):
         self._guard(self._batch_start, trainer, pl_module, batch)
 
     @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        if trainer.training:
+            self._timeline(trainer).before_backward()
+
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         timeline = self._timeline(trainer)

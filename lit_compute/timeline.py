@@ -5,7 +5,9 @@ hooks (the first callback to reach a point takes the mark, the others read it), 
 same marks whatever their order in ``Trainer(callbacks=[...])``:
 
 - **batch ready** (``on_train_batch_start``), **batch end** (``on_train_batch_end``); the data wait of a batch
-  runs from the previous batch's end to its ready mark, its compute from ready to end.
+  runs from the previous batch's end to its ready mark, its compute from ready to end. **Before backward**
+  (``on_before_backward``, the batch's first) ends its forward: under DDP no gradient synchronisation has run
+  yet, so wait + forward is a rank's own work (how a straggler is told from the ranks waiting for it).
 - **step**: Lightning's optimizer step under automatic optimization (the micro-batches of an accumulated
   step are one step) and one training batch under manual optimization, whatever the number of
   ``optimizer.step()`` calls. Its number is the step Lightning's own ``self.log`` writes at for the same
@@ -74,8 +76,10 @@ class StepRecord:
     samples: int | None = 0
     tokens: int | None = None
     real_tokens: Any = None
+    forward_s: float = 0.0
     taints: set[str] = field(default_factory=set)
     _events: list[tuple[Any, Any, Any, float]] = field(default_factory=list, repr=False)
+    _forward_events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     @property
     def duration_s(self) -> float:
@@ -99,6 +103,17 @@ class StepRecord:
                 wait += max(0.0, prev_end.elapsed_time(ready) / 1e3 - excluded_in_wait)
             compute += ready.elapsed_time(end) / 1e3
         return wait, compute
+
+    def device_forward_time(self) -> float:
+        """Seconds from each batch's arrival to its first backward (its forward and loss: no gradient
+        synchronisation yet), on the device when CUDA events were recorded, else ``forward_s``."""
+        if not self._forward_events:
+            return self.forward_s
+        total = 0.0
+        for ready, before_backward in self._forward_events:
+            before_backward.synchronize()
+            total += ready.elapsed_time(before_backward) / 1e3
+        return total
 
     def real_token_count(self) -> int | None:
         """Non-padding tokens of the step (reads a device tensor: call at logging steps)."""
@@ -176,6 +191,8 @@ class Timeline:
         self._last_end_event: Any = None
         self._excluded_since_end = 0.0
         self._ready = 0.0
+        self._ready_event: Any = None
+        self._forward_marked = False
         self._global_step_at_start = 0
         self._batch_taints: set[str] = set()
         self._step: StepRecord | None = None  # the step in progress (several batches under accumulation)
@@ -301,6 +318,7 @@ class Timeline:
         ready_event = self._cuda_event()
         if ready_event is not None:
             step._events.append((self._last_end_event, ready_event, None, self._excluded_since_end))
+        self._ready_event, self._forward_marked = ready_event, False
         facts = read_batch(batch, self.token_spec)
         if step.samples is not None:
             step.samples = step.samples + facts.samples if facts.samples is not None else None
@@ -308,6 +326,18 @@ class Timeline:
             step.tokens = (step.tokens or 0) + facts.tokens
         if facts.real_tokens is not None:
             step.real_tokens = facts.real_tokens if step.real_tokens is None else step.real_tokens + facts.real_tokens
+
+    def before_backward(self) -> None:
+        """The batch's first backward begins (first caller per batch takes the mark): the span from the batch's
+        arrival to here is its forward, which under DDP holds no gradient synchronisation, so it is this rank's
+        own work (how stragglers are told apart)."""
+        if not self._in_batch or self._forward_marked or self._step is None:
+            return
+        self._forward_marked = True
+        self._step.forward_s += max(0.0, self.now() - self._ready)
+        event = self._cuda_event()
+        if event is not None and self._ready_event is not None:
+            self._step._forward_events.append((self._ready_event, event))
 
     def batch_end(self, trainer: pl.Trainer) -> StepRecord | None:
         """The batch ended (first caller per batch takes the mark). Returns the step it completed, or None while

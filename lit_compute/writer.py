@@ -154,8 +154,8 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
 
 
 #: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
-RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "strategy", "data", "cpu cores", "torch",
-                 "lightning")
+RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "nodes x devices", "parallel layout",
+                 "strategy", "data", "cpu cores", "torch", "lightning")
 
 
 def run_info(trainer: pl.Trainer) -> str:
@@ -164,11 +164,14 @@ def run_info(trainer: pl.Trainer) -> str:
     device = trainer.strategy.root_device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     datamodule = getattr(trainer, "datamodule", None)
+    layout = _compat.parallel_layout(trainer)
     values = [
         trainer.precision,
         type(trainer.precision_plugin).__name__,
         name,
         trainer.world_size,
+        f"{layout.nodes} x {layout.devices_per_node}",
+        layout.describe(),
         type(trainer.strategy).__name__,
         type(datamodule).__name__ if datamodule is not None else "dataloaders",
         _compat.available_cpu_cores(),

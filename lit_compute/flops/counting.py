@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils import flop_counter
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from lit_compute._compat import eager_compiled_code, seed_module_names
@@ -178,6 +179,8 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.errors.clear()
         self.uncounted.clear()
         super().__enter__()
+        if _ShardLocalMode is not None and type(self.mode) is _ShardLocalMode.__base__:
+            self.mode.__class__ = _ShardLocalMode  # count DTensor ops at the shapes this device executes
         if self._module_paths is not None:
             seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
@@ -238,6 +241,50 @@ class SafeFlopCounterMode(FlopCounterMode):
                              for op, names in self._value_dependent.items()},
             unnamed_modules=dict(getattr(self.mod_tracker, "unnamed", {})),
         )
+
+
+def _has_dtensor(args: Any, kwargs: Any) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor can exist
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and any(isinstance(t, dtensor) for t in tree_leaves((args, kwargs)))
+
+
+def _has_fake(args: Any, kwargs: Any) -> bool:
+    fake = getattr(sys.modules.get("torch._subclasses.fake_tensor"), "FakeTensor", None)
+    return fake is not None and any(isinstance(t, fake) for t in tree_leaves((args, kwargs)))
+
+
+_InnerMode = getattr(flop_counter, "_FlopCounterMode", None)  # torch >= 2.5: the dispatch mode FlopCounterMode enters
+
+
+if _InnerMode is not None:
+
+    class _ShardLocalMode(_InnerMode):  # type: ignore[misc, valid-type]
+        """FlopCounterMode's dispatch mode, counting a DTensor op (tensor parallel, FSDP2 with TP) at the shapes
+        this device executes: the op is handed to DTensor, whose local ops on this rank's shards (after any
+        redistribution) come back through this mode and are counted; DTensor's sharding propagation on fake
+        tensors executes nothing and is not counted. Without it a sharded matmul counts its global shape on
+        every rank (each of two tensor-parallel ranks would report the whole model's FLOPs)."""
+
+        _in_dtensor_op = False
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if _has_dtensor(args, kwargs):
+                if self._in_dtensor_op:
+                    return NotImplemented  # DTensor runs it on the local shards, through this mode
+                self._in_dtensor_op = True
+                try:
+                    with self:
+                        return func(*args, **kwargs)
+                finally:
+                    self._in_dtensor_op = False
+            if self._in_dtensor_op and _has_fake(args, kwargs):
+                return func(*args, **kwargs)  # DTensor's sharding propagation: nothing is executed
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+else:  # pragma: no cover - torch < 2.5 counts DTensor ops at their global shapes
+    _ShardLocalMode = None
 
 
 def _deepest(names: set[str], relative: bool) -> list[str]:

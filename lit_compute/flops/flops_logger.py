@@ -108,6 +108,12 @@ class FlopsLogger(MeasuringCallback):
     activation recomputation, attention backward = 2 x forward. *Hardware FLOPs* (HFU): everything executed,
     recomputation included (PaLM's definitions).
 
+    **Parallel layouts.** Every figure is what *this device executed*: under DDP and FSDP2 the whole model on
+    its own batch; under tensor parallelism (DTensor, ``ModelParallelStrategy``) each sharded op at the local
+    shapes DTensor ran it at, after any redistribution. ``global_tflops_per_sec`` sums the devices, so the model
+    FLOPs of one global batch are the same whatever the layout, and MFU means the same thing under DDP, FSDP2
+    and tensor parallelism. The layout is in the run's ``lit_compute/run`` table.
+
     Timing: from the shared timeline (:mod:`lit_compute.timeline`): the steps between two logging steps, each
     from the previous step's end to its own (data wait, forward, backward, optimizer), with instrument work,
     validation and checkpoint saving removed, and steps tainted by instrument work (a counted step, a profiled
@@ -116,10 +122,13 @@ class FlopsLogger(MeasuringCallback):
     one all-reduce at every logging step on every rank (NaN from a rank that knows nothing).
 
     Logged metrics:
-        - ``compute/flops_per_step``: model FLOPs of the logging step (forward + backward of every micro-batch
-          accumulated into it).
+        - ``compute/flops_per_step``: model FLOPs this device executed in the logging step (forward + backward of
+          every micro-batch accumulated into it; under tensor parallelism its shards' share).
         - ``compute/hardware_flops_per_step``: hardware FLOPs of the same step.
-        - ``compute/flops_per_sample``: model FLOPs of that step per training sample.
+        - ``compute/global_flops_per_step``: model FLOPs of the logging step summed over all ranks: one global
+          batch's FLOPs, the same under DDP, FSDP2 and tensor parallelism.
+        - ``compute/flops_per_sample``: the model's FLOPs per training sample (this device's FLOPs x its
+          tensor-parallel peers / the samples of its batch).
         - ``compute/tflops_per_sec``: achieved model TFLOP/s of this device (rank 0's).
         - ``compute/global_tflops_per_sec``: achieved model TFLOP/s summed over all ranks.
         - ``compute/mfu``: ``global_tflops_per_sec / (world_size * peak_tflops)``.
@@ -156,7 +165,7 @@ class FlopsLogger(MeasuringCallback):
         >>> trainer = pl.Trainer(callbacks=[FlopsLogger(peak="measure")], max_steps=1, accelerator="cpu")
     """
 
-    reduce_keys = {"train": ("tflops", "hw_tflops"), "validate": ("tflops",), "test": ("tflops",)}
+    reduce_keys = {"train": ("tflops", "hw_tflops", "flops"), "validate": ("tflops",), "test": ("tflops",)}
 
     @validated
     def __init__(
@@ -399,16 +408,20 @@ class FlopsLogger(MeasuringCallback):
             step_model, step_hw, samples = self._last
             event.log({"compute/flops_per_step": step_model, "compute/hardware_flops_per_step": step_hw})
             if samples:
-                event.log({"compute/flops_per_sample": step_model / samples})
+                event.log({"compute/flops_per_sample": _per_sample(trainer, step_model, samples)})
             if self.book.any_estimated:
                 event.log({"compute/flops_estimated": float(self._last_estimated)})
         world, peak = trainer.world_size, self.peak_used
+        step_flops = float(self._last[0]) if self._last is not None else math.nan
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
             total, total_hw = reduced.get("tflops", math.nan), reduced.get("hw_tflops", math.nan)
+            out = {}
+            if math.isfinite(reduced.get("flops", math.nan)):
+                out["compute/global_flops_per_step"] = reduced["flops"]
             if not (math.isfinite(local) and math.isfinite(total)):
-                return {}
-            out = {"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": total}
+                return out
+            out.update({"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": total})
             if peak:
                 out["compute/peak_tflops"] = peak / 1e12
                 out["compute/mfu"] = total / (world * peak / 1e12)
@@ -416,7 +429,7 @@ class FlopsLogger(MeasuringCallback):
                     out["compute/hfu"] = total_hw / (world * peak / 1e12)
             return out
 
-        event.contribute(self, {"tflops": local, "hw_tflops": local_hw}, finish)
+        event.contribute(self, {"tflops": local, "hw_tflops": local_hw, "flops": step_flops}, finish)
 
     def _log_table_once(self, trainer: pl.Trainer, batch: Any) -> None:
         count = self.book.first_train
@@ -427,12 +440,14 @@ class FlopsLogger(MeasuringCallback):
         rows = [[f"`{path}`", f"{fwd / 1e9:.4f}", f"{tot / 1e9:.4f}", f"{100 * tot / count.total:.1f}%"]
                 for path, fwd, tot in count.table(self.module_depth)]
         table = markdown_table(["module", "forward GFLOPs", "fwd+bwd GFLOPs", "share"], rows)
-        head = (f"Model FLOPs of one training batch of {samples or '?'} samples: forward {count.forward / 1e9:.4f} "
-                f"GFLOPs, backward {count.backward / 1e9:.4f} GFLOPs, total {count.total / 1e9:.4f} GFLOPs "
-                "(1 multiply-add = 2 FLOPs; no recomputation).\n\n")
+        peers = _compat.parallel_layout(trainer).tensor_parallel
+        share = f", this device's share of {peers} tensor-parallel devices" if peers > 1 else ""
+        head = (f"Model FLOPs of one training batch of {samples or '?'} samples{share}: forward "
+                f"{count.forward / 1e9:.4f} GFLOPs, backward {count.backward / 1e9:.4f} GFLOPs, total "
+                f"{count.total / 1e9:.4f} GFLOPs (1 multiply-add = 2 FLOPs; no recomputation).\n\n")
         log_text(trainer, "compute/flops_by_module", head + table, step=0)
         if samples:
-            per_sample = count.forward / samples / 1e9
+            per_sample = _per_sample(trainer, count.forward, samples) / 1e9
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
             rank_zero_info(f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
                            "GFLOPs per training batch (forward + backward, model FLOPs)")
@@ -468,7 +483,7 @@ class FlopsLogger(MeasuringCallback):
         if tally.batches and tally.valid:
             event.log({f"compute/{prefix}_flops_per_step": tally.flops / tally.batches})
             if tally.samples:
-                event.log({f"compute/{prefix}_flops_per_sample": tally.flops / tally.samples})
+                event.log({f"compute/{prefix}_flops_per_sample": _per_sample(trainer, tally.flops, tally.samples)})
             if self.book.any_estimated:
                 event.log({f"compute/{prefix}_flops_estimated": float(tally.estimated)})
         world, peak = trainer.world_size, self.peak_used
@@ -491,6 +506,12 @@ class FlopsLogger(MeasuringCallback):
             stack = self._counting[2]
             self._counting = None
             stack.close()
+
+
+def _per_sample(trainer: pl.Trainer, flops: float, samples: int) -> float:
+    """The model's FLOPs per sample from this device's FLOPs: tensor-parallel peers each execute a share of the
+    same samples."""
+    return flops * _compat.parallel_layout(trainer).tensor_parallel / samples
 
 
 def _short(sig: tuple) -> str:

@@ -9,14 +9,24 @@ from torchvision.datasets import DatasetFolder
 from typing_extensions import override
 
 from lit_compute._batch import TokenSpec
-from lit_compute._compat import available_cpu_cores
+from lit_compute._compat import available_cpu_cores, parallel_layout
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
+from lit_compute.monitoring.rank_skew import find_straggler
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_text
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+
+_RATE_KEYS = ("samples_per_sec", "tokens_per_sec")
+_RANK_KEYS = ("step_ms", "wait_ms", "forward_ms")
+_MAX_RANK_TAGS = 64
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and value == value and abs(value) != float("inf")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -59,7 +69,16 @@ class StepTimeMonitor(MeasuringCallback):
           process); all positions when the batch carries no padding information.
         - ``time/instrument_ms``: lit_compute's own instrument time per step since the last log (excluded from
           every other figure; it shows what observing costs).
+        - ``time/global_samples_per_sec``, ``time/global_tokens_per_sec``: the sums over ranks, each data-parallel
+          replica counted once (tensor-parallel peers share a batch; the layout is in ``lit_compute/run``).
+        - With more than one rank, from the same all-reduce (world-size slots): ``time/step_ms_rank_max`` (the
+          slowest rank's step time), ``time/rank_skew`` (the most *own work* per step - data wait + forward, the
+          part before any gradient synchronisation - over the median rank's), ``time/slowest_rank``, and up to 64
+          ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``, ``rank/<r>/forward_ms`` (the report's per-rank
+          table). See :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
+        - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
+          row: the slow rank, whether it waited on data or computed longer, and by how much.
 
     Token batches (a mapping or object with ``input_ids``; padding from its ``attention_mask``, or a pad id the
     datamodule declares as ``pad_token_id``) are found automatically; ``tokens`` says where they are otherwise.
@@ -69,6 +88,7 @@ class StepTimeMonitor(MeasuringCallback):
         window: Steps in the rolling window for percentiles and the stall check.
         stall_fraction: Data-wait fraction above which the run is called input-bound.
         tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect).
+        straggler_skew: ``rank_skew`` above which the slowest rank is called a straggler.
 
     Example:
         >>> import lightning.pytorch as pl
@@ -79,8 +99,13 @@ class StepTimeMonitor(MeasuringCallback):
     def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
                  window: Annotated[int, Check(ge=2)] = 50,
                  stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
-                 tokens: TokenSpec | None = None) -> None:
+                 tokens: TokenSpec | None = None,
+                 straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25) -> None:
         super().__init__()
+        self.straggler_skew = straggler_skew
+        self.straggler_advice: str | None = None
+        self._skewed_logs = 0
+        self.reduce_keys = {"train": _RATE_KEYS}
         self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
         self.window = window
@@ -96,15 +121,19 @@ class StepTimeMonitor(MeasuringCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"advice": self.advice}
+        return {"advice": self.advice, "straggler_advice": self.straggler_advice}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.advice = state_dict.get("advice")
+        self.straggler_advice = state_dict.get("straggler_advice")
 
     @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         use_token_spec(self, trainer, self.tokens)
+        world = trainer.world_size  # the same on every rank: the all-reduce's layout
+        slots = tuple(f"{key}_{r}" for r in range(world) for key in _RANK_KEYS) if world > 1 else ()
+        self.reduce_keys = {"train": _RATE_KEYS + slots}
 
     @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -125,6 +154,7 @@ class StepTimeMonitor(MeasuringCallback):
         instrument_ms, self._instrument_mark = (instrument - self._instrument_mark) * 1e3 / steps, instrument
         event.log({"time/instrument_ms": instrument_ms})
         if not records:
+            self._contribute(trainer, event, {})
             return
         times = [r.device_times() for r in records]
         for wait, compute in times:
@@ -151,7 +181,51 @@ class StepTimeMonitor(MeasuringCallback):
         if all(t is not None for t in tokens) and total > 0:
             metrics["time/tokens_per_sec"] = sum(tokens) / (total / 1e3)
         event.log(metrics)
+        forward = sum(r.device_forward_time() for r in records) * 1e3 / n
+        self._contribute(trainer, event, {"step_ms": total / n, "wait_ms": waits / n, "forward_ms": forward,
+                                          "samples_per_sec": metrics.get("time/samples_per_sec", float("nan")),
+                                          "tokens_per_sec": metrics.get("time/tokens_per_sec", float("nan"))})
         self._check_stall(trainer)
+
+    def _contribute(self, trainer: pl.Trainer, event: LogEvent, mine: dict[str, float]) -> None:
+        """This rank's rates and its own per-rank slots (0 in every other rank's slot, NaN in its own when it has
+        no clean step), into the event's one all-reduce."""
+        world, rank, nan = trainer.world_size, trainer.global_rank, float("nan")
+        values = {key: mine.get(key, nan) for key in _RATE_KEYS}
+        if world > 1:
+            values.update({f"{key}_{r}": (mine.get(key, nan) if r == rank else 0.0)
+                           for r in range(world) for key in _RANK_KEYS})
+        peers = parallel_layout(trainer).tensor_parallel
+
+        def finish(sums: dict[str, float]) -> dict[str, float]:
+            out = {f"time/global_{key}": sums[key] / peers for key in _RATE_KEYS if _finite(sums.get(key))}
+            if world > 1:
+                out.update(self._rank_metrics(trainer, sums, world))
+            return out
+
+        event.contribute(self, values, finish)
+
+    def _rank_metrics(self, trainer: pl.Trainer, sums: dict[str, float], world: int) -> dict[str, float]:
+        per_rank = {key: [sums.get(f"{key}_{r}", float("nan")) for r in range(world)] for key in _RANK_KEYS}
+        if not all(_finite(v) for values in per_rank.values() for v in values):
+            return {}
+        out = {"time/step_ms_rank_max": max(per_rank["step_ms"])}
+        if world <= _MAX_RANK_TAGS:
+            for r in range(world):
+                out.update({f"rank/{r}/step_ms": per_rank["step_ms"][r], f"rank/{r}/data_wait_ms": per_rank["wait_ms"][r],
+                            f"rank/{r}/forward_ms": per_rank["forward_ms"][r]})
+        straggler = find_straggler(per_rank["wait_ms"], per_rank["forward_ms"])
+        if straggler is None:
+            return out
+        out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})
+        # a straggler costs the others a noticeable share of the step, at two logging steps in a row
+        skewed = straggler.skew > self.straggler_skew and straggler.extra_ms > 0.05 * max(per_rank["step_ms"])
+        self._skewed_logs = self._skewed_logs + 1 if skewed else 0
+        if self._skewed_logs >= 2 and self.straggler_advice is None:
+            self.straggler_advice = straggler.advice(world, self.straggler_skew)
+            self._warn_once("straggler", self.straggler_advice)
+            log_text(trainer, "time/straggler_advice", self.straggler_advice)
+        return out
 
     def _check_stall(self, trainer: pl.Trainer) -> None:
         if self.advice is not None or len(self._recent) < min(self.window, 10):

@@ -7,7 +7,8 @@ from lit_compute.precision.fp32_batchnorm_precision import (
     fp32_norm_precision,
     is_fp32_norm,
 )
+from lit_compute.precision.fsdp2_norms import fully_shard_fp32_norms
 from lit_compute.precision.loss_scale_monitor import LossScaleMonitor
 
 __all__ = ["FP32BatchNormFSDPPrecision", "FP32BatchNormHalfPrecision", "FP32BatchNormPrecision", "LossScaleMonitor", "fp32_norm_precision",
-           "is_fp32_norm"]
+           "fully_shard_fp32_norms", "is_fp32_norm"]

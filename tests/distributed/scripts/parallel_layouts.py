@@ -1,0 +1,142 @@
+"""On 2 gloo ranks, in one launch (Lightning starts the second rank by re-running this script):
+
+- one MLP under three parallel layouts (DDP, FSDP2 2x1, tensor parallel 1x2), the same global batch of 32 each
+  time, with FlopsLogger and StepTimeMonitor on; each rank writes what it counted;
+- a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
+- FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
+
+Usage: python parallel_layouts.py OUT_DIR   (Lightning launches the second rank by re-running this script)
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lit_compute import FlopsLogger, StepTimeMonitor, fully_shard_fp32_norms, timeline_for
+
+GLOBAL_BATCH = 32
+
+
+class Clock:
+    """The timeline's clock: advanced by the code below, never by real time."""
+
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+CLOCK = Clock()
+
+
+class Samples(torch.utils.data.Dataset):
+    """Each sample takes 1 ms to load on the driven clock, 40 ms on ``slow_rank``."""
+
+    def __init__(self, rank: int, slow_rank: int | None):
+        self.slow = rank == slow_rank
+        self.x = torch.randn(8 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        CLOCK.t += 0.040 if self.slow else 0.001
+        return (self.x[i],)
+
+
+class DrivenClock(pl.Callback):
+    def setup(self, trainer, pl_module, stage):
+        timeline_for(trainer).clock = CLOCK
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        CLOCK.t += 0.010  # forward: the same on both ranks
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        CLOCK.t += 0.020  # backward and optimizer
+
+
+class MLP(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+
+    def configure_model(self):
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is None:
+            return
+        if mesh["tensor_parallel"].size() > 1:
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            parallelize_module(self.net, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        if mesh["data_parallel"].size() > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.net, mesh=mesh["data_parallel"])
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.net(x).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4) -> None:
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, log_every_n_steps=2,
+                         logger=pl.loggers.TensorBoardLogger(str(out), name=name), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[DrivenClock(), FlopsLogger(), StepTimeMonitor()])
+    loader = DataLoader(Samples(trainer.global_rank, slow_rank), batch_size=GLOBAL_BATCH // data_parallel)
+    trainer.fit(MLP(), train_dataloaders=loader)
+
+
+class NormNet(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 64), nn.BatchNorm1d(64),
+                                 nn.Linear(64, 8))
+        self.seen = {}
+        for i, m in enumerate(self.net):
+            m.register_forward_hook(self._see(i))
+
+    def _see(self, i):
+        def hook(module, args, output):
+            self.seen[str(i)] = [type(module).__name__, str(args[0].dtype), str(module.weight.dtype)]
+        return hook
+
+    def configure_model(self):
+        fully_shard_fp32_norms(self.net, self.device_mesh["data_parallel"], param_dtype=torch.bfloat16)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.net(x).float().square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_train_end(self):
+        (OUT / f"norms_rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+def fp32_norms() -> None:
+    x = torch.randn(4 * GLOBAL_BATCH, 64, generator=torch.Generator().manual_seed(0))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=2, logger=False, enable_checkpointing=False,
+                         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(NormNet(), train_dataloaders=DataLoader(TensorDataset(x), batch_size=GLOBAL_BATCH // 2))
+
+
+if __name__ == "__main__":
+    OUT = Path(sys.argv[1])
+    run(OUT, "ddp", DDPStrategy(process_group_backend="gloo"), 2)
+    run(OUT, "fsdp2", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
+    run(OUT, "tp", ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), 1)
+    run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
+    fp32_norms()

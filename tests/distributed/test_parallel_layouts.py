@@ -1,0 +1,81 @@
+"""DDP, FSDP2 and tensor parallelism (Lightning's ModelParallelStrategy) on 2 gloo ranks: the FLOPs of one global
+batch, throughput per replica, stragglers named, float32 norms under FSDP2. One launch runs every case
+(``scripts/parallel_layouts.py``); the timeline's clock is driven there, so every time below is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import read_events, run_script, scalar_values, text_values
+
+SCRIPT = Path(__file__).parent / "scripts" / "parallel_layouts.py"
+# MLP 256 -> 1024 -> 256 on a global batch of 32: forward 2 x 32 x 2 x 256 x 1024; backward: both grads of the
+# second layer, only the weight grad of the first (its input needs none)
+FORWARD = 2 * 32 * 2 * 256 * 1024
+GLOBAL_STEP_FLOPS = FORWARD + FORWARD // 2 + FORWARD
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("layouts")
+    result = run_script(out, SCRIPT.read_text(), str(out), timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return out
+
+
+def _events(runs: Path, name: str):
+    (version,) = (runs / name).glob("version_*")
+    return read_events(version)
+
+
+def _last(acc, tag: str) -> float:
+    return scalar_values(acc, tag)[-1][1]
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2", "tp"])
+def test_one_global_batch_has_the_same_flops_under_every_layout(runs, layout):
+    acc = _events(runs, layout)
+    assert _last(acc, "compute/global_flops_per_step") == pytest.approx(GLOBAL_STEP_FLOPS, rel=1e-3)
+    # each rank executes half: DDP/FSDP2 the whole model on half the batch, TP half of every matmul on all of it
+    assert _last(acc, "compute/flops_per_step") == pytest.approx(GLOBAL_STEP_FLOPS / 2, rel=1e-3)
+    assert _last(acc, "compute/flops_per_sample") == pytest.approx(GLOBAL_STEP_FLOPS / 32, rel=1e-3)
+    # MFU's numerator sums the devices: the same model TFLOP/s per device whatever the layout (driven clock)
+    assert _last(acc, "compute/global_tflops_per_sec") == pytest.approx(2 * _last(acc, "compute/tflops_per_sec"))
+
+
+@pytest.mark.parametrize(("layout", "replicas", "text"), [("ddp", 2, "data parallel 2 x tensor parallel 1"),
+                                                          ("fsdp2", 2, "data parallel 2 x tensor parallel 1"),
+                                                          ("tp", 1, "data parallel 1 x tensor parallel 2")])
+def test_samples_are_counted_once_per_data_parallel_replica(runs, layout, replicas, text):
+    acc = _events(runs, layout)
+    local = _last(acc, "time/samples_per_sec")
+    assert _last(acc, "time/global_samples_per_sec") == pytest.approx(replicas * local)
+    (run,) = text_values(acc, "lit_compute/run")
+    assert f"| parallel layout | {text} |" in run and "| nodes x devices | 1 x 2 |" in run
+
+
+def test_the_straggler_is_named_with_its_cause(runs):
+    acc = _events(runs, "straggler")
+    assert _last(acc, "time/slowest_rank") == 1
+    assert _last(acc, "time/rank_skew") > 1.25
+    assert _last(acc, "rank/1/data_wait_ms") > 10 * _last(acc, "rank/0/data_wait_ms")
+    assert _last(acc, "rank/0/forward_ms") == pytest.approx(_last(acc, "rank/1/forward_ms"))
+    (advice,) = text_values(acc, "time/straggler_advice")
+    assert "rank 1 is a straggler" in advice and "Cause: data" in advice
+
+
+def test_even_ranks_name_no_straggler(runs):
+    acc = _events(runs, "ddp")
+    assert _last(acc, "time/rank_skew") == pytest.approx(1.0)
+    assert "time/straggler_advice/text_summary" not in acc.Tags()["tensors"]
+
+
+def test_fsdp2_norms_keep_float32_parameters_and_compute(runs):
+    for rank in (0, 1):
+        seen = json.loads((runs / f"norms_rank{rank}.json").read_text())
+        for _, (kind, input_dtype, weight_dtype) in sorted(seen.items()):
+            want = "torch.float32" if "Norm" in kind else "torch.bfloat16"
+            assert (kind, input_dtype, weight_dtype) == (kind, want, want)
