@@ -144,3 +144,42 @@ def test_version_and_unknown_commands(capsys):
     assert main(["fitt"]) == 2
     err = capsys.readouterr().err
     assert "unknown command 'fitt'" in err and "report" in err and "bench" in err
+
+
+GPT_MODEL_PARALLEL = r"""
+import sys
+from lit_compute.cli import main
+
+if __name__ == "__main__":
+    main(["fit", "--config", sys.argv[1], "--trainer.max_steps=10", "--trainer.val_check_interval=5",
+          "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
+          "--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
+          "--model.init_args.block_size=64", "--model.init_args.n_layer=2", "--model.init_args.lr=0.0001"])
+"""
+
+
+def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path):
+    import math
+
+    import yaml
+
+    from .conftest import run_script, scalar_values, text_values
+
+    config = yaml.safe_load((ROOT / "configs" / "gpt_model_parallel.yaml").read_text())
+    config["trainer"]["callbacks"][3]["init_args"].update(start_step=6, warmup=1, active=2)  # the profiler window
+    config["trainer"]["logger"][1]["init_args"]["port"] = 0  # PrometheusLogger on a free port
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = run_script(tmp_path, GPT_MODEL_PARALLEL, str(tmp_path / "config.yaml"), timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:]
+    (version,) = tmp_path.glob("lightning_logs/version_*")
+    acc = read_events(version)
+    (run,) = text_values(acc, "lit_compute/run")
+    assert "| parallel layout | data parallel 1 x tensor parallel 2 |" in run and "ModelParallelStrategy" in run
+    local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
+    assert total == 2 * local  # two tensor-parallel peers, each its shards of the same batch
+    tags = set(acc.Tags()["scalars"])
+    assert {"val/loss", "time/global_tokens_per_sec", "time/rank_skew", "rank/1/step_ms", "compute/mfu",
+            "compute/padding_fraction"} <= tags
+    assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
+    traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
+    assert [t.split("_")[-1] for t in traces] == ["rank0.pt.trace.json", "rank1.pt.trace.json"]

@@ -29,14 +29,16 @@ class GPTBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        # head-major (head, q/k/v, dim): a column-wise shard of qkv holds whole heads, so tensor parallelism
+        # splits the heads between devices (-1: the heads this device holds)
+        qkv = self.qkv(self.ln_1(x)).view(b, t, -1, 3, c // self.n_head)
+        q, k, v = (z.transpose(1, 2) for z in qkv.unbind(dim=3))
         p = self.dropout if self.training else 0.0
         if attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
-        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
@@ -68,6 +70,10 @@ class GPT(LightningModule):
         weight_decay: Decoupled weight decay of the matrices (not of norms, biases, embeddings).
         warmup_steps: Linear warm-up steps, then cosine decay to 10% over the run's optimizer steps.
         compile: ``torch.compile`` the blocks in ``configure_model``.
+
+    Sharded: under Lightning's ``ModelParallelStrategy`` (``configs/gpt_model_parallel.yaml``), ``configure_model``
+    splits each block's heads and MLP between the ``tensor_parallel`` devices and shards the blocks with FSDP2
+    over ``data_parallel`` (see ``_shard``).
 
     Raises:
         ValueError: bad sizes (the message names the argument).
@@ -119,8 +125,37 @@ class GPT(LightningModule):
             self.example_input_array = torch.zeros(1, min(length, self.hparams.block_size), dtype=torch.long)
 
     def configure_model(self) -> None:
+        mesh = getattr(self, "_device_mesh", None)  # set by Lightning's ModelParallelStrategy
+        if mesh is not None and not getattr(self, "_sharded", False):
+            self._sharded = True
+            self._shard(mesh)
         if self.hparams.compile and not all(hasattr(b, "_orig_mod") for b in self.blocks):
             self.blocks = nn.ModuleList(torch.compile(b) for b in self.blocks)
+
+    def _shard(self, mesh: Any) -> None:
+        """Under ``ModelParallelStrategy``: tensor parallelism inside each block over the ``tensor_parallel`` mesh
+        dimension (attention heads and the MLP's hidden units split column-wise into ``qkv`` and ``mlp.0``, joined
+        row-wise by ``proj`` and ``mlp.2``: one all-reduce after attention and one after the MLP, as Megatron-LM
+        does), then FSDP2 (``fully_shard``) over ``data_parallel``: each block, then the rest. Embeddings, norms and
+        the tied head stay whole on every tensor-parallel device (they run on each: counted on each)."""
+        tp = mesh["tensor_parallel"]
+        if tp.size() > 1:
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            if self.hparams.n_head % tp.size():
+                raise ValueError(f"GPT(n_head={self.hparams.n_head}) must be divisible by tensor_parallel_size="
+                                 f"{tp.size()}: each device holds whole attention heads")
+            plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "mlp.0": ColwiseParallel(),
+                    "mlp.2": RowwiseParallel()}
+            for block in self.blocks:
+                parallelize_module(block, tp, plan)
+        dp = mesh["data_parallel"]
+        if dp.size() > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in self.blocks:
+                fully_shard(block, mesh=dp)
+            fully_shard(self, mesh=dp)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t = input_ids.shape
