@@ -20,6 +20,7 @@ class WindowSummary:
     dataloader_fraction: float | None = None
     peak_memory_mb: float | None = None
     gpu_idle_fraction: float | None = None
+    comm_fraction: float | None = None
     comm_overlap_fraction: float | None = None
 
     def scalars(self) -> dict[str, float]:
@@ -28,6 +29,7 @@ class WindowSummary:
             "profiler/dataloader_fraction": self.dataloader_fraction,
             "profiler/peak_memory_mb": self.peak_memory_mb,
             "profiler/gpu_idle_fraction": self.gpu_idle_fraction,
+            "profiler/comm_fraction": self.comm_fraction,
             "profiler/comm_overlap_fraction": self.comm_overlap_fraction,
         }
         return {k: float(v) for k, v in out.items() if v is not None}
@@ -64,8 +66,27 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
+def _interval(e: dict[str, Any]) -> tuple[float, float]:
+    return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+
+
+def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tuple[float | None, float | None]:
+    """Share of the window a host backend (gloo) spent in collectives, and the share of that overlapped by ops
+    on other threads (compute going on meanwhile); (None, None) when the window has no gloo collective."""
+    comm_events = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")]
+    if not comm_events or hi <= lo:
+        return None, None
+    comm = _merge(_clip([_interval(e) for e in comm_events], lo, hi))
+    comm_threads = {e.get("tid") for e in comm_events}
+    compute = _merge(_clip([_interval(e) for e in events if e.get("ph") == "X" and e.get("tid") not in comm_threads
+                            and str(e.get("name", "")).startswith("aten::")], lo, hi))
+    length = _length(comm)
+    return length / (hi - lo), (_intersection(comm, compute) / length if length > 0 else None)
+
+
 def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
-    """Step time, data-loader share, peak memory and (on GPU) idle and comm-overlap shares of a Chrome trace."""
+    """Step time, data-loader share, peak memory, GPU idle share, and the share of time in collectives and how
+    much of it compute overlapped (NCCL kernels on GPU; gloo's collectives on host backends), of a Chrome trace."""
     if not isinstance(trace, dict):
         trace = json.loads(Path(trace).read_text())
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
@@ -105,5 +126,8 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
         comm = _merge([s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()])
         compute = _merge([s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()])
         if comm:
+            summary.comm_fraction = _length(_clip(comm, lo, gpu_hi)) / (gpu_hi - lo) if gpu_hi > lo else None
             summary.comm_overlap_fraction = _intersection(comm, compute) / _length(comm)
+            return summary
+    summary.comm_fraction, summary.comm_overlap_fraction = _host_collectives(events, lo, hi)
     return summary

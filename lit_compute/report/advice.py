@@ -53,11 +53,13 @@ def advice(run: Run) -> list[str]:
     if precision and not precision.startswith("32") and "FP32BatchNorm" not in plugin and _has_batchnorm(run):
         lines.append(f"Low precision ({precision}) without FP32BatchNormPrecision (plugin {plugin}): BatchNorm statistics "
                      "in half precision drift and can overflow; use FP32BatchNormPrecision to keep norms in float32.")
-    overlap = run.mean("profiler/comm_overlap_fraction")
-    if overlap is not None and overlap < 0.5:
-        lines.append(f"Communication-bound: only {percent(overlap)} of NCCL time overlaps compute "
-                     "(profiler/comm_overlap_fraction). Try a larger bucket_cap_mb, a compression hook (comm_hook='bf16' "
-                     "or 'powersgd') or NCCL settings (TunedDDPStrategy).")
+    overlap, share = run.mean("profiler/comm_overlap_fraction"), run.mean("profiler/comm_fraction")
+    if overlap is not None and overlap < 0.5 and (share is None or share >= 0.1):
+        spent = f"collectives take {percent(share)} of the profiled steps and " if share is not None else ""
+        lines.append(f"Communication-bound: {spent}only {percent(overlap)} of their time overlaps compute "
+                     "(profiler/comm_fraction, profiler/comm_overlap_fraction). Under DDP try a larger bucket_cap_mb, a "
+                     "compression hook (comm_hook='bf16' or 'powersgd') or NCCL settings (TunedDDPStrategy); under "
+                     "tensor parallelism keep the tensor-parallel group inside one node.")
     skipped = run.mean("amp/skipped_step_fraction")
     if skipped is not None and skipped > 0.05:
         lines.append(f"{percent(skipped)} of optimizer steps were skipped for inf/NaN gradients "

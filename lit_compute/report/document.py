@@ -46,7 +46,12 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         ("skipped optimizer steps", human(run.last("amp/skipped_steps"))),
         ("device", f"{run.info('device') or 'n/a'} x {run.info('world size') or '?'} ({run.info('strategy') or 'n/a'})"),
     ]
+    if run.info("parallel layout"):
+        rows += [("parallel layout", f"{run.info('parallel layout')} on {run.info('nodes x devices')} nodes x devices")]
+    if run.values("time/global_samples_per_sec"):
+        rows.insert(5, ("samples/s (all ranks, each replica once)", human(run.total("time/global_samples_per_sec"))))
     lines += [markdown_table(["figure", "value"], [list(r) for r in rows]), ""]
+    lines += rank_section(run)
     for tag, title in (("ddp/config", "DDP / NCCL configuration"), ("profiler/top_ops", "Profiler windows")):
         for text in run.texts.get(tag, []):
             lines += [f"### {title}", "", text, ""]
@@ -55,6 +60,25 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     for p in plots:
         rel = p.relative_to(report_dir) if p.is_relative_to(report_dir) else p
         lines += [f"![{p.stem}]({rel.as_posix()})", ""]
+    return lines
+
+
+def rank_section(run: Run) -> list[str]:
+    """Per-rank means of step time, data wait and forward (StepTimeMonitor's ``rank/<r>/*``), the slowest marked,
+    and the straggler advice when it fired."""
+    ranks = sorted({int(tag.split("/")[1]) for tag in run.scalars if tag.startswith("rank/") and tag.endswith("/step_ms")})
+    if len(ranks) < 2:
+        return []
+    own = {r: (run.mean(f"rank/{r}/data_wait_ms") or 0.0) + (run.mean(f"rank/{r}/forward_ms") or 0.0) for r in ranks}
+    slowest = max(ranks, key=lambda r: own[r])
+    rows = [[f"{r}{' (slowest)' if r == slowest else ''}", human(run.mean(f"rank/{r}/step_ms")),
+             human(run.mean(f"rank/{r}/data_wait_ms")), human(run.mean(f"rank/{r}/forward_ms")), human(own[r])]
+            for r in ranks]
+    lines = ["### Ranks", "", f"Rank skew (own work of the slowest / the others' median): "
+             f"{human(run.mean('time/rank_skew'))}", "",
+             markdown_table(["rank", "step (ms)", "data wait (ms)", "forward (ms)", "own work (ms)"], rows), ""]
+    for text in run.texts.get("time/straggler_advice", []):
+        lines += [text, ""]
     return lines
 
 

@@ -79,3 +79,12 @@ def test_fsdp2_norms_keep_float32_parameters_and_compute(runs):
         for _, (kind, input_dtype, weight_dtype) in sorted(seen.items()):
             want = "torch.float32" if "Norm" in kind else "torch.bfloat16"
             assert (kind, input_dtype, weight_dtype) == (kind, want, want)
+
+
+def test_the_report_has_a_rank_table_with_the_straggler_marked(runs, tmp_path):
+    from lit_compute.report.document import build_report
+
+    text, _ = build_report([str(runs / "straggler")], tmp_path / "report.md", None, None, plots=False)
+    assert "### Ranks" in text and "| 1 (slowest) |" in text and "rank 1 is a straggler" in text
+    assert "data parallel 2 x tensor parallel 1 on 1 x 2 nodes x devices" in text
+    assert "samples/s (all ranks, each replica once)" in text
