@@ -10,6 +10,7 @@ __all__ = ["INPUT_BOUND", "LOW_MFU", "PADDING", "advice"]
 INPUT_BOUND = 0.2
 LOW_MFU = {"32": 0.3, "other": 0.2}  # below this share of peak the compute is worth a look
 PADDING = 0.15
+COMM_SHARE = 0.2  # gradient all-reduce above this share of a step is worth a look
 
 
 def advice(run: Run) -> list[str]:
@@ -60,11 +61,31 @@ def advice(run: Run) -> list[str]:
                      "(profiler/comm_fraction, profiler/comm_overlap_fraction). Under DDP try a larger bucket_cap_mb, a "
                      "compression hook (comm_hook='bf16' or 'powersgd') or NCCL settings (TunedDDPStrategy); under "
                      "tensor parallelism keep the tensor-parallel group inside one node.")
+    bandwidth = _bandwidth_advice(run)
+    if bandwidth:
+        lines.append(bandwidth)
     skipped = run.mean("amp/skipped_step_fraction")
     if skipped is not None and skipped > 0.05:
         lines.append(f"{percent(skipped)} of optimizer steps were skipped for inf/NaN gradients "
                      "(amp/skipped_step_fraction): check the learning rate and the loss scale's init_scale/growth_interval.")
     return lines
+
+
+def _bandwidth_advice(run: Run) -> str | None:
+    """From CommBenchmark's figures: what all-reducing this model's gradients at the measured bus bandwidth costs
+    per step, and the bandwidth that would keep it under a fifth of the step (not a fixed number)."""
+    grad_bytes, estimate, step_ms = run.last("comm/gradient_bytes"), run.last("comm/grad_allreduce_ms"), run.mean_step_ms
+    world = _number(run.info("world size"))
+    if not (grad_bytes and estimate and step_ms and world and world > 1) or estimate < COMM_SHARE * step_ms:
+        return None
+    busbw = run.last("comm/allreduce_busbw_gbps")
+    needed = grad_bytes * 2 * (world - 1) / world / (COMM_SHARE * step_ms / 1e3) / 1e9
+    return (f"Bandwidth-bound gradients: all-reducing this model's {grad_bytes / 2**20:.1f} MiB of gradients at the "
+            f"measured bus bandwidth ({busbw or 0:.2f} GB/s, comm/allreduce_busbw_gbps) takes {estimate:.1f} ms, "
+            f"{estimate / step_ms:.0%} of a {step_ms:.1f} ms step (comm/grad_allreduce_ms). Keeping it under "
+            f"{COMM_SHARE:.0%} of the step needs {needed:.1f} GB/s bus bandwidth ({needed * 8:.0f} Gbit/s between nodes); "
+            "otherwise overlap it (DDP buckets), compress it (comm_hook='bf16' or 'powersgd'), or accumulate more "
+            "micro-batches per optimizer step.")
 
 
 def _number(text: str | None) -> float | None:

@@ -88,3 +88,20 @@ def test_the_report_has_a_rank_table_with_the_straggler_marked(runs, tmp_path):
     assert "### Ranks" in text and "| 1 (slowest) |" in text and "rank 1 is a straggler" in text
     assert "data parallel 2 x tensor parallel 1 on 1 x 2 nodes x devices" in text
     assert "samples/s (all ranks, each replica once)" in text
+
+
+def test_fsdp2_collectives_are_benchmarked_and_their_share_of_a_step_measured(runs):
+    acc = _events(runs, "fsdp2_comm")
+    tags = set(acc.Tags()["scalars"])
+    for op in ("allreduce", "allgather", "reducescatter"):
+        for where in ("comm", "comm/data_parallel"):
+            values = scalar_values(acc, f"{where}/{op}_busbw_gbps")
+            assert [s for s, _ in values] == [4096, 16384, 65536] and all(v > 0 for _, v in values)
+    (table,) = text_values(acc, "comm/collectives_table")
+    assert "| reduce_scatter | data_parallel |" in table and "| all_gather | world |" in table
+    # the MLP's gradients: (256 x 1024 + 1024 + 1024 x 256 + 256) float32
+    assert _last(acc, "comm/gradient_bytes") == 4 * (2 * 256 * 1024 + 1024 + 256)
+    assert _last(acc, "comm/grad_allreduce_ms") > 0
+    # FSDP2's all-gathers and reduce-scatters run inside the profiled steps (gloo)
+    assert 0 < _last(acc, "profiler/comm_fraction") <= 1
+    assert {"profiler/comm_overlap_fraction"} <= tags

@@ -155,8 +155,19 @@ BF16_CPU = {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecisi
         # input-bound on images: the image advice
         ({"time/data_wait_fraction": 0.5, "time/samples_per_sec": 100.0}, BF16_CPU, ["DALIImageDataModule"], []),
         ({"compute/mfu": 0.6, "time/data_wait_fraction": 0.01}, BF16_CPU, ["Nothing stands out"], ["Low MFU"]),
+        # 100 MiB of gradients at 1.31 GB/s busbw on 2 ranks: 80 ms of a 100 ms step; 20 ms needs 5.2 GB/s
+        ({"comm/gradient_bytes": 104857600.0, "comm/grad_allreduce_ms": 80.0, "time/step_ms": 100.0,
+          "comm/allreduce_busbw_gbps": 1.31}, {**BF16_CPU, "world size": "2"},
+         ["Bandwidth-bound gradients: all-reducing this model's 100.0 MiB", "80% of a 100.0 ms step",
+          "needs 5.2 GB/s bus bandwidth (42 Gbit/s between nodes)"], []),
+        # collectives overlap little but take 5% of the step: not worth a line
+        ({"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.05}, BF16_CPU, [],
+         ["Communication-bound"]),
+        ({"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.4}, BF16_CPU,
+         ["Communication-bound: collectives take 40.0% of the profiled steps and only 20.0%"], []),
     ],
-    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "input-bound-images", "healthy"],
+    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "input-bound-images", "healthy", "bandwidth-bound",
+         "little-comm", "comm-bound"],
 )
 def test_advice_follows_the_numbers(tmp_path, scalars, info, expected, not_expected):
     run = _write_run(tmp_path / "run", scalars, info)

@@ -3,6 +3,7 @@
 - one MLP under three parallel layouts (DDP, FSDP2 2x1, tensor parallel 1x2), the same global batch of 32 each
   time, with FlopsLogger and StepTimeMonitor on; each rank writes what it counted;
 - a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
+- FSDP2 with CommBenchmark (all three collectives, world and mesh groups) and a profiler window;
 - FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
 
 Usage: python parallel_layouts.py OUT_DIR   (Lightning launches the second rank by re-running this script)
@@ -18,7 +19,14 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_compute import FlopsLogger, StepTimeMonitor, fully_shard_fp32_norms, timeline_for
+from lit_compute import (
+    CommBenchmark,
+    FlopsLogger,
+    ProfilerWindow,
+    StepTimeMonitor,
+    fully_shard_fp32_norms,
+    timeline_for,
+)
 
 GLOBAL_BATCH = 32
 
@@ -88,11 +96,12 @@ class MLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4) -> None:
+def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4,
+        callbacks=()) -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, log_every_n_steps=2,
                          logger=pl.loggers.TensorBoardLogger(str(out), name=name), enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[DrivenClock(), FlopsLogger(), StepTimeMonitor()])
+                         callbacks=[DrivenClock(), FlopsLogger(), StepTimeMonitor(), *callbacks])
     loader = DataLoader(Samples(trainer.global_rank, slow_rank), batch_size=GLOBAL_BATCH // data_parallel)
     trainer.fit(MLP(), train_dataloaders=loader)
 
@@ -139,4 +148,6 @@ if __name__ == "__main__":
     run(OUT, "fsdp2", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
     run(OUT, "tp", ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), 1)
     run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
+    run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
+        callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
     fp32_norms()
