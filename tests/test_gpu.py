@@ -146,3 +146,42 @@ def test_lstm_on_cudnn_is_counted(tmp_path):
     count = count_flops(lstm, x, count_on="real")
     forward = 2 * 4 * 10 * (4 * 32 * 16 + 4 * 32 * 32) + 2 * 4 * 10 * (4 * 32 * 32 * 2)
     assert "aten._cudnn_rnn" in count.by_op and count.forward == forward and count.backward == 2 * forward
+
+
+def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
+    """ModelParallelStrategy (FSDP2 over NCCL) on one GPU with fully_shard_fp32_norms: norms in float32 inside
+    forward, the rest in bf16; FlopsLogger's global FLOPs equal its own on one device."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch import nn
+
+    from lit_compute import fully_shard_fp32_norms
+
+    seen = {}
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 4))
+            self.net[1].register_forward_hook(lambda m, i, o: seen.setdefault("ln", (i[0].dtype, m.weight.dtype)))
+            self.net[2].register_forward_hook(lambda m, i, o: seen.setdefault("fc", m.weight.dtype))
+
+        def configure_model(self):
+            fully_shard_fp32_norms(self.net, self.device_mesh["data_parallel"], param_dtype=torch.bfloat16)
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.net(x).float().square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 64)), batch_size=32)
+    trainer = _gpu_trainer(tmp_path, max_steps=6, devices=1, strategy=ModelParallelStrategy(),
+                           callbacks=[FlopsLogger(peak="table", log_every_n_steps=2)])
+    trainer.fit(Net(), train_dataloaders=data)
+    assert seen["ln"] == (torch.float32, torch.float32) and seen["fc"] == torch.bfloat16
+    acc = read_events(trainer.logger.log_dir)
+    local = scalar_values(acc, "compute/flops_per_step")[-1][1]
+    # forward, then backward: both grads of the last layer, only the weight grad of the first (its input needs none)
+    assert scalar_values(acc, "compute/global_flops_per_step")[-1][1] == local == 2 * 32 * (2 * 64 * 256 + 3 * 256 * 4)

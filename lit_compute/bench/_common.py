@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import os
 import sys
 import time
 from typing import Any
@@ -22,6 +23,9 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def emit(text: str) -> None:
+    """Print a line (rank 0 only, when a bench runs several processes)."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        return
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 

@@ -123,10 +123,31 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
     parser.add_argument("--variable-length", action="store_true",
                         help="a small GPT (lit_compute.models.GPT) on token batches of 64..256 tokens, padded per batch")
+    parser.add_argument("--sharded", choices=["fsdp2", "tp"], default=None,
+                        help="a small GPT sharded on 2 processes by Lightning's ModelParallelStrategy: FSDP2 "
+                             "(data parallel 2) or tensor parallel 2; fixed-length token batches; rank 0's steps timed")
     args = parser.parse_args(argv)
 
     pl.seed_everything(0, verbose=False)
-    if args.variable_length:
+    devices: int = 1
+    strategy: Callable[[], Any] = lambda: "auto"
+    if args.sharded:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        from lit_compute.models import GPT
+
+        data_parallel = 2 if args.sharded == "fsdp2" else 1
+        strategy = functools.partial(ModelParallelStrategy, data_parallel_size=data_parallel,
+                                     tensor_parallel_size=2 // data_parallel)  # a new one per Trainer
+        devices = 2
+        batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
+        model = GPT(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)
+        g = torch.Generator().manual_seed(0)
+        loader = DataLoader([{"input_ids": torch.randint(0, 256, (batch, 128), generator=g)}
+                             for _ in range(args.steps * data_parallel)], batch_size=None)  # per replica
+        what = (f"GPT (2 layers, width 128) on 2 processes, {args.sharded} (data parallel {data_parallel} x tensor "
+                f"parallel {2 // data_parallel}), fixed-length batches of {batch} x 128 tokens per replica")
+    elif args.variable_length:
         from lit_compute.models import GPT
 
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
@@ -150,7 +171,8 @@ def main(argv: list[str]) -> int:
                 emit(f"  round {r + 1}/{args.rounds}: {variant} {args.callback} ...")
                 callbacks = [timers[variant]] + ([callback, _StepMark(hooks, skip=3)] if variant == "with" else [])
                 trainer = pl.Trainer(
-                    accelerator=args.accelerator, devices=1, max_steps=args.steps, callbacks=callbacks,
+                    accelerator=args.accelerator, devices=devices, strategy=strategy(), max_steps=args.steps,
+                    callbacks=callbacks,
                     logger=pl.loggers.TensorBoardLogger(tmp, name=variant), enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
                     num_sanity_val_steps=0, limit_val_batches=0,

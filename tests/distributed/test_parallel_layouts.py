@@ -105,3 +105,11 @@ def test_fsdp2_collectives_are_benchmarked_and_their_share_of_a_step_measured(ru
     # FSDP2's all-gathers and reduce-scatters run inside the profiled steps (gloo)
     assert 0 < _last(acc, "profiler/comm_fraction") <= 1
     assert {"profiler/comm_overlap_fraction"} <= tags
+
+
+def test_ranks_with_different_shapes_under_fsdp2_finish_and_sum_their_flops(runs):
+    acc = _events(runs, "uneven")
+    per_row = GLOBAL_STEP_FLOPS // 32  # FLOPs of one sample
+    # every step logs; rank 0 always has 16 rows, rank 1 alternates 16 and 12
+    totals = sorted({v for _, v in scalar_values(acc, "compute/global_flops_per_step")})
+    assert totals == [per_row * 28, per_row * 32]

@@ -4,6 +4,7 @@
   time, with FlopsLogger and StepTimeMonitor on; each rank writes what it counted;
 - a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
 - FSDP2 with CommBenchmark (all three collectives, world and mesh groups) and a profiler window;
+- FSDP2 where the ranks' batch shapes differ (each new one counted on its own rank);
 - FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
 
 Usage: python parallel_layouts.py OUT_DIR   (Lightning launches the second rank by re-running this script)
@@ -106,6 +107,19 @@ def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | Non
     trainer.fit(MLP(), train_dataloaders=loader)
 
 
+def uneven_shapes(out: Path) -> None:
+    """FSDP2 where rank 1 sees a batch shape rank 0 never sees (counted on rank 1 alone): no rank waits forever."""
+    g = torch.Generator().manual_seed(1)
+    # DistributedSampler (no shuffle) gives rank r the batches r, r + 2, ...: rank 1 alternates 16 and 12 rows
+    batches = [(torch.randn(12 if i % 4 == 3 else 16, 256, generator=g),) for i in range(16)]
+    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=6, log_every_n_steps=1,
+                         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+                         logger=pl.loggers.TensorBoardLogger(str(out), name="uneven"), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[FlopsLogger(), StepTimeMonitor()])
+    trainer.fit(MLP(), train_dataloaders=DataLoader(batches, batch_size=None))
+
+
 class NormNet(pl.LightningModule):
     def __init__(self):
         super().__init__()
@@ -150,4 +164,5 @@ if __name__ == "__main__":
     run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
     run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
         callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
+    uneven_shapes(OUT)
     fp32_norms()
