@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import statistics
 import os
+import statistics
 import sys
 import time
 from typing import Any

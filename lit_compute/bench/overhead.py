@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
 
     pl.seed_everything(0, verbose=False)
     devices: int = 1
-    strategy: Callable[[], Any] = lambda: "auto"
+    strategy: Callable[[], Any] = functools.partial(str, "auto")  # a new strategy per Trainer
     if args.sharded:
         from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
 
         data_parallel = 2 if args.sharded == "fsdp2" else 1
         strategy = functools.partial(ModelParallelStrategy, data_parallel_size=data_parallel,
-                                     tensor_parallel_size=2 // data_parallel)  # a new one per Trainer
+                                     tensor_parallel_size=2 // data_parallel)
         devices = 2
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
         model = GPT(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)

@@ -48,6 +48,11 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     ]
     if run.info("parallel layout"):
         rows += [("parallel layout", f"{run.info('parallel layout')} on {run.info('nodes x devices')} nodes x devices")]
+    comm = run.mean("profiler/comm_fraction")
+    if comm is not None:
+        overlap = run.mean("profiler/comm_overlap_fraction")
+        rows += [("collectives (share of profiled steps, overlapped by compute)",
+                  f"{percent(comm)}{f', {percent(overlap)} overlapped' if overlap is not None else ''}")]
     if run.values("time/global_samples_per_sec"):
         rows.insert(5, ("samples/s (all ranks, each replica once)", human(run.total("time/global_samples_per_sec"))))
     lines += [markdown_table(["figure", "value"], [list(r) for r in rows]), ""]

@@ -113,3 +113,11 @@ def test_ranks_with_different_shapes_under_fsdp2_finish_and_sum_their_flops(runs
     # every step logs; rank 0 always has 16 rows, rank 1 alternates 16 and 12
     totals = sorted({v for _, v in scalar_values(acc, "compute/global_flops_per_step")})
     assert totals == [per_row * 28, per_row * 32]
+
+
+def test_the_report_shows_the_collectives_share_of_fsdp2_steps(runs, tmp_path):
+    from lit_compute.report.document import build_report
+
+    text, _ = build_report([str(runs / "fsdp2_comm")], tmp_path / "report.md", None, None, plots=False)
+    line = next(x for x in text.splitlines() if x.startswith("| collectives (share of profiled steps"))
+    assert "% overlapped" in line
