@@ -1,13 +1,15 @@
 """lit_compute: Lightning callbacks, plugins and datamodules that make the compute cost of training visible.
 
 Components are imported on first use (``import lit_compute`` itself loads neither torch nor Lightning, so
-``lit-compute --help`` answers at once); ``from lit_compute import FlopsLogger`` works as usual. Importing
-``lit_compute.distributed`` (or ``TunedDDPStrategy`` from here) registers the ``ddp_tuned*`` strategy names.
+``lit-compute --help`` answers at once); ``from lit_compute import FlopsLogger`` works as usual. The
+``ddp_tuned*`` strategy names are registered with Lightning as soon as any component is taken from here, or at
+``import lit_compute`` when Lightning is already imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 __version__ = "0.2.0"
@@ -46,13 +48,23 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
+def _register_strategies() -> None:
+    """Lightning's strategy registry learns ``ddp_tuned*`` (importing ``lit_compute.distributed`` registers them)."""
+    importlib.import_module("lit_compute.distributed")
+
+
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'lit_compute' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
+    _register_strategies()  # any component used: Lightning is loaded anyway, so `strategy="ddp_tuned"` works too
     return value
+
+
+if "lightning.pytorch" in sys.modules:  # `import lightning.pytorch` first, then `import lit_compute`
+    _register_strategies()
 
 
 def __dir__() -> list[str]:

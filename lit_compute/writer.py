@@ -126,6 +126,28 @@ def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) 
     return True
 
 
+def save_hparam(trainer: pl.Trainer, key: str, value: float) -> bool:
+    """Add ``key`` to the TensorBoard logger's ``hparams.yaml`` after Lightning wrote it at fit start (a figure known
+    only once training ran, such as the FLOPs per sample of a model without an ``example_input_array``). Rank 0; a
+    key already there is left as it is. Returns whether it was written."""
+    tb = tensorboard_logger(trainer)
+    if tb is None or not trainer.is_global_zero or id(tb) in writer_for(trainer).failed_loggers:
+        return False
+    hparams = tb.hparams if isinstance(tb.hparams, dict) else vars(tb.hparams)
+    if key in hparams:
+        return False
+    try:
+        from lightning.pytorch.core.saving import save_hparams_to_yaml
+
+        hparams[key] = value
+        save_hparams_to_yaml(f"{tb.log_dir}/{tb.NAME_HPARAMS_FILE}", hparams)
+    except Exception as err:  # noqa: BLE001 - a hyperparameter file is not worth failing the run for
+        rank_zero_warn(f"lit_compute: adding {key} to hparams.yaml failed with {_cause(err)}; training goes on.",
+                       category=UserWarning)
+        return False
+    return True
+
+
 def _cause(err: BaseException) -> str:
     """The root of an exception chain, as ``Type: message`` (Lightning's TensorBoardLogger re-raises a failed write
     as "you tried to log ... which is currently not supported"; the cause is the ENOSPC or ENOENT beneath)."""

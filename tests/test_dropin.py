@@ -175,6 +175,33 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
     assert seen["timeout"] == timedelta(seconds=123) and seen["backend"] == "gloo"
 
 
+@pytest.mark.parametrize("user_code", [
+    "import lightning.pytorch as pl\nimport lit_compute",
+    "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger",
+])
+def test_ddp_tuned_is_a_strategy_name_after_importing_lit_compute(tmp_path, user_code):
+    source = user_code + """
+trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
+print("STRATEGY", type(trainer.strategy).__name__)
+"""
+    result = run_script(tmp_path, source, timeout=120)
+    assert result.returncode == 0 and "STRATEGY TunedDDPStrategy" in result.stdout, result.stdout[-2000:]
+
+
+def test_fit_then_test_logs_the_ddp_configuration_once(tmp_path):
+    strategy = TunedDDPStrategy(process_group_backend="gloo")
+    trainer = make_trainer(tmp_path, max_steps=2, devices=1, strategy=strategy, limit_test_batches=1)
+    model, data = tiny_model(), tiny_data()
+    try:
+        trainer.fit(model, datamodule=data)
+        trainer.test(model, datamodule=data)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    acc = read_events(trainer.logger.log_dir)
+    assert len(acc.Tensors("ddp/config/text_summary")) == 1
+
+
 FIT_THEN_TEST = r"""
 import lightning.pytorch as pl
 from lightning.pytorch.demos.boring_classes import BoringModel

@@ -213,6 +213,8 @@ class TunedDDPStrategy(DDPStrategy):
         if self.nccl is not None and backend != "nccl":
             rank_zero_info(f"TunedDDPStrategy: backend is {backend}; the NCCL settings are set in the environment but "
                            "inactive (NCCL is not used).")
+        if getattr(trainer.state, "fn", None) != "fit":
+            return  # test/validate after fit: the configuration and the benchmark were logged by the fit
         self._log_config(trainer, backend)
         if self.benchmark_collectives and dist.is_initialized() and trainer.world_size > 1:
             self.benchmark_results = timed_sweep(trainer, default_sizes(self.benchmark_max_mb), self.benchmark_seconds)

@@ -26,7 +26,7 @@ from lit_compute.flops.model_state import ModelState
 from lit_compute.flops.peaks import measure_peak_flops, peak_flops, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
-from lit_compute.writer import log_scalars, log_text
+from lit_compute.writer import log_scalars, log_text, save_hparam
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -143,8 +143,9 @@ class FlopsLogger(MeasuringCallback):
           only), once per evaluation run.
         - ``compute/padding_fraction``: token batches with padding (an ``attention_mask``, or a pad id): the share of
           computed positions that were padding, over the steps since the last log.
-        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (at step 0); with an
-          ``example_input_array`` also an hparam (TensorBoard's HParams tab, ``hparams.yaml``), counted at fit start.
+        - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (at step 0); also an
+          hparam: with an ``example_input_array`` counted at fit start (TensorBoard's HParams tab and
+          ``hparams.yaml``), otherwise added to ``hparams.yaml`` at the first counted batch.
         - text ``compute/flops_by_module`` (model FLOPs per module, TensorBoard only).
 
     Args:
@@ -449,6 +450,7 @@ class FlopsLogger(MeasuringCallback):
         if samples:
             per_sample = _per_sample(trainer, count.forward, samples) / 1e9
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
+            save_hparam(trainer, "compute/forward_gflops_per_sample", per_sample)  # no example_input_array: now known
             rank_zero_info(f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
                            "GFLOPs per training batch (forward + backward, model FLOPs)")
 

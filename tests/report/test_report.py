@@ -366,3 +366,17 @@ def test_plots_in_a_folder_that_cannot_be_written_end_in_one_line(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"lit-compute report: cannot write the plots to {blocked / 'plots'}: ")
     assert err.endswith("pass --plots DIR (a writable folder) or --no-plots") and "\n" not in err
+
+
+def test_without_an_example_input_the_flops_hparam_reaches_hparams_yaml_once_known(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=2,
+                              callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer.fit(BoringModel())
+    saved = yaml.safe_load((Path(trainer.logger.log_dir) / "hparams.yaml").read_text())
+    acc = read_events(trainer.logger.log_dir)
+    # BoringModel: Linear(32, 2) on one sample: 2 x 32 x 2 forward FLOPs
+    assert saved["compute/forward_gflops_per_sample"] == pytest.approx(128 / 1e9)
+    assert saved["compute/forward_gflops_per_sample"] == pytest.approx(
+        scalar_values(acc, "compute/forward_gflops_per_sample")[0][1], rel=1e-5)
