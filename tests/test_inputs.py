@@ -393,6 +393,26 @@ def test_a_failed_export_leaves_no_partial_trace(tmp_path, monkeypatch):
     assert left == [], left
 
 
+def test_an_op_table_that_cannot_be_written_leaves_no_empty_file(tmp_path, monkeypatch):
+    real = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        if "key_averages" in self.name:
+            real(self, "")  # the file is created, then the disk is full
+            raise OSError(28, "No space left on device")
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    window = ProfilerWindow(start_step=1, warmup=0, active=1)
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, callbacks=[window], limit_val_batches=0)
+    with pytest.warns(UserWarning, match="No space left on device"):
+        trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
+    assert trainer.global_step == 3
+    left = list((Path(trainer.log_dir) / "profiler").glob("*"))
+    assert [p.name for p in left] == ["window1_steps1-1.pt.trace.json"]  # the whole trace; no partial op table
+    assert json.loads(left[0].read_text())["traceEvents"]
+
+
 # -- nothing is lost across resume ---------------------------------------------------------------------------------
 class _InfAt(TimedNet):
     def __init__(self, inf_at=()):

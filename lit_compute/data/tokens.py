@@ -176,9 +176,16 @@ class TokenDataModule(LightningDataModule):
     def _corpus(self) -> dict[str, list[np.ndarray]]:
         path = self.cache_path()
         if path.is_file():
-            with np.load(path) as data:
-                return {split: np.split(data[f"{split}_tokens"], data[f"{split}_ends"][:-1])
-                        for split in ("train", "val")}
+            try:
+                with np.load(path) as data:
+                    return {split: np.split(data[f"{split}_tokens"], data[f"{split}_ends"][:-1])
+                            for split in ("train", "val")}
+            except Exception as err:  # noqa: BLE001 - a cut or damaged cache file is rebuilt, not fatal
+                from lightning.pytorch.utilities import rank_zero_warn
+
+                rank_zero_warn(f"TokenDataModule: the token cache {path} is damaged ({type(err).__name__}: {err}); "
+                               "rebuilding it.", category=UserWarning)
+                path.unlink(missing_ok=True)
         from lightning.pytorch.utilities import rank_zero_info
 
         rank_zero_info(f"TokenDataModule: tokenising this Python's standard library ({self.max_tokens:,} tokens; once, "
@@ -201,10 +208,21 @@ class TokenDataModule(LightningDataModule):
             name = hashlib.sha1(f"{self.seed}:{f.name}".encode()).digest()
             split = "val" if name[0] / 256 < self.val_fraction else "train"
             for doc in _documents(text, self.seq_len):
+                if total >= self.max_tokens:  # the limit holds inside a file too (one huge file is not all read)
+                    break
                 splits[split].append(doc)
                 total += len(doc)
         if not splits["val"]:  # a tiny corpus: give validation one file's documents
-            splits["val"], splits["train"] = splits["train"][-4:], splits["train"][:-4]
+            keep = max(1, min(4, len(splits["train"]) // 2))
+            splits["val"], splits["train"] = splits["train"][-keep:], splits["train"][:-keep]
+        if not splits["train"] or not splits["val"]:
+            docs = splits["train"] + splits["val"]
+            raise ValueError(
+                f"TokenDataModule: the corpus is too small: {sum(len(d) for d in docs)} tokens in {len(docs)} "
+                f"document(s) from {len(files)} file(s) under {sysconfig.get_paths()['stdlib']!r} "
+                "(files that are not UTF-8 text are skipped, documents of 8 tokens or fewer dropped); training and "
+                "validation need at least one document each: an interpreter with its standard-library sources "
+                "installed gives millions of tokens.")
         arrays = {}
         for split, docs in splits.items():
             flat = np.concatenate([np.asarray(d, dtype=np.uint16) for d in docs])

@@ -318,7 +318,7 @@ class ProfilerWindow(MeasuringCallback):
         sort_by = self.sort_by or ("self_cuda_time_total" if on_gpu else "self_cpu_time_total")
         averages = profiler.key_averages()
         table = averages.table(sort_by=sort_by, row_limit=self.row_limit)
-        (out / f"{stem}.key_averages.txt").write_text(table + "\n")
+        _write_whole(out / f"{stem}.key_averages.txt", table + "\n")
         if self.profile_memory and self.with_stack:
             try:
                 profiler.export_memory_timeline(str(out / f"{stem}.memory_timeline.html"))
@@ -360,6 +360,18 @@ class ProfilerWindow(MeasuringCallback):
             profiler.stop()  # a recording profiler saves what it recorded: a window cut short is still written
         finally:
             self._window = None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: through a temporary file renamed into place, removed when the
+    write fails (a full disk leaves no 0-byte or truncated file behind)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:

@@ -139,3 +139,43 @@ def test_bad_token_arguments_are_named():
         GPT(n_head=3)
     with pytest.raises(ValueError, match=r"TokenSpec\(pad_id='0'\) must be an integer or None"):
         TokenSpec(pad_id="0")
+
+
+# -- damaged or tiny corpora ----------------------------------------------------------------------------------------
+def _sources(monkeypatch, tmp_path, files: dict[str, bytes]) -> None:
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path / "cache"))  # never the shared cache: other files, same key
+    paths = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(tmp_path / name)
+    monkeypatch.setattr("lit_compute.data.tokens.stdlib_sources", lambda: sorted(paths))
+
+
+@pytest.mark.parametrize("files", [{"blob.py": bytes(range(256)) * 40}, {"three.py": b"a = 1\nb = 2\nc = 3\n"}],
+                         ids=["one-binary-file", "one-three-line-file"])
+def test_a_corpus_too_small_to_split_says_so(monkeypatch, tmp_path, files):
+    _sources(monkeypatch, tmp_path, files)
+    dm = TokenDataModule(seq_len=64, max_tokens=20_000)
+    with pytest.raises(ValueError, match=r"TokenDataModule: the corpus is too small: \d+ tokens in \d document\(s\) "
+                                         r"from 1 file\(s\)"):
+        dm.prepare_data()
+
+
+def test_max_tokens_holds_inside_one_huge_file(monkeypatch, tmp_path):
+    _sources(monkeypatch, tmp_path, {"huge.py": b"x" * 2_000_000, "small.py": b"def f():\n    return 1\n\n" * 50})
+    dm = TokenDataModule(seq_len=64, max_tokens=20_000)
+    dm.prepare_data()
+    dm.setup()
+    assert 20_000 <= dm.token_count("train") + dm.token_count("val") <= 20_000 + 64
+
+
+def test_a_cut_token_cache_is_named_and_rebuilt(monkeypatch, tmp_path):
+    _sources(monkeypatch, tmp_path, {f"m{i}.py": b"def f():\n    return 1\n\n" * 40 for i in range(8)})
+    dm = TokenDataModule(seq_len=64, max_tokens=5_000)
+    dm.setup()
+    before = [d.tolist() for d in dm.splits["train"]]
+    path = dm.cache_path()
+    path.write_bytes(path.read_bytes()[:10])
+    with pytest.warns(UserWarning, match=f"the token cache {path} is damaged .*BadZipFile.*rebuilding it"):
+        dm.setup()
+    assert [d.tolist() for d in dm.splits["train"]] == before and path.stat().st_size > 10
