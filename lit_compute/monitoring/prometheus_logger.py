@@ -17,6 +17,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only,
 from lightning.pytorch.loggers import Logger
 
 from lit_compute._validate import Check, validated
+from lit_compute.writer import link_loggers
 
 _RESERVED = ("step", "up", "scrape_duration_seconds")
 
@@ -125,10 +126,17 @@ class PrometheusLogger(Logger):
         return self._state["port"] if self._state else None
 
     def follow(self, run: str, version: Any) -> None:
-        """Take another logger's run (``lightning_logs/version_3``) as the default ``run`` label, and its version."""
-        if self._state is None and not self._run_given:
-            self.run_name = run
+        """Take another logger's run (``lightning_logs/version_3``) as the default ``run`` label, and its version.
+
+        A logger that keeps serving into a second run takes that run's label: run 2's values become new series
+        beside run 1's (never overwriting them), and the ``file_sd`` target file is renamed with the run."""
         self._version = version
+        if self._run_given or run == self.run_name:
+            return
+        self.run_name = run
+        if self._state is not None and self._state.get("target"):
+            Path(self._state["target"]).unlink(missing_ok=True)
+            self._state["target"] = self._write_target(self._state["port"])
 
     def _active(self) -> bool:
         return self.ranks == "all" or self.rank == 0
@@ -208,6 +216,11 @@ class PrometheusLogger(Logger):
         self.start()
 
     def log_graph(self, model: Any, input_array: Any = None) -> None:
+        # Lightning calls this at every run's start with the LightningModule: its trainer names the TensorBoard run
+        # (the run label), with or without a lit_compute callback in the run
+        trainer = getattr(model, "_trainer", None)
+        if trainer is not None:
+            link_loggers(trainer)
         self.start()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:

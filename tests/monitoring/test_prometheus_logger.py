@@ -72,3 +72,22 @@ def test_prometheus_names_and_bad_arguments():
         StepTimeMonitor(stall_fraction=1.5)
     with pytest.raises(ValueError, match=r"DeviceMonitor\(gpu=False, cpu=False\)"):
         DeviceMonitor(gpu=False, cpu=False)
+
+
+def test_one_logger_serving_two_runs_labels_each_with_its_tensorboard_run(tmp_path):
+    """keep_serving=True across two fits; no lit_compute callback in either: each run's series carry that run's
+    TensorBoard run as label, and run 2 never overwrites run 1."""
+    prom = PrometheusLogger(port=0, keep_serving=True, file_sd_dir=str(tmp_path / "sd"))
+    try:
+        for _ in range(2):
+            tb = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
+            trainer = make_trainer(tmp_path, max_steps=2, logger=[tb, prom], limit_val_batches=0)
+            trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
+        losses = {s.labels["run"]: s.value for s in _scrape(prom.port_in_use)["lit_compute_train_loss"]}
+        assert set(losses) == {"tb/version_0", "tb/version_1"}
+        for version in (0, 1):
+            last = scalar_values(read_events(tmp_path / "tb" / f"version_{version}"), "train/loss")[-1][1]
+            assert losses[f"tb/version_{version}"] == pytest.approx(last, rel=1e-5)
+        assert [p.name for p in (tmp_path / "sd").glob("*.json")] == ["tb_version_1_rank0.json"]
+    finally:
+        prom.close()
