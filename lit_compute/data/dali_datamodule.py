@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import os
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
@@ -25,6 +28,35 @@ def _import_dali() -> Any:
             f"(nvidia-dali-cuda120); importing it failed with: {err}"
         ) from err
     return fn, pipeline_def, types, DALIGenericIterator, LastBatchPolicy
+
+
+# -- pipelines and fork ------------------------------------------------------------------------------------
+# A DALI pipeline owns executor threads. A child forked from this process (a DataLoader worker of another
+# datamodule, later in the same script or notebook) inherits the pipeline object but not its threads: if the
+# child's garbage collector runs the pipeline's destructor, DALI waits on threads that do not exist there and the
+# worker hangs for good. So: pipelines are released in the parent (at each training pass's end and at teardown,
+# collected at once), the parent collects DALI garbage before forking, and a child never frees what it inherited.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # DALI iterators built in this process
+_INHERITED: list[Any] = []  # in a forked child: strong references that keep inherited pipelines from being freed
+_fork_handlers = False
+
+
+def _before_fork() -> None:  # registered once this process built a pipeline
+    gc.collect()  # unreferenced pipelines die here, where their threads exist
+
+
+def _in_forked_child() -> None:
+    _INHERITED.extend(_LIVE)  # never dropped to refcount zero in the child
+    gc.freeze()  # and the child's collector never examines (nor finalises) anything it inherited
+
+
+def _track(iterator: Any) -> Any:
+    global _fork_handlers
+    if not _fork_handlers and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_in_forked_child)
+        _fork_handlers = True
+    _LIVE.add(iterator)
+    return iterator
 
 
 def dali_available() -> bool:
@@ -94,6 +126,17 @@ class DALILoader:
             self._exhausted = True
         except RuntimeError:
             self._exhausted = False
+        if self._reshuffle:  # a training pass builds a new pipeline next time: free this one now
+            del iterator
+            self.release()
+
+    def release(self) -> None:
+        """Free this loader's DALI pipeline now, in this process (the next pass builds a new one)."""
+        if self._iterator is None:
+            return
+        self._iterator = None
+        self._exhausted = False
+        gc.collect()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -263,8 +306,8 @@ class DALIImageDataModule(TorchvisionImageDataModule):
                 seed=self.seed * 1000 + pass_index, prefetch_queue_depth=self.prefetch_queue_depth,
             )
             pipe.build()
-            return iterator_cls(pipe, names, reader_name="Reader", last_batch_policy=policy.PARTIAL,
-                                auto_reset=False)
+            return _track(iterator_cls(pipe, names, reader_name="Reader", last_batch_policy=policy.PARTIAL,
+                                       auto_reset=False))
 
         channels_last, bf16 = self.channels_last, self.output_dtype == "bfloat16"
 
@@ -298,6 +341,13 @@ class DALIImageDataModule(TorchvisionImageDataModule):
 
     def test_dataloader(self) -> DALILoader:  # type: ignore[override]
         return self._loader("val")
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Free every DALI pipeline of this datamodule in this process (a later forked DataLoader worker inherits
+        none); ``setup()`` builds them again."""
+        for loader in self._loaders.values():
+            loader.release()
+        super().teardown(stage)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -239,3 +239,42 @@ def test_gpu_pipeline_outputs_on_the_device(tmp_path):
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
     assert x.is_cuda and y.is_cuda and x.shape == (8, 3, 32, 32)
+
+
+DALI_THEN_FORKED_WORKERS = r"""
+import gc
+import lightning.pytorch as pl
+from lit_compute import DALIImageDataModule, TorchvisionImageDataModule
+from lit_compute.models import ImageClassifier
+
+DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8)
+
+if __name__ == "__main__":
+    for round_ in range(3):  # a notebook comparing loaders: DALI, then forked workers, again and again
+        for dm in (DALIImageDataModule(device="cpu", **DATA), TorchvisionImageDataModule(num_workers=2, **DATA)):
+            trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=3, limit_val_batches=2, logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+            trainer.fit(ImageClassifier("resnet18", num_classes=4), datamodule=dm)
+            del trainer, dm
+            gc.collect()
+        print("ROUND", round_, flush=True)
+"""
+
+
+def test_forked_workers_after_a_dali_pipeline_never_hang(tmp_path):
+    from ..conftest import run_script
+
+    result = run_script(tmp_path, DALI_THEN_FORKED_WORKERS, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [line for line in result.stdout.splitlines() if line.startswith("ROUND")] == ["ROUND 0", "ROUND 1", "ROUND 2"]
+
+
+def test_teardown_frees_the_pipelines_in_this_process(tmp_path):
+    from lit_compute.data import dali_datamodule
+
+    dm = DALIImageDataModule(device="cpu", **{k: v for k, v in TINY_DATA.items() if k != "num_workers"})
+    before = {id(it) for it in dali_datamodule._LIVE}
+    trainer = make_trainer(tmp_path, max_steps=2)
+    trainer.fit(tiny_model(), datamodule=dm)
+    assert all(loader._iterator is None for loader in dm._loaders.values())  # teardown released them
+    assert {id(it) for it in dali_datamodule._LIVE} <= before  # and they are gone, not garbage waiting for a fork
