@@ -85,14 +85,18 @@ def _load_cache(path: Path) -> dict[str, list]:
 
 
 def _save_cache(path: Path, files: dict[str, list]) -> None:
+    """Write the check cache whole (a temporary file renamed into place: two processes checking the same folder at
+    once both succeed, the last rename wins, a reader never sees half a file)."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
             json.dump({"version": _CHECK_VERSION, "files": files}, f)
         os.replace(tmp, path)
-    except OSError:  # a read-only cache only costs a re-check next time
-        pass
+    except OSError:  # a read-only or full cache only costs a re-check next time
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def scan_image_folder(data_dir: str | Path, owner: str, splits: tuple[str, ...] = ("train", "val"),
