@@ -183,3 +183,47 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
     traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
     assert [t.split("_")[-1] for t in traces] == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
+
+
+BAD_CONFIGS = {
+    "empty": ("", "the config file is empty"),
+    "unknown_section": ("trainr:\n  max_steps: 2\n", "does not accept option 'trainr.max_steps'"),
+    "unknown_trainer_argument": ("trainer:\n  max_stepz: 2\n", "does not accept option 'trainer.max_stepz'"),
+    "wrong_type": ("trainer:\n  max_steps: many\n", 'Parser key "trainer.max_steps": Expected a <class \'int\'>'),
+    "yaml_syntax": ("trainer:\n  max_steps: [2\n", "Problems parsing config"),
+    "tab_indent": ("trainer:\n\tmax_steps: 2\n", "Problems parsing config"),
+    "misspelt_callback": ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopLogger\n",
+                          "lit_compute.FlopLogger: module 'lit_compute' has no attribute 'FlopLogger'"),
+    "callback_option": ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
+                        "        windoww: 3\n", "lit_compute.StepTimeMonitor: Option 'windoww' is not accepted"),
+    "callback_type": ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
+                      "        window: abc\n", 'Parser key "window" Expected a <class \'int\'>. Got value: abc'),
+    "misspelt_model": ("model:\n  class_path: lit_compute.models.ImageClassifer\n",
+                       "module 'lit_compute.models' has no attribute 'ImageClassifer'"),
+    "data_type": ("data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    batch_size: big\n",
+                  'Parser key "batch_size" Expected a <class \'int\'>. Got value: big'),
+    "precision": ("trainer:\n  precision: 17-mixed\n", "Given value: 17-mixed is none of"),
+    "strategy_name": ("trainer:\n  strategy: ddp_tunned\n", "invalid strategy name: `strategy='ddp_tunned'`"),
+    "accelerator": ("trainer:\n  accelerator: tpuu\n", "invalid accelerator name: `accelerator='tpuu'`"),
+    "devices": ("trainer:\n  devices: zero\n", "`devices` selected with `CPUAccelerator` should be an int > 0"),
+    "section_shape": ("trainer:\n  - max_steps: 2\n", "a section of the config is not a mapping"),
+    "data_dir": ("data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
+                 "    data_dir: /nonexistent/folder\n", "TorchvisionImageDataModule(data_dir='/nonexistent/folder'): the "
+                 "folder does not exist"),
+}
+
+
+@pytest.mark.timeout(120)  # a config that slipped through would train the default run: fail instead
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, capsys, name):
+    text, expected = BAD_CONFIGS[name]
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config)])  # every case stops before training
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("lit-compute: error:")]
+    assert len(ours) == 1 and expected in ours[0], err[-2000:]
+    assert "Traceback" not in err and "usage:" not in err
