@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning.pytorch.cli as lightning_cli
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
 
 _PACKAGE = str(Path(__file__).resolve().parent)
+_DEFAULT_MODEL = "lit_compute.models.ImageClassifier"
+_DEFAULT_DATA = "lit_compute.data.TorchvisionImageDataModule"
 
 
 def constructor_error(err: BaseException) -> BaseException | str | None:
@@ -72,6 +74,47 @@ def compact_parser_error(message: str) -> str:
     return " ".join(lines)[:600]
 
 
+_SECTIONS = ("trainer", "model", "data", "optimizer", "lr_scheduler", "seed_everything", "ckpt_path", "config")
+
+
+def _close(word: str, choices: Any) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(word, [c for c in choices if isinstance(c, str)], n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _suggestion(message: str) -> str:
+    """A close match for a misspelt option, section, Trainer argument or class name in a parser error ('' if none)."""
+    import importlib
+    import inspect
+
+    option = re.search(r"class_path '([\w.]+)'.*?Option '(\w+)' is not accepted", message, re.S)
+    if option:
+        module, _, name = option.group(1).rpartition(".")
+        try:
+            params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+        except Exception:  # noqa: BLE001 - a suggestion is a nicety
+            return ""
+        return _close(option.group(2), params)
+    missing = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+    if missing:
+        try:
+            return _close(missing.group(2), dir(importlib.import_module(missing.group(1))))
+        except Exception:  # noqa: BLE001
+            return ""
+    unknown = re.search(r"does not accept option '([\w.]+)'", message)
+    if unknown:
+        section, _, key = unknown.group(1).partition(".")
+        if section not in _SECTIONS:
+            return _close(section, _SECTIONS)
+        if section == "trainer" and key:
+            import lightning.pytorch as pl
+
+            return _close(key.split(".")[0], inspect.signature(pl.Trainer).parameters)
+    return ""
+
+
 class _OneLineParser(LightningArgumentParser):
     """LightningCLI's parser, whose errors are one line (``lit-compute: error: ...``, exit code 2) instead of the usage
     text and a nested Union report."""
@@ -80,7 +123,8 @@ class _OneLineParser(LightningArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        sys.stderr.write(f"lit-compute: error: {compact_parser_error(message)} (options: {prog} --help)\n")
+        sys.stderr.write(f"lit-compute: error: {compact_parser_error(message)}{_suggestion(message)} "
+                         f"(options: {prog} --help)\n")
         raise SystemExit(2)
 
 
@@ -117,7 +161,7 @@ class LitComputeCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(
             LightningModule,
-            LightningDataModule,
+            None,  # any LightningDataModule, and optional: a model may bring its own loaders
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args,
@@ -126,12 +170,28 @@ class LitComputeCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.set_defaults(
-            {
-                "model": {"class_path": "lit_compute.models.ImageClassifier"},
-                "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule"},
-            }
-        )
+        parser.set_defaults({"model": {"class_path": _DEFAULT_MODEL}, "data": {"class_path": _DEFAULT_DATA}})
+
+    def before_instantiate_classes(self) -> None:
+        """The default datamodule belongs to the default model: a config that names another model and no ``data:``
+        trains on that model's own loaders, as plain LightningCLI does (not on synthetic images it never asked for)."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if config is None:
+            return
+        model, data = config.get("model"), config.get("data")
+        model_path = str(getattr(model, "class_path", "") if model is not None else "")
+        if data is None or model_path.rpartition(".")[2] == _DEFAULT_MODEL.rpartition(".")[2]:
+            return  # (jsonargparse shortens class paths: lit_compute.ImageClassifier)
+        defaults = self._data_defaults()
+        if defaults is not None and data == defaults:
+            config["data"] = None
+
+    def _data_defaults(self) -> Any:
+        parser = self._parser(self.subcommand) if self.subcommand else self.parser
+        try:
+            return parser.get_defaults().get("data")
+        except Exception:  # noqa: BLE001 - without defaults to compare with, keep the data as configured
+            return None
 
     def instantiate_classes(self) -> None:
         try:

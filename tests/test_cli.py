@@ -227,3 +227,37 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     ours = [line for line in err.splitlines() if line.startswith("lit-compute: error:")]
     assert len(ours) == 1 and expected in ours[0], err[-2000:]
     assert "Traceback" not in err and "usage:" not in err
+
+
+@pytest.mark.parametrize(("text", "suggestion"), [
+    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peek: measure\n",
+     "did you mean 'peak'?"),
+    ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitr\n", "did you mean 'StepTimeMonitor'?"),
+    ("trainr:\n  max_steps: 2\n", "did you mean 'trainer'?"),
+    ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
+], ids=["option", "class", "section", "trainer-argument"])
+def test_a_misspelt_key_or_class_gets_a_close_match(tmp_path, monkeypatch, capsys, text, suggestion):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "typo.yaml").write_text(text)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(tmp_path / "typo.yaml")])
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("lit-compute: error:")]
+    assert suggestion in line
+
+
+def test_a_config_path_that_does_not_exist_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", "nothere.yaml"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "File does not exist" in err and "nothere.yaml" in err
+
+
+@pytest.mark.timeout(120)
+def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "boring.yaml").write_text("model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\n"
+                                          "trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n")
+    cli = LitComputeCLI(args=["fit", "--config", str(tmp_path / "boring.yaml")])
+    assert cli.datamodule is None and cli.trainer.global_step == 2
+    assert not (tmp_path / "cache").exists()
