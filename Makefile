@@ -10,19 +10,27 @@ $(PY):
 
 venv: $(PY)
 
+# Each demo reports the run it trained (lit-compute fit writes its TensorBoard folder to $LIT_COMPUTE_RUN_FILE), into
+# that run's own folder: two demos at once never report or overwrite each other. A run that stops early is still
+# reported (the report says at which step), and the command's exit status is the training's.
+define fit_and_report
+	@run_file=$$(mktemp); status=0; \
+	LIT_COMPUTE_RUN_FILE=$$run_file $(VENV)/bin/lit-compute fit --config $(1) || status=$$?; \
+	run=$$(cat $$run_file); rm -f $$run_file; \
+	if [ -n "$$run" ]; then \
+	  $(VENV)/bin/lit-compute report "$$run" --out "$$run/report.md" && \
+	  echo "TensorBoard logs: $$run  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)" && \
+	  echo "Report:           $$run/report.md  (plots in $$run/report_plots/)"; \
+	fi; exit $$status
+endef
+
 demo: $(PY)
 	$(PIP) install -e '.[all]'
-	$(VENV)/bin/lit-compute fit --config configs/quickstart.yaml
-	$(VENV)/bin/lit-compute report lightning_logs --latest --out lightning_logs/report.md
-	@echo "TensorBoard logs: $(CURDIR)/lightning_logs  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)"
-	@echo "Report:           $(CURDIR)/lightning_logs/report.md  (plots in lightning_logs/report_plots/)"
+	$(call fit_and_report,configs/quickstart.yaml)
 
 demo-gpt: $(PY)
 	$(PIP) install -e '.[all]'
-	$(VENV)/bin/lit-compute fit --config configs/gpt.yaml
-	$(VENV)/bin/lit-compute report lightning_logs --latest --out lightning_logs/report_gpt.md
-	@echo "TensorBoard logs: $(CURDIR)/lightning_logs  (open: $(VENV)/bin/tensorboard --logdir lightning_logs)"
-	@echo "Report:           $(CURDIR)/lightning_logs/report_gpt.md"
+	$(call fit_and_report,configs/gpt.yaml)
 
 test: $(PY)
 	$(PIP) install -e '.[all,dev]'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from typing import Any, NoReturn
 import lightning.pytorch.cli as lightning_cli
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
 import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
@@ -192,6 +194,17 @@ class LitComputeCLI(LightningCLI):
             return parser.get_defaults().get("data")
         except Exception:  # noqa: BLE001 - without defaults to compare with, keep the data as configured
             return None
+
+    def before_fit(self) -> None:
+        """With ``$LIT_COMPUTE_RUN_FILE`` set, write this run's TensorBoard folder there before training (rank 0), so
+        a script (``make demo``) reports the run it started, not whichever run wrote an event file last."""
+        path = os.environ.get("LIT_COMPUTE_RUN_FILE")
+        if not path or not self.trainer.is_global_zero:
+            return
+        for logger in self.trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                Path(path).write_text(str(Path(logger.log_dir).resolve()) + "\n")  # the logger's own folder
+                return
 
     def instantiate_classes(self) -> None:
         try:

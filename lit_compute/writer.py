@@ -177,7 +177,7 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
 
 #: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
 RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "nodes x devices", "parallel layout",
-                 "strategy", "data", "cpu cores", "torch", "lightning")
+                 "strategy", "data", "cpu cores", "torch", "lightning", "planned")
 
 
 def run_info(trainer: pl.Trainer) -> str:
@@ -199,6 +199,7 @@ def run_info(trainer: pl.Trainer) -> str:
         _compat.available_cpu_cores(),
         torch.__version__,
         lightning.__version__,
+        f"{trainer.max_steps} steps" if (trainer.max_steps or -1) > 0 else f"{trainer.max_epochs} epochs",
     ]
     return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
 

@@ -25,6 +25,10 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     if memory is None:
         memory, memory_label = run.maximum("device/rss_gb"), "process RSS peak"
     lines = [f"## {run.name}", "", f"`{run.path}`", ""]
+    stopped = run.stopped_early()
+    if stopped is not None:
+        lines += [f"**Stopped early: at step {stopped[0]} of {stopped[1]}** (interrupted, failed or still running): "
+                  "its figures cover the steps it trained.", ""]
     peak = run.last("compute/peak_tflops")
     rows = [
         ("model forward GFLOPs per sample", human(run.forward_gflops, 4)),
@@ -105,7 +109,9 @@ def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
     summary = []
     for run in runs:
         tps, sps = run.time_per_sample_ms, run.samples_per_sec
-        row = [run.name, human(tps), human(sps), percent(run.total("compute/mfu")),
+        stopped = run.stopped_early()
+        name = run.name + (f" (stopped at step {stopped[0]} of {stopped[1]})" if stopped else "")
+        row = [name, human(tps), human(sps), percent(run.total("compute/mfu")),
                human(tps / base.time_per_sample_ms if tps and base.time_per_sample_ms else None),
                human(sps / base.samples_per_sec if sps and base.samples_per_sec else None)]
         if price_per_hour:
@@ -185,5 +191,5 @@ def main(argv: list[str]) -> int:
         return 2
     for reason in skipped:
         sys.stdout.write(f"skipped: {reason}\n")
-    sys.stdout.write(f"report: {out.resolve()} ({len(runs)} run(s))\n")
+    sys.stdout.write(f"report: {out.resolve()} ({len(runs)} run(s): {', '.join(run.name for run in runs)})\n")
     return 0

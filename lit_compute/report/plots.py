@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,13 @@ def _marks(ax: Any, run: Run) -> None:
         ax.axvline(step, color="#937860", linestyle="--", linewidth=1, label="validation" if i == 0 else None)
 
 
+def plot_prefix(run: Run, index: int) -> str:
+    """File-name prefix of a run's plots: the run's name (``lightning_logs_version_3``), so two reports written into
+    one folder never overwrite each other's plots."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.name).strip("_.")
+    return slug or f"run{index}"
+
+
 def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     """PNG plots of one run (headless matplotlib), each saying one thing, with a legend."""
     import matplotlib
@@ -34,6 +42,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = plot_prefix(run, index)
     paths = []
     wait, compute = run.scalars.get("time/data_wait_ms"), run.scalars.get("time/compute_ms")
     if wait and compute:
@@ -47,7 +56,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel("ms per step")
         ax.set_title(f"Step time: compute and data wait ({run.name})")
         ax.legend(loc="upper right", fontsize=8)
-        paths.append(_save(plt, fig, out_dir / f"run{index}_step_time.png"))
+        paths.append(_save(plt, fig, out_dir / f"{prefix}_step_time.png"))
     tflops = run.scalars.get("compute/global_tflops_per_sec")
     if tflops:
         scale, unit = flops_rate_unit(max(abs(v) for _, v in tflops))
@@ -59,7 +68,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel(unit)
         ax.set_title(f"Achieved throughput ({run.name})")
         ax.legend(loc="lower right", fontsize=8)
-        paths.append(_save(plt, fig, out_dir / f"run{index}_throughput.png"))
+        paths.append(_save(plt, fig, out_dir / f"{prefix}_throughput.png"))
     mfu, hfu = run.scalars.get("compute/mfu"), run.scalars.get("compute/hfu")
     if mfu:
         fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -76,7 +85,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.set_title(f"Utilisation of the device's peak ({run.name})")
         ax.legend(loc="lower right", fontsize=8)
-        paths.append(_save(plt, fig, out_dir / f"run{index}_mfu.png"))
+        paths.append(_save(plt, fig, out_dir / f"{prefix}_mfu.png"))
     scale_points = run.scalars.get("amp/loss_scale")
     if scale_points:
         fig, ax = plt.subplots(figsize=(7, 3))
@@ -87,5 +96,5 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel("loss scale")
         ax.set_title(f"fp16 loss scale ({run.name})")
         ax.legend(loc="upper right", fontsize=8)
-        paths.append(_save(plt, fig, out_dir / f"run{index}_loss_scale.png"))
+        paths.append(_save(plt, fig, out_dir / f"{prefix}_loss_scale.png"))
     return paths

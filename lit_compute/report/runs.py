@@ -56,6 +56,19 @@ class Run:
                 return value
         return None
 
+    def stopped_early(self) -> tuple[int, int] | None:
+        """``(steps trained, steps planned)`` when the run ended before its ``max_steps`` (interrupted, crashed, or
+        still running), from the last training step logged; None when it finished or nothing says what was planned."""
+        planned = re.fullmatch(r"(\d+) steps", self.info("planned") or "")
+        steps = [s for tag in ("train/loss", "time/step_ms", "compute/flops_per_step") for s, _ in self.scalars.get(tag, [])]
+        if planned is None or not steps:
+            return None
+        done, want = max(steps) + 1, int(planned.group(1))
+        # a run logs every log_every_n_steps: the last logged step may trail the end by less than one interval
+        intervals = sorted({b - a for a, b in zip(sorted(set(steps)), sorted(set(steps))[1:])})
+        slack = intervals[0] if intervals else 1
+        return (done, want) if done + slack <= want else None
+
     def window_seconds(self, family: str) -> dict[int, float]:
         """Each logging window's timed seconds by step: ``time/*`` windows from ``time/timed_steps x time/step_ms``,
         ``compute/*`` windows from ``compute/timed_seconds``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -85,8 +86,9 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     assert "### Advice" in text
     assert "e+" not in text and "e-0" not in text  # no scientific notation anywhere people read
     pngs = sorted((tmp_path / "report_plots").glob("*.png"))
-    assert {p.name for p in pngs} == {"run1_step_time.png", "run1_throughput.png", "run1_mfu.png",
-                                      "run1_loss_scale.png"}
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", loaded[0].name).strip("_.")  # plots are named after their run
+    assert {p.name for p in pngs} == {f"{prefix}_step_time.png", f"{prefix}_throughput.png", f"{prefix}_mfu.png",
+                                      f"{prefix}_loss_scale.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert Image.open(p).size[0] > 300
@@ -186,7 +188,8 @@ def test_runs_without_our_tags_are_skipped_with_a_line(tmp_path, capsys):
     plain.finalize("success")
     assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert "skipped:" in out and "plain/version_0 has none of lit_compute's tags" in out and "(1 run(s))" in out
+    assert "skipped:" in out and "plain/version_0 has none of lit_compute's tags" in out
+    assert "(1 run(s): " in out and out.rstrip().endswith(")")  # the closing line names the run
     assert "Skipped 1 folder(s)" in (tmp_path / "r.md").read_text()
     assert ours.exists()
 
@@ -380,3 +383,28 @@ def test_without_an_example_input_the_flops_hparam_reaches_hparams_yaml_once_kno
     assert saved["compute/forward_gflops_per_sample"] == pytest.approx(128 / 1e9)
     assert saved["compute/forward_gflops_per_sample"] == pytest.approx(
         scalar_values(acc, "compute/forward_gflops_per_sample")[0][1], rel=1e-5)
+
+
+def test_a_run_that_stopped_early_says_where(tmp_path):
+    info = {**BF16_CPU, "planned": "64 steps"}
+    stopped = _write_run(tmp_path / "a" / "version_0", {"time/step_ms": 5.0, "train/loss": 1.0}, info, steps=12)
+    done = _write_run(tmp_path / "b" / "version_0", {"time/step_ms": 5.0, "train/loss": 1.0},
+                      {**info, "planned": "12 steps"}, steps=12)
+    text, runs = build_report([str(stopped), str(done)], tmp_path / "r.md", None, None, plots=False)
+    assert "**Stopped early: at step 12 of 64**" in text
+    assert text.count("Stopped early") == 1  # the finished run is not flagged
+    assert "| a/version_0 (stopped at step 12 of 64) |" in text
+
+
+def test_lit_compute_fit_names_its_run_for_the_report(tmp_path, monkeypatch):
+    from lit_compute.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIT_COMPUTE_RUN_FILE", str(tmp_path / "run.txt"))
+    (tmp_path / "c.yaml").write_text(
+        "model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\ntrainer:\n  max_steps: 2\n"
+        "  enable_checkpointing: false\n  logger:\n    class_path: lightning.pytorch.loggers.TensorBoardLogger\n"
+        "    init_args:\n      save_dir: .\n      name: lightning_logs\n")
+    for version in (0, 1):
+        cli_main(["fit", "--config", str(tmp_path / "c.yaml")])
+        assert (tmp_path / "run.txt").read_text().strip() == str(tmp_path / "lightning_logs" / f"version_{version}")
