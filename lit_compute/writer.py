@@ -199,9 +199,17 @@ def run_info(trainer: pl.Trainer) -> str:
         _compat.available_cpu_cores(),
         torch.__version__,
         lightning.__version__,
-        f"{trainer.max_steps} steps" if (trainer.max_steps or -1) > 0 else f"{trainer.max_epochs} epochs",
+        _planned(trainer),
     ]
     return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
+
+
+def _planned(trainer: pl.Trainer) -> str:
+    """What the run set out to train (``64 steps``, ``2 epochs``), read back by the report's "stopped early"."""
+    steps, epochs = getattr(trainer, "max_steps", -1), getattr(trainer, "max_epochs", None)
+    if isinstance(steps, int) and steps > 0:
+        return f"{steps} steps"
+    return f"{epochs} epochs" if epochs is not None else "n/a"
 
 
 def link_loggers(trainer: pl.Trainer) -> None:
