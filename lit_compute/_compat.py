@@ -183,6 +183,13 @@ class ParallelLayout:
 _TENSOR_PARALLEL_DIMS = ("tensor_parallel", "tp")
 
 
+def device_mesh(trainer: Any) -> tuple[Any, tuple[str, ...]]:
+    """The strategy's device mesh (Lightning's ``ModelParallelStrategy`` keeps it in ``_device_mesh``) and its
+    dimension names; ``(None, ())`` for strategies without one."""
+    mesh = getattr(getattr(trainer, "strategy", None), "_device_mesh", None)
+    return mesh, tuple(getattr(mesh, "mesh_dim_names", None) or ())
+
+
 def parallel_layout(trainer: Any) -> ParallelLayout:
     """The run's :class:`ParallelLayout`, read from the strategy's device mesh (Lightning's
     ``ModelParallelStrategy`` names its dimensions ``data_parallel`` and ``tensor_parallel``); every other strategy
@@ -191,8 +198,7 @@ def parallel_layout(trainer: Any) -> ParallelLayout:
     nodes = max(1, int(getattr(trainer, "num_nodes", 1) or 1))
     devices = max(1, world // nodes)
     tensor = 1
-    mesh = getattr(trainer.strategy, "_device_mesh", None)
-    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    mesh, names = device_mesh(trainer)
     for dim in _TENSOR_PARALLEL_DIMS:
         if dim in names:
             with contextlib.suppress(Exception):

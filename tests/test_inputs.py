@@ -377,6 +377,16 @@ def test_a_broken_logger_is_one_warning_for_all_callbacks(tmp_path):
     assert not any(cb._disabled for cb in callbacks)
 
 
+def _profile_one_window_on_a_full_disk(tmp_path: Path) -> list[Path]:
+    """Train 3 steps with a profiler window at step 1 whose export meets a full disk; the files left behind."""
+    window = ProfilerWindow(start_step=1, warmup=0, active=1)
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, callbacks=[window], limit_val_batches=0)
+    with pytest.warns(UserWarning, match="No space left on device"):
+        trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
+    assert trainer.global_step == 3
+    return list((Path(trainer.log_dir) / "profiler").glob("*"))
+
+
 def test_a_failed_export_leaves_no_partial_trace(tmp_path, monkeypatch):
     def full_disk(self, path):
         Path(path + ".tmp").write_text("{partial")
@@ -384,12 +394,7 @@ def test_a_failed_export_leaves_no_partial_trace(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", full_disk)
-    window = ProfilerWindow(start_step=1, warmup=0, active=1)
-    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, callbacks=[window], limit_val_batches=0)
-    with pytest.warns(UserWarning, match="No space left on device"):
-        trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
-    assert trainer.global_step == 3
-    left = list((Path(trainer.log_dir) / "profiler").glob("*"))
+    left = _profile_one_window_on_a_full_disk(tmp_path)
     assert left == [], left
 
 
@@ -403,12 +408,7 @@ def test_an_op_table_that_cannot_be_written_leaves_no_empty_file(tmp_path, monke
         return real(self, text, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", full_disk)
-    window = ProfilerWindow(start_step=1, warmup=0, active=1)
-    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, callbacks=[window], limit_val_batches=0)
-    with pytest.warns(UserWarning, match="No space left on device"):
-        trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
-    assert trainer.global_step == 3
-    left = list((Path(trainer.log_dir) / "profiler").glob("*"))
+    left = _profile_one_window_on_a_full_disk(tmp_path)
     assert [p.name for p in left] == ["window1_steps1-1.pt.trace.json"]  # the whole trace; no partial op table
     assert json.loads(left[0].read_text())["traceEvents"]
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
+from lit_compute._compat import device_mesh
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, guarded
 from lit_compute.formatting import markdown_table
@@ -119,8 +120,7 @@ def mesh_groups(trainer: Any) -> list[tuple[str, list[list[int]]]]:
     """The strategy's device-mesh dimensions with more than one rank (``ModelParallelStrategy``'s
     ``data_parallel`` and ``tensor_parallel``), each with the rank lists of its groups; [] without a mesh or
     with a one-dimensional one (the world group measures it already). The same on every rank."""
-    mesh = getattr(trainer.strategy, "_device_mesh", None)
-    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    mesh, names = device_mesh(trainer)
     if mesh is None or len(names) < 2:
         return []
     ranks = mesh.mesh

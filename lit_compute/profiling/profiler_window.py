@@ -63,7 +63,11 @@ class ProfilerWindow(MeasuringCallback):
         - ``profiler/top_op_fraction``: share of all op self time taken by the most expensive op.
         - ``profiler/peak_memory_mb``: peak allocated memory in the window (``profile_memory=True``).
         - ``profiler/gpu_idle_fraction``: GPU only; window span minus merged kernel time, as a share.
-        - ``profiler/comm_overlap_fraction``: GPU DDP only; share of NCCL kernel time overlapped by compute kernels.
+        - ``profiler/comm_fraction``: share of the window spent in collectives (NCCL kernels on GPU; gloo's
+          collectives on CPU: DDP's all-reduce, FSDP2's all-gather and reduce-scatter, tensor parallelism's
+          all-reduce).
+        - ``profiler/comm_overlap_fraction``: share of that collective time overlapped by compute (kernels on GPU,
+          ops on other threads on CPU).
         - text ``profiler/top_ops``: top ops by self time, per window; text ``profiler/key_averages``: the op table.
 
     Args:
