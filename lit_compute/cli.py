@@ -22,6 +22,7 @@ LIGHTNING_COMMANDS = {
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
+    "tune": ("lit_compute.tuning", "the fastest configuration of your config, measured and written out (--config my.yaml --budget 15m)"),
     "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)"),
 }
 

@@ -1,0 +1,263 @@
+"""``TrialRecorder``: what one ``lit-compute tune`` trial measured, written to a JSON file the tune reads back.
+
+It rides in the trial's own ``lit-compute fit`` (the trial config lists it as a callback), so a trial is the
+user's config as ``fit`` runs it. It reads the shared timeline's step records: the first ``warmup_steps`` steps
+and every tainted step (compilation, FLOP counting, profiler export, an epoch's loader start) are left out of the
+throughput; it stops the fit once the throughput's 95% confidence interval is within ``target_ci`` (or the time
+allowance is spent), after at least ``loss_steps`` steps whose training losses the tune compares between trials.
+At ``on_train_start`` it also records what the tune's knobs need to know about the model: convolutions and norm
+layers, the loader's settings, the optimizers, the strategy and the precision.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from typing_extensions import override
+
+from lit_compute._validate import Check, validated
+from lit_compute.callback import MeasuringCallback
+from lit_compute.speedup.channels_last import has_channels_last_weights
+from lit_compute.speedup.fused_optimizer import fusable
+from lit_compute.timeline import StepRecord
+
+# two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+        15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def t95(dof: int) -> float:
+    """The 95% two-sided Student t quantile for ``dof`` degrees of freedom (the next smaller tabulated one)."""
+    if dof < 1:
+        return math.inf
+    if dof > 30:
+        return 1.96
+    return _T95[max(k for k in _T95 if k <= dof)]
+
+
+def relative_ci(rates: list[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of ``rates``, relative to the mean."""
+    if len(rates) < 2:
+        return math.inf
+    mean = statistics.fmean(rates)
+    return t95(len(rates) - 1) * statistics.stdev(rates) / math.sqrt(len(rates)) / mean if mean > 0 else math.inf
+
+
+def _loss_of(outputs: Any) -> float | None:
+    value = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach().float())
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _path(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _init_args(obj: Any) -> list[str]:
+    if obj is None:
+        return []
+    return sorted(p for p in inspect.signature(type(obj).__init__).parameters if p != "self")
+
+
+def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """What the knobs need to know about the model, its data, optimizers and strategy (JSON-friendly)."""
+    modules = list(pl_module.modules())
+    norms = sorted({type(m).__name__ for m in modules if isinstance(m, (torch.nn.modules.batchnorm._NormBase,
+                                                                         torch.nn.LayerNorm, torch.nn.GroupNorm))
+                    or type(m).__name__.endswith("Norm")})
+    datamodule = getattr(trainer, "datamodule", None)
+    loader = trainer.train_dataloader
+    loader_facts: dict[str, Any] = {}
+    if isinstance(loader, torch.utils.data.DataLoader):
+        loader_facts = {"class": _path(loader), "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+                        "persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor,
+                        "batch_size": loader.batch_size}
+    elif loader is not None:
+        loader_facts = {"class": _path(loader)}
+    return {
+        "model_class": _path(pl_module),
+        "parameters": sum(p.numel() for p in pl_module.parameters()),
+        "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in modules),
+        "channels_last": has_channels_last_weights(pl_module),
+        "norms": norms,
+        "compiled": any(getattr(m, "_compiled_call_impl", None) is not None for m in modules),
+        "datamodule_class": _path(datamodule) if datamodule is not None else None,
+        "datamodule_args": _init_args(datamodule),
+        "datamodule_mode": getattr(datamodule, "mode", None),
+        "loader": loader_facts,
+        "optimizers": [{"class": _path(o), "fusable": fusable(o) is None, "why_not": fusable(o),
+                        "fused": bool(o.param_groups and o.param_groups[0].get("fused"))} for o in trainer.optimizers],
+        "automatic_optimization": pl_module.automatic_optimization,
+        "strategy": _path(trainer.strategy),
+        "ddp": isinstance(trainer.strategy, DDPStrategy),
+        "world_size": trainer.world_size,
+        "device": trainer.strategy.root_device.type,
+        "precision": str(trainer.precision),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "num_training_batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else None,
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
+
+
+class TrialRecorder(MeasuringCallback):
+    """Measure one tune trial and write ``out`` (JSON): steady-state throughput, losses, facts, failures.
+
+    Args:
+        out: The JSON file to write (rewritten at the end, and when a non-finite loss ends the trial).
+        warmup_steps: Steps left out at the start (besides tainted ones).
+        min_steps: Timed steps needed before the trial may stop.
+        max_timed_steps: The trial stops after this many timed steps whatever the interval.
+        seconds: Wall-clock allowance after warm-up; the trial stops when it is spent.
+        target_ci: Stop once the 95% interval of the throughput is within this fraction of its mean.
+        loss_steps: Training losses of the first steps recorded for the numerics check (the trial runs at
+            least this many steps).
+    """
+
+    @validated
+    def __init__(self, out: str, warmup_steps: Annotated[int, Check(ge=0)] = 3, min_steps: Annotated[int, Check(ge=2)] = 5,
+                 max_timed_steps: Annotated[int, Check(ge=2)] = 400, seconds: Annotated[float, Check(gt=0)] = 30.0,
+                 target_ci: Annotated[float, Check(gt=0)] = 0.03, loss_steps: Annotated[int, Check(ge=0)] = 8) -> None:
+        super().__init__()
+        self.out = out
+        self.warmup_steps = warmup_steps
+        self.min_steps = min_steps
+        self.max_timed_steps = max_timed_steps
+        self.seconds = seconds
+        self.target_ci = target_ci
+        self.loss_steps = loss_steps
+        self._reset()
+
+    def _reset(self) -> None:
+        self.facts: dict[str, Any] = {}
+        self.losses: list[float] = []
+        self.steps: list[dict[str, Any]] = []  # timed steps: duration, wait, samples, tokens
+        self._real_tokens: list[Any] = []
+        self._pending_loss: float | None = None
+        self._seen = 0
+        self._timing_since: float | None = None
+        self._skipped = 0
+        self._scale: float | None = None
+        self.stop_reason = ""
+
+    # -- hooks ----------------------------------------------------------------------------------------
+    @override
+    def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.facts = model_facts(trainer, pl_module)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = _loss_of(outputs)
+        if loss is not None:
+            self._pending_loss = loss if self._pending_loss is None else self._pending_loss + loss
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
+        loss, self._pending_loss = self._pending_loss, None
+        self._count_skipped(trainer)
+        if loss is not None and len(self.losses) < self.loss_steps:
+            self.losses.append(loss)
+        self._seen += 1
+        if loss is not None and not math.isfinite(loss):
+            self._stop(trainer, f"the training loss is {loss} at step {self._seen - 1}")
+            return
+        if self._seen <= self.warmup_steps:
+            return
+        if self._timing_since is None:
+            self._timing_since = time.perf_counter()
+        if record.clean and record.samples:
+            self.steps.append({"s": record.duration_s, "wait": record.wait_s, "samples": record.samples,
+                               "batches": record.batches})
+            self._real_tokens.append(record.real_tokens if record.real_tokens is not None else record.tokens)
+        self._maybe_stop(trainer)
+
+    def _count_skipped(self, trainer: pl.Trainer) -> None:
+        """fp16: a step whose loss scale dropped skipped its update (inf/NaN gradients)."""
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is None or not hasattr(scaler, "get_scale"):
+            return
+        scale = float(scaler.get_scale())
+        if self._scale is not None and scale < self._scale:
+            self._skipped += 1
+        self._scale = scale
+
+    def _maybe_stop(self, trainer: pl.Trainer) -> None:
+        if len(self.losses) < self.loss_steps and self._seen < self.loss_steps:
+            return
+        n = len(self.steps)
+        elapsed = time.perf_counter() - (self._timing_since or time.perf_counter())
+        if n >= self.max_timed_steps:
+            self._stop(trainer, f"{n} timed steps")
+        elif n >= self.min_steps and relative_ci(self._rates()) <= self.target_ci:
+            self._stop(trainer, f"95% interval within +-{100 * self.target_ci:g}%")
+        elif elapsed >= self.seconds and n >= 2:
+            self._stop(trainer, f"time allowance of {self.seconds:g} s spent")
+
+    def _stop(self, trainer: pl.Trainer, reason: str) -> None:
+        self.stop_reason = reason
+        trainer.should_stop = True
+
+    def _rates(self) -> list[float]:
+        return [s["samples"] / s["s"] for s in self.steps if s["s"] > 0]
+
+    @override
+    def _teardown(self) -> None:
+        if self.facts or self.steps or self.losses:
+            self.write()
+
+    # -- the result -----------------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        """Everything measured so far, as the tune reads it."""
+        tokens = [int(t.item()) if isinstance(t, torch.Tensor) else t for t in self._real_tokens]
+        total_s = sum(s["s"] for s in self.steps)
+        samples = sum(s["samples"] for s in self.steps)
+        rates = self._rates()
+        result: dict[str, Any] = {
+            "facts": self.facts,
+            "losses": self.losses,
+            "timed_steps": len(self.steps),
+            "steps_seen": self._seen,
+            "samples_per_sec": samples / total_s if total_s > 0 else None,
+            "ci": relative_ci(rates) if len(rates) >= 2 else None,
+            "data_wait": sum(s["wait"] for s in self.steps) / total_s if total_s > 0 else None,
+            "samples_per_step": samples / len(self.steps) if self.steps else None,
+            "samples_per_batch": samples / max(1, sum(s["batches"] for s in self.steps)) if self.steps else None,
+            "skipped_steps": self._skipped,
+            "stop_reason": self.stop_reason,
+            "peak_memory_gb": _peak_memory_gb(),
+        }
+        if tokens and all(t is not None for t in tokens) and total_s > 0:
+            token_rates = [t / s["s"] for t, s in zip(tokens, self.steps) if s["s"] > 0]
+            result["tokens_per_sec"] = sum(tokens) / total_s
+            result["tokens_ci"] = relative_ci(token_rates) if len(token_rates) >= 2 else None
+            result["tokens_per_batch"] = sum(tokens) / max(1, sum(s["batches"] for s in self.steps))
+        return result
+
+    def write(self) -> None:
+        if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0 or int(os.environ.get("NODE_RANK", "0") or 0) != 0:
+            return
+        path = Path(self.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.result(), default=str))
+        tmp.replace(path)
+
+
+def _peak_memory_gb() -> float:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB

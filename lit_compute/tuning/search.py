@@ -1,0 +1,198 @@
+"""The tune's search: greedy one knob at a time from the baseline, with successive halving inside each knob.
+
+Pure logic: trials are run by a ``measure(spec) -> TrialResult`` callable and time is read from a
+:class:`Budget`, so the search is tested with made-up results and a driven clock.
+
+For each knob (in :data:`~lit_compute.tuning.knobs.KNOB_ORDER`) every candidate value is tried on top of the
+best configuration so far in a *short* trial; the better half of those that pass the guards and look faster
+than the incumbent are measured *long*; the best long one is accepted when it beats the incumbent by
+``min_gain``. Never a grid: ``k`` knobs with ``v`` values cost about ``k * v`` short and ``k`` long trials. At
+the end the baseline and the winner are measured side by side, alternately, so drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lit_compute.tuning.knobs import Knob
+from lit_compute.tuning.trials import TrialResult, TrialSpec
+
+
+class Budget:
+    """Seconds allowed in all, those spent before this session (from the journal) and a clock."""
+
+    def __init__(self, total_s: float, spent_before_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total_s = total_s
+        self.spent_before_s = spent_before_s
+        self._clock = clock
+        self._start = clock()
+
+    def spent(self) -> float:
+        return self.spent_before_s + self._clock() - self._start
+
+    def left(self) -> float:
+        return self.total_s - self.spent()
+
+
+@dataclass
+class Options:
+    short_s: float = 10.0  # timed seconds of a short trial
+    long_s: float = 30.0  # timed seconds of a long (and a final) trial
+    min_gain: float = 0.03  # accept a knob only when it is at least this much faster
+    loss_tolerance: float = 0.05  # first-step loss within this fraction of the baseline's
+    trajectory_tolerance: float = 0.35  # mean loss of the first steps within this fraction of the baseline's
+    max_skipped: int = 2  # fp16: skipped steps (inf/NaN gradients) allowed in the first steps
+    final_share: float = 0.25  # budget kept for the side-by-side measurement
+    final_pairs: int = 2
+
+
+@dataclass
+class Verdict:
+    """A trial and what the search made of it."""
+
+    result: TrialResult
+    knob: str
+    accepted: bool = False
+    reason: str = ""
+
+
+@dataclass
+class Outcome:
+    baseline: TrialResult
+    settings: dict[str, Any]
+    verdicts: list[Verdict] = field(default_factory=list)
+    not_tried: list[tuple[str, str]] = field(default_factory=list)
+    final_baseline: list[TrialResult] = field(default_factory=list)
+    final_tuned: list[TrialResult] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        base = [r.rate for r in self.final_baseline if r.ok and r.rate]
+        tuned = [r.rate for r in self.final_tuned if r.ok and r.rate]
+        if base and tuned:
+            return statistics.fmean(tuned) / statistics.fmean(base)
+        return None
+
+
+def numerics_problem(result: TrialResult, baseline: TrialResult, options: Options) -> str | None:
+    """Why ``result``'s numerics differ too much from the baseline's (None when they agree).
+
+    Both start from the same seed: the first step's loss comes from the same weights and the same batch, so only
+    the arithmetic differs (``loss_tolerance``); after a few updates early training is chaotic (any change of
+    summation order moves a ResNet's loss by 10-20% within 8 steps), so the mean over the first steps only has
+    to stay within ``trajectory_tolerance`` (it catches divergence); any non-finite loss, or more skipped fp16
+    steps than ``max_skipped``, rejects the trial.
+    """
+    losses = list(result.measured.get("losses") or [])
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
+    if bad:
+        return f"the training loss is {losses[bad[0]]} at step {bad[0]} (the baseline's is finite)"
+    skipped = int(result.measured.get("skipped_steps") or 0)
+    if skipped > options.max_skipped:
+        return f"it skipped {skipped} optimizer steps for inf/NaN gradients (allowed: {options.max_skipped})"
+    reference = list(baseline.measured.get("losses") or [])
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return None
+    first, theirs = losses[0], reference[0]
+    if abs(first - theirs) > options.loss_tolerance * max(abs(theirs), 1e-8):
+        return (f"its first-step loss (same weights, same seed) is {first:.4g} vs the baseline's {theirs:.4g} "
+                f"({100 * (first - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.loss_tolerance:g}%)")
+    mine, theirs = statistics.fmean(losses[:n]), statistics.fmean(reference[:n])
+    if abs(mine - theirs) > options.trajectory_tolerance * max(abs(theirs), 1e-8):
+        return (f"its mean training loss over the first {n} steps is {mine:.4g} vs the baseline's {theirs:.4g} "
+                f"({100 * (mine - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.trajectory_tolerance:g}%)")
+    return None
+
+
+def failure(result: TrialResult, baseline: TrialResult | None, options: Options) -> str | None:
+    """Why ``result`` cannot be used (a failure or the numerics), or None."""
+    if baseline is not None:
+        problem = numerics_problem(result, baseline, options)
+        if problem is not None:
+            return problem
+    if result.status != "ok":
+        return f"{result.status}: {result.reason}"
+    if not result.ok:
+        return result.reason or "no throughput measured"
+    return None
+
+
+class Search:
+    """Run the greedy search over ``knobs`` with ``measure`` inside ``budget``."""
+
+    def __init__(self, knobs: list[Knob], measure: Callable[[TrialSpec, float], TrialResult], budget: Budget,
+                 options: Options, estimate_s: Callable[[TrialSpec], float]) -> None:
+        self.knobs = knobs
+        self.measure = measure
+        self.budget = budget
+        self.options = options
+        self.estimate_s = estimate_s
+
+    def _search_left(self) -> float:
+        return self.budget.left() - self.options.final_share * self.budget.total_s
+
+    def run(self, baseline: TrialResult) -> Outcome:
+        o = self.options
+        outcome = Outcome(baseline=baseline, settings={})
+        incumbent = baseline
+        for knob in self.knobs:
+            incumbent = self._try_knob(knob, incumbent, outcome)
+        pairs = 0 if not outcome.settings else o.final_pairs
+        for i in range(pairs):
+            specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
+            if self.budget.left() < sum(self.estimate_s(s) for s in specs) and i > 0:
+                break
+            outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0])))
+            outcome.final_tuned.append(self.measure(specs[1], self.estimate_s(specs[1])))
+        return outcome
+
+    def _try_knob(self, knob: Knob, incumbent: TrialResult, outcome: Outcome) -> TrialResult:
+        o = self.options
+        assert incumbent.rate is not None
+        short: list[Verdict] = []
+        for value in knob.values:
+            spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 0, o.short_s)
+            cost = self.estimate_s(spec)
+            if self._search_left() < cost:
+                outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
+                continue
+            result = self.measure(spec, cost)
+            verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
+            if not verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain / 2):
+                verdict.reason = (f"not faster: {result.rate:,.4g} vs {incumbent.rate:,.4g} {incumbent.unit} "
+                                  f"({result.rate / incumbent.rate:.2f}x)")
+            outcome.verdicts.append(verdict)
+            short.append(verdict)
+        # values are listed in order of preference: a later one must be min_gain faster to be measured first
+        order = {repr(v): i for i, v in enumerate(knob.values)}
+        promising = sorted((v for v in short if not v.reason), key=lambda v: -(v.result.rate or 0.0) / (
+            1 + o.min_gain) ** order.get(repr(v.result.settings.get(knob.name)), 0))
+        promising = promising[: max(1, len(short) // 2)]
+        best: Verdict | None = None
+        for verdict in promising:
+            spec = TrialSpec(dict(verdict.result.settings), "long", 0, o.long_s)
+            cost = self.estimate_s(spec)
+            if self._search_left() < cost:
+                outcome.not_tried.append((f"{knob.name}={spec.settings[knob.name]} (long)", "budget spent"))
+                continue
+            result = self.measure(spec, cost)
+            long_verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
+            if not long_verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain):
+                long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {result.rate:,.4g} vs {incumbent.rate:,.4g} "
+                                       f"{incumbent.unit} ({result.rate / incumbent.rate:.3f}x)")
+            outcome.verdicts.append(long_verdict)
+            if not long_verdict.reason and (best is None or (result.rate or 0) > (best.result.rate or 0)):
+                best = long_verdict
+        if best is None:
+            return incumbent
+        best.accepted = True
+        best.reason = f"accepted: {best.result.rate / incumbent.rate:.2f}x the configuration before it"
+        outcome.settings[knob.name] = best.result.settings[knob.name]
+        return best.result

@@ -1,0 +1,315 @@
+"""``lit-compute tune`` and :func:`tune`: the fastest configuration of the user's own config, measured.
+
+``lit-compute tune --config my.yaml [--budget 15m] [--out my.tuned.yaml] [--log-dir tune_logs]`` trains the
+config unchanged (the baseline), inspects the model it built to find the knobs that apply, searches them
+greedily with successive halving inside the budget, guards every trial (crashes, out-of-memory, hangs, losses
+that drift from the baseline's), measures the winner beside the baseline, and writes the winner as a config
+``lit-compute fit`` accepts unchanged. Every trial is a TensorBoard run under ``--log-dir`` (``lit-compute report
+tune_logs`` compares them) and a line of ``tune.jsonl``: a tune stopped by Ctrl-C resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
+from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
+from lit_compute.tuning.search import Budget, Options, Outcome, Search
+from lit_compute.tuning.summary import final_line, not_applied, table, tuned_yaml
+from lit_compute.tuning.trials import Journal, TrialResult, TrialSpec, run_trial
+
+
+class TuneError(RuntimeError):
+    """The tune cannot go on (the baseline itself fails, bad arguments): the message says why and what to do."""
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found. ``speedup`` is tuned / baseline throughput measured side by side (None when no
+    knob was accepted)."""
+
+    out: Path | None
+    settings: dict[str, Any]
+    speedup: float | None
+    baseline_rate: float | None
+    tuned_rate: float | None
+    unit: str
+    table: str
+    summary: str
+    journal: Path
+    outcome: Outcome = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+def parse_budget(text: str | float | int) -> float:
+    """``15m``, ``900s``, ``1h``, ``1h30m`` or a number of seconds, as seconds (a ValueError naming --budget)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
+                             str(text))
+        if not parts or not any(parts.groups()):
+            raise ValueError(f"--budget {text!r} is not a duration; write it as 15m, 900s, 1h or 1h30m")
+        h, m, s = (float(g) if g else 0.0 for g in parts.groups())
+        seconds = 3600 * h + 60 * m + s
+    if seconds < 30:
+        raise ValueError(f"--budget {text!r} is {seconds:g} s: a tune needs at least 30 s (the baseline alone "
+                         "trains for a while); try 15m")
+    return seconds
+
+
+def measure_machine(device: str) -> Machine:
+    """bf16 support and speed, and float32/bf16 GEMM peaks (for MFU), measured once per tune."""
+    import torch
+
+    from lit_compute.data.dali_datamodule import dali_available
+    from lit_compute.flops.peaks import measure_peak_flops
+
+    machine = Machine(device=device, dali=dali_available())
+    if device == "cuda":
+        machine.bf16_supported = machine.bf16_fast = bool(torch.cuda.is_bf16_supported())
+    fp32 = measure_peak_flops(device, torch.float32, size=1024 if device == "cpu" else None, seconds=0.3)
+    peaks = {"float32": fp32}
+    try:
+        bf16 = measure_peak_flops(device, torch.bfloat16, size=1024 if device == "cpu" else None, seconds=0.3)
+        peaks["bfloat16"] = bf16
+        if device == "cpu":
+            machine.bf16_supported = True
+            machine.bf16_fast = bf16 > 1.2 * fp32
+        machine.note = f"float32 {fp32 / 1e12:.3g}, bfloat16 {bf16 / 1e12:.3g} TFLOP/s GEMM"
+    except RuntimeError as err:
+        machine.note = f"bfloat16 GEMM failed: {err}"
+    machine.extras["peaks"] = peaks
+    if machine.dali:
+        import inspect
+
+        from lit_compute.data import DALIImageDataModule
+
+        machine.extras["dali_args"] = sorted(p for p in inspect.signature(DALIImageDataModule.__init__).parameters
+                                             if p != "self")
+    return machine
+
+
+class _Tuner:
+    """One tune: the journal, the budget, the trial counter and the progress lines."""
+
+    def __init__(self, config_path: Path, budget_s: float, log_dir: Path, options: Options,
+                 recorder: dict[str, Any], fresh: bool, echo: Any) -> None:
+        self.config_path = config_path
+        self.config = load_config(config_path)
+        self.log_dir = log_dir
+        self.options = options
+        self.recorder = recorder
+        self.echo = echo
+        digest = config_hash({"config": self.config, "recorder": recorder})
+        journal = log_dir / "tune.jsonl"
+        if fresh and journal.is_file():
+            journal.rename(journal.with_name(f"tune.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
+        self.journal = Journal(journal, digest)
+        if self.journal.other_config:
+            echo(f"note: {journal} also holds trials of another config (or other trial settings); they are ignored")
+        if self.journal.results:
+            echo(f"resuming from {journal}: {len(self.journal.results)} trial(s) done, "
+                 f"{self.journal.spent_s:.0f} s of the budget spent")
+        self.budget = Budget(budget_s, self.journal.spent_s)
+        self.knobs: list[Knob] = []
+        self.index = 0
+        self.startup_s = 60.0
+        self.step_s = 1.0
+
+    def estimate(self, spec: TrialSpec) -> float:
+        """Seconds a trial takes: the baseline's start-up (process, data, model) plus warm-up and the allowance."""
+        warmup = (self.recorder["warmup_steps"] + 2) * self.step_s
+        return self.startup_s + warmup + spec.seconds
+
+    def measure(self, spec: TrialSpec, estimate: float) -> TrialResult:
+        index, self.index = self.index, self.index + 1
+        cached = self.journal.results.get(spec.key)
+        if cached is not None:
+            self._progress(cached, cached=True)
+            return cached
+        slow_start = 240.0 if "compile" in spec.settings else 0.0  # compilation happens in the first steps
+        timeout = max(60.0, 2 * estimate + 30 + slow_start)
+        timeout = min(timeout, max(30.0, self.budget.left() + 0.05 * self.budget.total_s))
+        config = apply_settings(self.config, self.knobs, spec.settings)
+        result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
+        self.journal.add(result)
+        self._progress(result)
+        return result
+
+    def _progress(self, result: TrialResult, cached: bool = False) -> None:
+        what = ", ".join(f"{k}={v}" for k, v in result.settings.items()) or "baseline"
+        figure = (f"{result.rate:,.4g} {result.unit}" + (f" +-{100 * result.ci:.1f}%" if result.ci else "")
+                  if result.rate else f"{result.status}: {result.reason}")
+        tail = " (from the journal)" if cached else f" [{result.wall_s:.0f} s]"
+        self.echo(f"  {result.slug.split('_', 1)[0]} {result.rung:<5} {what}: {figure}{tail}")
+
+    def baseline(self) -> TrialResult:
+        spec = TrialSpec({}, "long", 0, self.options.long_s)
+        result = self.measure(spec, self.estimate(spec))
+        if not result.ok:
+            raise TuneError(f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
+                            f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "
+                            f"{self.config_path}` must train before it can be tuned")
+        facts = result.measured.get("facts", {})
+        timed = result.measured.get("timed_steps") or 0
+        per_step = (result.measured.get("samples_per_step") or 0) / (result.measured.get("samples_per_sec") or 1)
+        self.step_s = per_step or 1.0
+        self.startup_s = max(5.0, result.wall_s - timed * self.step_s - self.recorder["warmup_steps"] * self.step_s)
+        if not facts:
+            raise TuneError("the baseline trial recorded nothing about the model (did training start?)")
+        return result
+
+    def machine(self, device: str) -> Machine:
+        """Measured once per journal (a resumed tune reuses it, so it finds the same knobs)."""
+        path = self.log_dir / "machine.json"
+        if path.is_file() and self.journal.results:
+            data = json.loads(path.read_text())
+            if data.get("config_hash") == self.journal.config_hash:
+                data.pop("config_hash")
+                return Machine(**data)
+        start = time.monotonic()
+        machine = measure_machine(device)
+        self.journal.add_overhead("machine", time.monotonic() - start)
+        path.write_text(json.dumps({"config_hash": self.journal.config_hash, **dataclasses.asdict(machine)}))
+        return machine
+
+
+def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None = None,
+         log_dir: str | Path = "tune_logs", knobs: list[str] | None = None, skip: list[str] | None = None,
+         min_gain: float = 0.03, loss_tolerance: float = 0.05, trajectory_tolerance: float = 0.35, loss_steps: int = 8, warmup_steps: int = 3,
+         short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 2, fresh: bool = False,
+         echo: Any = None) -> TuneResult:
+    """Tune ``config`` (a ``lit-compute fit`` YAML) within ``budget`` and write the fastest configuration to ``out``.
+
+    Args:
+        config: The YAML you train with.
+        budget: Wall-clock time for the whole tune (``"15m"``, ``"900s"``, seconds); kept within 10%.
+        out: The tuned YAML (default: ``<config>.tuned.yaml`` beside the config).
+        log_dir: Trial configs, logs, TensorBoard runs and the journal ``tune.jsonl``.
+        knobs: Only these knobs (names of :data:`~lit_compute.tuning.knobs.KNOB_ORDER`); default: all that apply.
+        skip: Knobs left out.
+        min_gain: A knob is kept only when it is at least this much faster (0.03 = 3%).
+        loss_tolerance: A trial whose first-step loss (same weights, same batch) differs from the baseline's by
+            more than this fraction is rejected.
+        trajectory_tolerance: A trial whose mean loss over the first ``loss_steps`` steps differs from the
+            baseline's by more than this fraction is rejected (early training is chaotic: this catches divergence).
+        loss_steps: Steps whose losses are compared (from the same seed).
+        warmup_steps: Steps left out of every throughput.
+        short_seconds: Timed seconds of a short trial (default: 1.5% of the budget, 2-20 s).
+        long_seconds: Timed seconds of a long trial (default: 4% of the budget, 4-45 s).
+        side_by_side: Pairs of final trials (baseline, tuned, alternating) the speed-up is measured from.
+        fresh: Start anew (the old journal is kept under a dated name) instead of resuming.
+        echo: Where progress lines go (default: standard output).
+
+    Returns:
+        A :class:`TuneResult` (the speed-up, the settings, the table, the summary line).
+
+    Raises:
+        TuneError: the baseline itself fails, or an argument is wrong (the message names it).
+    """
+    echo = echo or (lambda line: (sys.stdout.write(line + "\n"), sys.stdout.flush()))
+    try:
+        budget_s = parse_budget(budget)
+    except ValueError as err:
+        raise TuneError(str(err)) from None
+    for name, value in (("knobs", knobs), ("skip", skip)):
+        unknown = sorted(set(value or []) - set(KNOB_ORDER))
+        if unknown:
+            raise TuneError(f"--{name} {','.join(unknown)}: no such knob; choose from {', '.join(KNOB_ORDER)}")
+    if not 0 <= min_gain < 1:
+        raise TuneError(f"--min-gain {min_gain} must be in [0, 1) (0.03 keeps knobs at least 3% faster)")
+    for name, value in (("loss-tolerance", loss_tolerance), ("trajectory-tolerance", trajectory_tolerance)):
+        if not 0 < value < 10:
+            raise TuneError(f"--{name} {value} must be a fraction in (0, 10), such as 0.05")
+    config_path = Path(config)
+    out_path = Path(out) if out else config_path.with_name(config_path.stem + ".tuned.yaml")
+    options = Options(short_s=short_seconds or min(20.0, max(2.0, 0.015 * budget_s)),
+                      long_s=long_seconds or min(45.0, max(4.0, 0.04 * budget_s)),
+                      min_gain=min_gain, loss_tolerance=loss_tolerance, trajectory_tolerance=trajectory_tolerance, final_pairs=max(1, side_by_side))
+    recorder = {"warmup_steps": warmup_steps, "loss_steps": loss_steps}
+    try:
+        tuner = _Tuner(config_path, budget_s, Path(log_dir), options, recorder, fresh, echo)
+    except ConfigError as err:
+        raise TuneError(str(err)) from None
+    echo(f"lit-compute tune: {config_path}, budget {budget_s:.0f} s, trials in {log_dir}/")
+    baseline = tuner.baseline()
+    facts = baseline.measured["facts"]
+    machine = tuner.machine(str(facts.get("device", "cpu")))
+    tuner.knobs, skipped = find_knobs(facts, machine, only=knobs, skip=skip)
+    echo(f"knobs to try: {', '.join(k.name for k in tuner.knobs) or 'none'}; not applicable: "
+         f"{', '.join(s.name for s in skipped) or 'none'}")
+    search = Search(tuner.knobs, tuner.measure, tuner.budget, options, tuner.estimate)
+    outcome = search.run(baseline)
+    peaks = machine.extras.get("peaks", {})
+    summary = final_line(outcome)
+    text = table(outcome, tuner.knobs, peaks)
+    lines = not_applied(skipped, outcome)
+    out_written: Path | None = None
+    if outcome.settings:
+        out_path.write_text(tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary))
+        out_written = out_path
+    echo("")
+    echo(text)
+    if lines:
+        echo("\nNot applied:\n" + "\n".join(lines))
+    echo(f"\nJournal: {tuner.journal.path}; TensorBoard runs: {Path(log_dir) / 'runs'} "
+         f"(lit-compute report {Path(log_dir) / 'runs'} --out tune_report.md); budget {budget_s:.0f} s, "
+         f"spent {tuner.budget.spent():.0f} s")
+    if out_written:
+        echo(f"Tuned config: {out_written} (lit-compute fit --config {out_written})")
+    echo(summary)
+    tuned_rates = [r.rate for r in outcome.final_tuned if r.ok and r.rate]
+    base_rates = [r.rate for r in outcome.final_baseline if r.ok and r.rate]
+    return TuneResult(out=out_written, settings=dict(outcome.settings), speedup=outcome.speedup,
+                      baseline_rate=sum(base_rates) / len(base_rates) if base_rates else baseline.rate,
+                      tuned_rate=sum(tuned_rates) / len(tuned_rates) if tuned_rates else None,
+                      unit=baseline.unit, table=text, summary=summary, journal=tuner.journal.path, outcome=outcome)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the YAML you train with (lit-compute fit --config FILE)")
+    parser.add_argument("--budget", default="15m", help="wall-clock time for the whole tune: 15m, 900s, 1h (default 15m)")
+    parser.add_argument("--out", default=None, help="the tuned YAML (default: CONFIG.tuned.yaml beside the config)")
+    parser.add_argument("--log-dir", default="tune_logs", help="trials, TensorBoard runs, the journal (default tune_logs)")
+    parser.add_argument("--knobs", default=None, help=f"only these knobs, comma-separated ({', '.join(KNOB_ORDER)})")
+    parser.add_argument("--skip", default=None, help="knobs left out, comma-separated")
+    parser.add_argument("--min-gain", type=float, default=0.03, help="keep a knob only when at least this much faster")
+    parser.add_argument("--loss-tolerance", type=float, default=0.05,
+                        help="reject a trial whose first-step loss differs more from the baseline's (0.05 = 5%%)")
+    parser.add_argument("--trajectory-tolerance", type=float, default=0.35,
+                        help="reject a trial whose mean loss over the first --loss-steps differs more (divergence)")
+    parser.add_argument("--loss-steps", type=int, default=8, help="steps whose losses are compared")
+    parser.add_argument("--short-seconds", type=float, default=None, help="timed seconds of a short trial")
+    parser.add_argument("--long-seconds", type=float, default=None, help="timed seconds of a long trial")
+    parser.add_argument("--side-by-side", type=int, default=2,
+                        help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from")
+    parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
+    args = parser.parse_args(argv)
+
+    def split(text: str | None) -> list[str] | None:
+        return [s.strip() for s in text.split(",") if s.strip()] if text else None
+
+    try:
+        tune(args.config, args.budget, args.out, args.log_dir, knobs=split(args.knobs), skip=split(args.skip),
+             min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
+             trajectory_tolerance=args.trajectory_tolerance, loss_steps=args.loss_steps,
+             short_seconds=args.short_seconds, long_seconds=args.long_seconds, side_by_side=args.side_by_side,
+             fresh=args.fresh)
+    except TuneError as err:
+        sys.stderr.write(f"lit-compute tune: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nlit-compute tune: interrupted; finished trials are kept in {Path(args.log_dir) / 'tune.jsonl'}: "
+                         "run the same command again to resume\n")
+        return 130
+    return 0

@@ -1,0 +1,247 @@
+"""The tune's pure logic without a process: knobs found from facts, the greedy search with successive halving on a
+driven clock, the numerics guard, the journal, the YAML with comments, the final line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from lit_compute.tuning.config_yaml import dump_yaml, load_config, paths_differing
+from lit_compute.tuning.knobs import Machine, apply_settings, find_knobs
+from lit_compute.tuning.search import Budget, Options, Search, numerics_problem
+from lit_compute.tuning.summary import final_line, table, tuned_yaml
+from lit_compute.tuning.trials import Journal, TrialResult, TrialSpec, trial_config
+from lit_compute.tuning.tune import TuneError, parse_budget, tune
+
+RESNET_FACTS = {
+    "model_class": "lit_compute.models.image_classifier.ImageClassifier", "conv2d": True, "channels_last": False,
+    "norms": ["BatchNorm2d"], "compiled": False,
+    "datamodule_class": "lit_compute.data.torchvision_datamodule.TorchvisionImageDataModule",
+    "datamodule_args": ["batch_size", "image_size", "num_workers", "persistent_workers", "pin_memory"],
+    "datamodule_mode": None, "loader": {"class": "torch.utils.data.DataLoader", "num_workers": 0, "batch_size": 32},
+    "optimizers": [{"class": "torch.optim.adamw.AdamW", "fusable": True, "why_not": None, "fused": False}],
+    "automatic_optimization": True, "strategy": "lightning.pytorch.strategies.SingleDeviceStrategy", "ddp": False,
+    "world_size": 1, "device": "cpu", "precision": "32-true", "accumulate_grad_batches": 1,
+    "num_training_batches": 31, "cpu_count": 2,
+}
+CPU_BF16 = Machine(device="cpu", bf16_fast=True, bf16_supported=True, dali=False)
+
+
+def _config() -> dict:
+    return {"seed_everything": 0,
+            "trainer": {"max_epochs": 2, "precision": "32-true",
+                        "callbacks": [{"class_path": "lit_compute.StepTimeMonitor"},
+                                      {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}]},
+            "model": {"class_path": "lit_compute.models.ImageClassifier", "init_args": {"arch": "resnet50"}},
+            "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
+                     "init_args": {"batch_size": 32, "num_workers": 0}}}
+
+
+def test_knobs_are_found_by_inspecting_the_model_and_the_rest_say_why_not():
+    knobs, skipped = find_knobs(RESNET_FACTS, CPU_BF16)
+    assert [k.name for k in knobs] == ["precision", "channels_last", "loader", "fused_optimizer", "micro_batch",
+                                       "compile"]
+    reasons = {s.name: s.reason for s in skipped}
+    assert "not installed" in reasons["dali"]
+    assert "not a TokenDataModule" in reasons["packing"]
+    assert reasons["ddp_buckets"] == "one process: no gradient all-reduce to tune"
+    # a CPU without fast bf16: precision is listed with the measured reason
+    _, skipped = find_knobs(RESNET_FACTS, Machine(device="cpu", note="float32 0.4, bfloat16 0.2 TFLOP/s GEMM"))
+    assert "no faster than float32 (float32 0.4, bfloat16 0.2" in {s.name: s.reason for s in skipped}["precision"]
+    # a module that brings its own loaders (no datamodule): no loader knob, and it says why
+    own = {**RESNET_FACTS, "datamodule_class": None, "datamodule_args": [], "conv2d": False}
+    knobs, skipped = find_knobs(own, CPU_BF16, skip=["compile"])
+    assert [k.name for k in knobs] == ["precision", "fused_optimizer"]
+    assert "builds its own DataLoader" in {s.name: s.reason for s in skipped}["loader"]
+    assert {s.name: s.reason for s in skipped}["compile"] == "left out by --skip"
+
+
+def test_each_knob_edits_the_config_as_lit_compute_fit_reads_it():
+    knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
+    config = _config()
+    tuned = apply_settings(config, knobs, {"precision": "bf16-mixed", "channels_last": True, "loader": 2,
+                                           "fused_optimizer": True, "micro_batch": 16})
+    assert config == _config(), "the user's config is not touched"
+    trainer = tuned["trainer"]
+    assert "precision" not in trainer  # moved into the plugin that keeps BatchNorm in float32
+    assert trainer["plugins"] == [{"class_path": "lit_compute.FP32BatchNormPrecision",
+                                   "init_args": {"precision": "bf16-mixed"}}]
+    paths = [cb["class_path"] for cb in trainer["callbacks"]]
+    assert paths[-2:] == ["lit_compute.speedup.ChannelsLast", "lit_compute.speedup.FusedOptimizer"]
+    assert tuned["data"]["init_args"] == {"batch_size": 16, "num_workers": 2, "persistent_workers": True}
+    assert trainer["accumulate_grad_batches"] == 2  # the global batch stays 32
+    # bf16-true goes through the half-precision plugin
+    true = apply_settings(config, knobs, {"precision": "bf16-true"})
+    assert true["trainer"]["plugins"][0]["class_path"] == "lit_compute.FP32BatchNormHalfPrecision"
+
+
+def test_trial_config_measures_the_users_config_without_checkpoints_or_validation(tmp_path):
+    c = trial_config(_config(), tmp_path / "t.json", tmp_path, "t00_long_baseline",
+                     TrialSpec({}, "long", 0, 7.0), {"warmup_steps": 3, "loss_steps": 8})
+    trainer = c["trainer"]
+    assert trainer["logger"]["init_args"] == {"save_dir": str(tmp_path), "name": "runs", "version": "t00_long_baseline"}
+    assert trainer["limit_val_batches"] == 0 and trainer["enable_checkpointing"] is False
+    names = [cb["class_path"] for cb in trainer["callbacks"]]
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" not in names
+    assert names[-2:] == ["lit_compute.FlopsLogger", "lit_compute.tuning.TrialRecorder"]
+    assert trainer["callbacks"][-1]["init_args"] == {"out": str(tmp_path / "t.json"), "seconds": 7.0,
+                                                     "warmup_steps": 3, "loss_steps": 8}
+
+
+def _result(settings: dict, rung: str, rate: float | None, losses=(2.3, 2.2, 2.1), status="ok", repeat=0,
+            reason="", wall=10.0) -> TrialResult:
+    spec = TrialSpec(settings, rung, repeat)
+    return TrialResult(key=spec.key, slug=spec.slug(0), settings=settings, rung=rung, repeat=repeat, status=status,
+                       reason=reason, wall_s=wall, rate=rate, ci=0.02,
+                       measured={"losses": list(losses), "samples_per_batch": 32.0, "samples_per_sec": rate,
+                                 "facts": RESNET_FACTS})
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
+    """precision: bf16-mixed 1.8x (accepted), bf16-true NaN; channels_last +25%; loader OOM; fused +2% (below
+    min_gain); micro_batch times out; compile crashes. The search never stops on a failure, measures the winner
+    beside the baseline, and stays inside the budget on a driven clock."""
+    knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
+    clock = FakeClock()
+    rates = {"precision": {"bf16-mixed": 1.8, "bf16-true": None}, "channels_last": {True: 1.25},
+             "loader": {2: "oom"}, "fused_optimizer": {True: 1.02}, "micro_batch": {16: "timeout"},
+             "compile": {True: "crashed"}}
+    calls = []
+
+    def measure(spec: TrialSpec, estimate: float) -> TrialResult:
+        clock.t += 10.0
+        calls.append((spec.rung, dict(spec.settings)))
+        rate = 20.0
+        for name, value in spec.settings.items():
+            effect = rates[name][value]
+            if effect is None:
+                return _result(spec.settings, spec.rung, 30.0, losses=(2.3, float("nan")), repeat=spec.repeat)
+            if isinstance(effect, str):
+                return _result(spec.settings, spec.rung, None, status=effect, reason="boom", repeat=spec.repeat)
+            rate *= effect
+        return _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
+
+    budget = Budget(1000.0, clock=clock)
+    search = Search(knobs, measure, budget, Options(short_s=5, long_s=10), lambda spec: 10.0)
+    outcome = search.run(_result({}, "long", 20.0))
+    assert outcome.settings == {"precision": "bf16-mixed", "channels_last": True}
+    verdicts = {(v.knob, v.result.rung, repr(v.result.settings.get(v.knob))): v for v in outcome.verdicts}
+    assert "training loss is nan at step 1" in verdicts[("precision", "short", "'bf16-true'")].reason
+    assert verdicts[("precision", "long", "'bf16-mixed'")].accepted
+    assert verdicts[("loader", "short", "2")].reason == "oom: boom"
+    assert verdicts[("micro_batch", "short", "16")].reason == "timeout: boom"
+    assert verdicts[("compile", "short", "True")].reason == "crashed: boom"
+    assert "below 3%" in verdicts[("fused_optimizer", "long", "True")].reason
+    # never a grid: one short trial per value, a long one only for the promising
+    assert sum(1 for rung, _ in calls if rung == "short") == 7
+    assert sum(1 for rung, _ in calls if rung == "long") == 3
+    # side by side: baseline and winner alternate
+    assert [s for rung, s in calls if rung == "final"] == [{}, outcome.settings] * 2
+    assert outcome.speedup == pytest.approx(1.8 * 1.25)
+    assert budget.spent() <= 1000.0
+
+
+def test_the_budget_stops_the_search_and_leaves_room_for_the_side_by_side():
+    knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
+    clock = FakeClock()
+
+    def measure(spec: TrialSpec, estimate: float) -> TrialResult:
+        clock.t += 30.0
+        return _result(spec.settings, spec.rung, 20.0 * (1.5 if "precision" in spec.settings else 1.0),
+                       repeat=spec.repeat)
+
+    budget = Budget(200.0, spent_before_s=20.0, clock=clock)
+    outcome = Search(knobs, measure, budget, Options(final_share=0.3), lambda spec: 30.0).run(_result({}, "long", 20.0))
+    assert outcome.settings == {"precision": "bf16-mixed"}
+    assert any(why.startswith("budget spent") for _, why in outcome.not_tried)
+    assert budget.spent() <= 200.0 * 1.1
+
+
+def test_numerics_guard_first_step_and_trajectory():
+    o = Options(loss_tolerance=0.05, trajectory_tolerance=0.35)
+    base = _result({}, "long", 10.0, losses=(2.30, 8.0, 5.0, 3.0))
+    assert numerics_problem(_result({"p": 1}, "short", 10.0, losses=(2.31, 7.0, 6.0, 3.5)), base, o) is None
+    first = numerics_problem(_result({"p": 1}, "short", 10.0, losses=(2.9, 8.0, 5.0, 3.0)), base, o)
+    assert first.startswith("its first-step loss (same weights, same seed) is 2.9 vs the baseline's 2.3")
+    diverged = numerics_problem(_result({"p": 1}, "short", 10.0, losses=(2.3, 30.0, 40.0, 50.0)), base, o)
+    assert "mean training loss over the first 4 steps" in diverged
+    inf = numerics_problem(_result({"p": 1}, "short", 10.0, losses=(2.3, float("inf"))), base, o)
+    assert inf == "the training loss is inf at step 1 (the baseline's is finite)"
+
+
+def test_journal_keeps_finished_trials_and_ignores_other_configs_and_cut_lines(tmp_path):
+    path = tmp_path / "tune.jsonl"
+    journal = Journal(path, "abc")
+    journal.add(_result({}, "long", 20.0, wall=12.5))
+    journal.add(_result({"precision": "bf16-mixed"}, "short", 30.0, wall=7.5))
+    Journal(path, "other").add(_result({}, "long", 99.0))
+    with open(path, "a") as f:
+        f.write('{"config_hash": "abc", "kind": "trial", "result": {"ke')  # killed mid-write
+    again = Journal(path, "abc")
+    assert again.spent_s == pytest.approx(20.0) and again.other_config
+    assert again.results[TrialSpec({}, "long").key].rate == 20.0
+    assert len([json.loads(line) for line in path.read_text().splitlines()[:3]]) == 3
+
+
+def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_path):
+    knobs, skipped = find_knobs(RESNET_FACTS, CPU_BF16)
+    clock = FakeClock()
+
+    def measure(spec, estimate):
+        clock.t += 1
+        rate = 20.0 * (1.6 if "precision" in spec.settings else 1) * (1.2 if "channels_last" in spec.settings else 1)
+        return _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
+
+    outcome = Search(knobs[:2], measure, Budget(1000, clock=clock), Options(), lambda s: 1.0).run(
+        _result({}, "long", 20.0))
+    text = tuned_yaml(_config(), knobs, outcome, "my.yaml", skipped, final_line(outcome))
+    assert yaml.safe_load(text) == apply_settings(_config(), knobs, outcome.settings)
+    lines = text.splitlines()
+    plugin = next(line for line in lines if line.strip().startswith("plugins:"))  # trainer.precision moved here
+    assert "# tune: precision bf16-mixed with BatchNorm2d in float32: 1.60x the configuration before it" in plugin
+    cl = next(line for line in lines if "ChannelsLast" in line)
+    assert "# tune: channels-last convolution weights (ChannelsLast): 1.20x" in cl
+    assert lines[0] == "# Tuned by `lit-compute tune --config my.yaml` on " + lines[0].split(" on ")[1]
+    assert "#   dali: NVIDIA DALI is not installed" in text
+    summary = final_line(outcome)
+    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (2 run(s) each, alternating): "
+                              "baseline 20, tuned 38.4 samples/s per device, 1 device(s).")
+    # 31 batches x 32 samples: 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h
+    assert "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)" in summary
+    assert "| t00 | baseline (your config) | long |" in table(outcome, knobs, {"float32": 1e12})
+
+
+def test_dump_yaml_keeps_every_value_and_only_comments_what_changed():
+    config = load_config("configs/quickstart.yaml")
+    changed = apply_settings(config, find_knobs(RESNET_FACTS, CPU_BF16)[0], {"loader": 1})
+    paths = paths_differing(config, changed)
+    assert paths == [("data", "init_args", "num_workers"), ("data", "init_args", "persistent_workers")]
+    text = dump_yaml(changed, {p: "tune: x" for p in paths})
+    assert yaml.safe_load(text) == changed
+    assert [line.strip() for line in text.splitlines() if "# tune" in line] == [
+        "num_workers: 1  # tune: x", "persistent_workers: true  # tune: x"]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("15m", 900), ("900s", 900), ("1h30m", 5400), (120, 120), ("90", 90)])
+def test_budget_parses(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+def test_bad_arguments_are_one_clear_error_before_any_trial(tmp_path):
+    with pytest.raises(TuneError, match=r"--budget 'fifteen' is not a duration; write it as 15m"):
+        tune("configs/quickstart.yaml", budget="fifteen", log_dir=tmp_path)
+    with pytest.raises(TuneError, match=r"--knobs precison: no such knob; choose from precision, channels_last"):
+        tune("configs/quickstart.yaml", knobs=["precison"], log_dir=tmp_path)
+    with pytest.raises(TuneError, match=r"--config 'nope.yaml': no such file"):
+        tune("nope.yaml", log_dir=tmp_path)
+    assert not list(tmp_path.iterdir())

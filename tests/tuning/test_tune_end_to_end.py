@@ -1,0 +1,100 @@
+"""``lit-compute tune`` end to end in its own processes, on a tiny model built to meet every guard: a knob that
+doubles the throughput (micro-batches), one that makes the loss NaN (channels-last), one that runs out of memory
+(a fused optimizer); interrupted by SIGINT after the baseline and resumed from the journal; the tuned YAML
+trains with ``lit-compute fit``. And a trial that hangs is stopped at its timeout with its process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_compute.tuning.trials import TrialSpec, run_trial
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {
+    "seed_everything": 0,
+    "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 3, "log_every_n_steps": 2,
+                "enable_checkpointing": False, "logger": False},
+    "model": {"class_path": "tests.tuning.tune_models.SleepyRegression"},
+    "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 16}},
+}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _journal(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that_trains(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    out, logs = tmp_path / "tiny.tuned.yaml", tmp_path / "tune_logs"
+    command = [sys.executable, "-m", "lit_compute.cli", "tune", "--config", str(config), "--budget", "4m",
+               "--out", str(out), "--log-dir", str(logs), "--knobs", "channels_last,fused_optimizer,micro_batch",
+               "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1"]
+    first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _journal(logs / "tune.jsonl") and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _journal(logs / "tune.jsonl"), "the baseline trial never finished"
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 130, err[-2000:]
+    assert "interrupted; finished trials are kept in" in err and "run the same command again to resume" in err
+
+    second = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    text = second.stdout
+    assert "resuming from" in text and "t00 long  baseline:" in text and "(from the journal)" in text
+    entries = [e["result"] for e in _journal(logs / "tune.jsonl") if e["kind"] == "trial"]
+    assert sum(1 for e in entries if e["settings"] == {} and e["rung"] == "long") == 1  # the baseline ran once
+    by_knob = {tuple(sorted(e["settings"])): e for e in entries if e["rung"] == "short"}
+    nan = by_knob[("channels_last",)]["measured"]["losses"][0]
+    assert nan != nan  # noqa: PLR0124 - NaN
+    assert by_knob[("fused_optimizer",)]["status"] == "oom"
+    # the table says what happened to each
+    assert "rejected: the training loss is nan at step 0 (the baseline's is finite)" in text
+    assert "rejected: oom: out of memory" in text
+    assert "micro-batch 8 x 2 accumulated (same global batch 16)" in text
+    assert "Tuned: " in text and "x samples/s measured side by side (1 run(s) each, alternating)" in text
+
+    tuned = yaml.safe_load(out.read_text())
+    assert tuned["data"]["init_args"]["batch_size"] == 8 and tuned["trainer"]["accumulate_grad_batches"] == 2
+    assert "speedup" not in str(tuned["trainer"].get("callbacks", []))  # the rejected knobs are not in it
+    assert "# tune: micro-batch 8 x 2 accumulated (same global batch 16): " in out.read_text()
+    # every trial is a TensorBoard run
+    runs = sorted(p.name for p in (logs / "runs").iterdir())
+    assert any(name.startswith("t00_long_baseline") for name in runs), runs
+    acc = EventAccumulator(str(logs / "runs" / next(n for n in runs if n.startswith("t00"))))
+    acc.Reload()
+    assert "compute/flops_per_sample" in acc.Tags()["scalars"]
+
+    # the tuned file is a config lit-compute fit accepts unchanged
+    fit = subprocess.run([sys.executable, "-m", "lit_compute.cli", "fit", "--config", str(out)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+
+
+def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.NeverStarts"}}
+    result = run_trial(config, TrialSpec({}, "short", 0, 1.0), 0, tmp_path, timeout=8.0,
+                       recorder={"warmup_steps": 1, "loss_steps": 2})
+    assert result.status == "timeout" and result.reason == "no result after 8 s (stopped)"
+    assert result.wall_s < 60
+    assert (tmp_path / "trials" / "t00_short_baseline.yaml").is_file()
