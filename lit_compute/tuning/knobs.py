@@ -201,7 +201,7 @@ def _workers(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         return NotApplicable("loader", f"{short(loader.get('class', '?'))} is not a torch DataLoader")
     if loader["num_workers"] > 0:
         return NotApplicable("loader", f"already {loader['num_workers']} worker(s)")
-    workers = max(1, round(0.75 * int(facts.get("cpu_count") or 1)))
+    workers = max(1, int(0.75 * int(facts.get("cpu_count") or 1)))
     fixed: dict[str, Any] = {"num_workers": None}
     if "persistent_workers" in args:
         fixed["persistent_workers"] = True

@@ -127,7 +127,7 @@ def failure(result: TrialResult, baseline: TrialResult | None, options: Options)
 class Search:
     """Run the greedy search over ``knobs`` with ``measure`` inside ``budget``."""
 
-    def __init__(self, knobs: list[Knob], measure: Callable[[TrialSpec, float], TrialResult], budget: Budget,
+    def __init__(self, knobs: list[Knob], measure: Callable[[TrialSpec, float, float], TrialResult], budget: Budget,
                  options: Options, estimate_s: Callable[[TrialSpec], float]) -> None:
         self.knobs = knobs
         self.measure = measure
@@ -135,8 +135,13 @@ class Search:
         self.options = options
         self.estimate_s = estimate_s
 
+    def _reserve(self) -> float:
+        """Seconds kept for the side-by-side: a share of the budget, at least one pair of final trials."""
+        final = TrialSpec({}, "final", 0, self.options.long_s)
+        return max(self.options.final_share * self.budget.total_s, 2 * self.estimate_s(final))
+
     def _search_left(self) -> float:
-        return self.budget.left() - self.options.final_share * self.budget.total_s
+        return self.budget.left() - self._reserve()
 
     def run(self, baseline: TrialResult) -> Outcome:
         o = self.options
@@ -149,8 +154,10 @@ class Search:
             specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
             if self.budget.left() < sum(self.estimate_s(s) for s in specs) and i > 0:
                 break
-            outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0])))
-            outcome.final_tuned.append(self.measure(specs[1], self.estimate_s(specs[1])))
+            limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
+            outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0]), limit / 2))
+            limit = self.budget.left() + 0.05 * self.budget.total_s
+            outcome.final_tuned.append(self.measure(specs[1], self.estimate_s(specs[1]), limit))
         return outcome
 
     def _try_knob(self, knob: Knob, incumbent: TrialResult, outcome: Outcome) -> TrialResult:
@@ -163,7 +170,7 @@ class Search:
             if self._search_left() < cost:
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
                 continue
-            result = self.measure(spec, cost)
+            result = self.measure(spec, cost, self._search_left())
             verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
             if not verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain / 2):
                 verdict.reason = (f"not faster: {result.rate:,.4g} vs {incumbent.rate:,.4g} {incumbent.unit} "
@@ -182,7 +189,7 @@ class Search:
             if self._search_left() < cost:
                 outcome.not_tried.append((f"{knob.name}={spec.settings[knob.name]} (long)", "budget spent"))
                 continue
-            result = self.measure(spec, cost)
+            result = self.measure(spec, cost, self._search_left())
             long_verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
             if not long_verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain):
                 long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {result.rate:,.4g} vs {incumbent.rate:,.4g} "

@@ -125,19 +125,19 @@ class _Tuner:
         self.step_s = 1.0
 
     def estimate(self, spec: TrialSpec) -> float:
-        """Seconds a trial takes: the baseline's start-up (process, data, model) plus warm-up and the allowance."""
-        warmup = (self.recorder["warmup_steps"] + 2) * self.step_s
-        return self.startup_s + warmup + spec.seconds
+        """Seconds a trial takes: the baseline's start-up (process, data, model) plus warm-up and the allowance
+        (and two minutes of compilation for a compiled trial)."""
+        warmup = (max(self.recorder["warmup_steps"], self.recorder["loss_steps"]) + 2) * self.step_s
+        return self.startup_s + warmup + spec.seconds + (120.0 if "compile" in spec.settings else 0.0)
 
-    def measure(self, spec: TrialSpec, estimate: float) -> TrialResult:
+    def measure(self, spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
         index, self.index = self.index, self.index + 1
         cached = self.journal.results.get(spec.key)
         if cached is not None:
             self._progress(cached, cached=True)
             return cached
-        slow_start = 240.0 if "compile" in spec.settings else 0.0  # compilation happens in the first steps
-        timeout = max(60.0, 2 * estimate + 30 + slow_start)
-        timeout = min(timeout, max(30.0, self.budget.left() + 0.05 * self.budget.total_s))
+        # a hang is a trial past twice its estimate; never past what the search (or the budget) has left
+        timeout = max(10.0, min(max(60.0, 2 * estimate + 30), limit))
         config = apply_settings(self.config, self.knobs, spec.settings)
         result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
         self.journal.add(result)
@@ -153,7 +153,7 @@ class _Tuner:
 
     def baseline(self) -> TrialResult:
         spec = TrialSpec({}, "long", 0, self.options.long_s)
-        result = self.measure(spec, self.estimate(spec))
+        result = self.measure(spec, self.estimate(spec), max(120.0, 0.5 * self.budget.total_s))
         if not result.ok:
             raise TuneError(f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
                             f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "

@@ -114,11 +114,11 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
     clock = FakeClock()
     rates = {"precision": {"bf16-mixed": 1.8, "bf16-true": None}, "channels_last": {True: 1.25},
-             "loader": {2: "oom"}, "fused_optimizer": {True: 1.02}, "micro_batch": {16: "timeout"},
+             "loader": {1: "oom"}, "fused_optimizer": {True: 1.02}, "micro_batch": {16: "timeout"},
              "compile": {True: "crashed"}}
     calls = []
 
-    def measure(spec: TrialSpec, estimate: float) -> TrialResult:
+    def measure(spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
         clock.t += 10.0
         calls.append((spec.rung, dict(spec.settings)))
         rate = 20.0
@@ -138,7 +138,7 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     verdicts = {(v.knob, v.result.rung, repr(v.result.settings.get(v.knob))): v for v in outcome.verdicts}
     assert "training loss is nan at step 1" in verdicts[("precision", "short", "'bf16-true'")].reason
     assert verdicts[("precision", "long", "'bf16-mixed'")].accepted
-    assert verdicts[("loader", "short", "2")].reason == "oom: boom"
+    assert verdicts[("loader", "short", "1")].reason == "oom: boom"
     assert verdicts[("micro_batch", "short", "16")].reason == "timeout: boom"
     assert verdicts[("compile", "short", "True")].reason == "crashed: boom"
     assert "below 3%" in verdicts[("fused_optimizer", "long", "True")].reason
@@ -155,7 +155,7 @@ def test_the_budget_stops_the_search_and_leaves_room_for_the_side_by_side():
     knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
     clock = FakeClock()
 
-    def measure(spec: TrialSpec, estimate: float) -> TrialResult:
+    def measure(spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
         clock.t += 30.0
         return _result(spec.settings, spec.rung, 20.0 * (1.5 if "precision" in spec.settings else 1.0),
                        repeat=spec.repeat)
@@ -197,7 +197,7 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
     knobs, skipped = find_knobs(RESNET_FACTS, CPU_BF16)
     clock = FakeClock()
 
-    def measure(spec, estimate):
+    def measure(spec, estimate, limit):
         clock.t += 1
         rate = 20.0 * (1.6 if "precision" in spec.settings else 1) * (1.2 if "channels_last" in spec.settings else 1)
         return _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
