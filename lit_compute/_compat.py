@@ -9,10 +9,16 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+
+def default_cache_dir() -> Path:
+    """``$LIT_COMPUTE_CACHE`` or ``~/.cache/lit_compute``: datasets, token corpora, image checks, measured peaks."""
+    return Path(os.environ.get("LIT_COMPUTE_CACHE", Path.home() / ".cache" / "lit_compute")).expanduser()
 
 
 def available_cpu_cores() -> int:

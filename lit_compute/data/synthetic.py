@@ -19,14 +19,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from lit_compute._compat import default_cache_dir
+
 _FORMAT_VERSION = 1
 _MANIFEST = "manifest.json"
 _SHAPES = ("circle", "square", "triangle", "ring", "cross")
-
-
-def default_cache_dir() -> Path:
-    """``$LIT_COMPUTE_CACHE`` or ``~/.cache/lit_compute``."""
-    return Path(os.environ.get("LIT_COMPUTE_CACHE", Path.home() / ".cache" / "lit_compute")).expanduser()
 
 
 def synthetic_folder_path(

@@ -23,7 +23,7 @@ from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
 from lit_compute.flops.model_state import ModelState
-from lit_compute.flops.peaks import measure_peak_flops, peak_flops, precision_dtype
+from lit_compute.flops.peaks import cached_peak_flops, peak_flops, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_scalars, log_text, save_hparam
@@ -152,8 +152,10 @@ class FlopsLogger(MeasuringCallback):
         log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
         peak: ``"table"``: the dense peak of the device and dtype from :data:`~lit_compute.flops.PEAK_TABLE`
             (float32 on CUDA: TF32 for the convolutions and matmuls whose TF32 switch is on, weighted by their
-            counted FLOPs); ``"measure"``: time a large GEMM in the training dtype on the device at set-up (how
-            MFU works on CPUs and GPUs missing from the table); ``"none"``: no MFU.
+            counted FLOPs); ``"measure"``: the dense GEMM peak of this machine in the training dtype, timed once
+            and cached with the conditions it was measured under (``$LIT_COMPUTE_CACHE/peaks.json``, keyed by device,
+            dtype, threads and torch version: how MFU works on CPUs and GPUs missing from the table, comparable
+            between runs); ``"remeasure"``: time it again and replace the cached value; ``"none"``: no MFU.
         peak_flops: Per-device peak FLOP/s; overrides ``peak``.
         module_depth: Depth of the per-module table.
         count_validation: Also count and log validation and test FLOPs.
@@ -172,7 +174,7 @@ class FlopsLogger(MeasuringCallback):
     def __init__(
         self,
         log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
-        peak: Literal["table", "measure", "none"] = "table",
+        peak: Literal["table", "measure", "remeasure", "none"] = "table",
         peak_flops: Annotated[float | None, Check(gt=0, hint="FLOP/s per device")] = None,
         module_depth: Annotated[int, Check(ge=1)] = 2,
         count_validation: bool = True,
@@ -189,6 +191,7 @@ class FlopsLogger(MeasuringCallback):
         self.predict_shapes = predict_shapes
         self.book = CountBook(predict_shapes=predict_shapes, max_failures=_MAX_FAILED_COUNTS)
         self.peak_used: float | None = None
+        self.peak_info = ""
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
         self._peak_refined = False
         self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
@@ -251,10 +254,12 @@ class FlopsLogger(MeasuringCallback):
         if self.peak == "none":
             return None
         device, dtype = trainer.strategy.root_device, precision_dtype(trainer.precision)
-        if self.peak == "measure":
-            measured = measure_peak_flops(device, dtype)
-            rank_zero_info(f"FlopsLogger: measured peak {flops_rate(measured / 1e12)} ({dtype}, {device})")
-            return measured
+        if self.peak in ("measure", "remeasure"):
+            measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure")
+            self.peak_info = measured.describe()
+            rank_zero_info(f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), "
+                           f"{self.peak_info}" + (" (peak='remeasure' measures again)" if measured.cached else ""))
+            return measured.flops
         value = peak_flops(device, dtype)
         if value is None:
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} device"

@@ -7,10 +7,17 @@ here. FLOP/s, not TFLOP/s.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
 import time
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
+
+from lit_compute._compat import default_cache_dir
 
 T = 1e12
 
@@ -211,3 +218,65 @@ def measure_peak_flops(
         best = min(best, time.perf_counter() - t0)
         runs += 1
     return flops / best
+
+
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """A measured dense GEMM peak and the conditions it was measured under (what makes MFU comparable)."""
+
+    flops: float
+    device: str
+    dtype: str
+    threads: int
+    torch_version: str
+    measured_at: str
+    load_average: float | None
+    cached: bool = False
+
+    def describe(self) -> str:
+        load = f", load average {self.load_average:.2f}" if self.load_average is not None else ""
+        how = "cached from" if self.cached else "measured"
+        return f"{how} {self.measured_at} on {self.device}, {self.threads} threads{load}, torch {self.torch_version}"
+
+
+def _peak_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = "unknown CPU"
+        with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    return name, f"{device.type}|{name}|{str(dtype).removeprefix('torch.')}|threads={threads}|torch={torch.__version__}"
+
+
+def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                      remeasure: bool = False) -> MeasuredPeak:
+    """This machine's measured dense GEMM peak in ``dtype``, measured once and cached in
+    ``$LIT_COMPUTE_CACHE/peaks.json`` with the conditions it was measured under (device, threads, torch version,
+    load average, time), so MFU is against the same peak in every run; ``remeasure=True`` measures again and
+    replaces the cached value. The cache is keyed by device name, dtype, torch threads and torch version."""
+    dev = torch.device(device)
+    name, key = _peak_key(dev, dtype)
+    path = default_cache_dir() / "peaks.json"
+    entries: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        entries = json.loads(path.read_text())
+    entry = entries.get(key) if isinstance(entries, dict) else None
+    if not remeasure and isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)):
+        fields = {k: entry.get(k) for k in MeasuredPeak.__dataclass_fields__ if k != "cached"}
+        with contextlib.suppress(TypeError):
+            return MeasuredPeak(**fields, cached=True)
+    flops = measure_peak_flops(dev, dtype)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    peak = MeasuredPeak(flops=flops, device=name, dtype=str(dtype).removeprefix("torch."),
+                        threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
+                        measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load)
+    with contextlib.suppress(OSError):  # a read-only cache: the value is still used for this run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = {**(entries if isinstance(entries, dict) else {}), key: asdict(peak)}
+        entries[key].pop("cached", None)
+        tmp = path.with_name(f"peaks.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    return peak

@@ -37,6 +37,7 @@ class CompileModules(Callback):
         mode: ``torch.compile``'s mode.
         dynamic: ``torch.compile``'s ``dynamic`` (None: torch decides after a shape changes).
         fullgraph: Refuse graph breaks.
+        backend: ``torch.compile``'s backend (``"inductor"``; ``"eager"`` traces without generating code).
 
     Example:
         >>> import lightning.pytorch as pl
@@ -44,12 +45,13 @@ class CompileModules(Callback):
     """
 
     def __init__(self, mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
-                 dynamic: bool | None = None, fullgraph: bool = False) -> None:
+                 dynamic: bool | None = None, fullgraph: bool = False, backend: str = "inductor") -> None:
         if mode not in ("default", "reduce-overhead", "max-autotune"):
             raise ValueError(f"CompileModules(mode={mode!r}) must be 'default', 'reduce-overhead' or 'max-autotune'")
         self.mode = mode
         self.dynamic = dynamic
         self.fullgraph = fullgraph
+        self.backend = backend
         self.compiled: list[str] = []
 
     @override
@@ -57,5 +59,8 @@ class CompileModules(Callback):
         if self.compiled:  # a second fit on the same trainer: already compiled
             return
         for target in compile_targets(pl_module):
-            target.compile(mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
+            if self.backend == "inductor":
+                target.compile(mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
+            else:  # torch.compile takes a mode only with inductor
+                target.compile(backend=self.backend, dynamic=self.dynamic, fullgraph=self.fullgraph)
             self.compiled.append(type(target).__name__)

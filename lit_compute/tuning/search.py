@@ -49,7 +49,7 @@ class Options:
     trajectory_tolerance: float = 0.35  # mean loss of the first steps within this fraction of the baseline's
     max_skipped: int = 2  # fp16: skipped steps (inf/NaN gradients) allowed in the first steps
     final_share: float = 0.25  # budget kept for the side-by-side measurement
-    final_pairs: int = 2
+    final_pairs: int = 3
 
 
 @dataclass

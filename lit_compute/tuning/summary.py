@@ -10,7 +10,7 @@ from typing import Any
 
 from lit_compute.formatting import markdown_table
 from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing
-from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings, describe
+from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
 from lit_compute.tuning.search import Outcome, Verdict
 from lit_compute.tuning.trials import TrialResult
 
@@ -26,16 +26,23 @@ def _rate(result: TrialResult) -> str:
     return f"{result.rate:,.4g}{ci}"
 
 
-def mfu(result: TrialResult, peaks: Mapping[str, float], precision: str) -> float | None:
+def mfu(result: TrialResult, peaks: Mapping[str, float], precision: str,
+        flops_by_shape: Mapping[Any, float] | None = None) -> float | None:
     """Model FLOPs utilisation: counted FLOPs per sample x samples/s over the measured peak in the trial's
-    dtype (None without a FLOP count or a peak)."""
-    flops = result.measured.get("flops_per_sample")
+    dtype (None without a FLOP count or a peak). A trial too short for FlopsLogger's first logging step takes the
+    count of another trial with the same batch shapes (``flops_by_shape``)."""
+    flops = result.measured.get("flops_per_sample") or (flops_by_shape or {}).get(_shape_key(result))
     samples = result.measured.get("samples_per_sec")
     dtype = "bfloat16" if precision.startswith("bf16") else "float16" if precision.startswith("16") else "float32"
     peak = peaks.get(dtype)
     if not flops or not samples or not peak:
         return None
     return flops * samples / peak
+
+
+def _shape_key(result: TrialResult) -> Any:
+    """The knobs that change what one sample is (packed rows, DALI's crops); the rest keep FLOPs per sample."""
+    return tuple((k, result.settings.get(k)) for k in ("packing", "dali"))
 
 
 def trial_precision(result: TrialResult, baseline: TrialResult) -> str:
@@ -49,24 +56,29 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
     unit = base.unit
     by_knob = {k.name: k for k in knobs}
     rows: list[list[Any]] = []
+    trials = [base, *(v.result for v in outcome.verdicts), *outcome.final_baseline, *outcome.final_tuned]
+    flops_by_shape = {_shape_key(r): r.measured["flops_per_sample"] for r in trials if r.measured.get("flops_per_sample")}
 
-    def row(result: TrialResult, verdict: str) -> None:
+    def row(result: TrialResult, verdict: str, knob: str | None) -> None:
         ratio = f"{result.rate / base.rate:.2f}x" if result.rate and base.rate else "n/a"
-        changed = [k for k in result.settings if k in by_knob]
-        name = describe([by_knob[k] for k in changed], result.settings)
-        notes = [by_knob[k].changes_results for k in changed if by_knob[k].changes_results]
-        if notes and result.settings and verdict.startswith("accepted"):
-            verdict += f" (changes results by design: {notes[-1]})"
+        if knob is None:  # the baseline and the side-by-side rows name the whole configuration
+            name = "baseline (your config)" if not result.settings else "tuned: " + ", ".join(
+                f"{k}={v}" for k, v in result.settings.items())
+        else:  # a search row names the knob it adds to the configuration accepted so far
+            name = "+ " + by_knob[knob].describe(result.settings[knob])
+            if verdict.startswith("accepted") and by_knob[knob].changes_results:
+                verdict += f" (changes results by design: {by_knob[knob].changes_results})"
         memory = result.measured.get("peak_memory_gb")
         rows.append([result.slug.split("_", 1)[0], name, result.rung, _rate(result),
-                     _pct(mfu(result, peaks, trial_precision(result, base))), _pct(result.measured.get("data_wait")),
+                     _pct(mfu(result, peaks, trial_precision(result, base), flops_by_shape)), _pct(result.measured.get("data_wait")),
                      f"{memory:.2f} GB" if memory else "n/a", ratio, verdict])
 
-    row(base, "baseline")
+    row(base, "baseline", None)
     for verdict in outcome.verdicts:
-        row(verdict.result, _verdict_text(verdict))
-    for result in outcome.final_baseline + outcome.final_tuned:
-        row(result, "side by side: " + ("baseline" if not result.settings else "tuned"))
+        row(verdict.result, _verdict_text(verdict), verdict.knob)
+    for base_run, tuned_run in zip(outcome.final_baseline, outcome.final_tuned):
+        row(base_run, "side by side: baseline", None)
+        row(tuned_run, "side by side: tuned", None)
     header = ["trial", "configuration", "rung", f"{unit} per device (95% CI)", "MFU", "data wait", "peak memory",
               "vs baseline", "verdict"]
     return markdown_table(header, rows)
@@ -111,9 +123,8 @@ def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, sour
               "Changed lines end in a `# tune:` comment saying what each bought (throughput ratio to the configuration",
               "before it). Knobs left as they were:"]
     header += [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
-    rejected = [v for v in outcome.verdicts if not v.accepted and v.reason and v.result.rung == "long"
-                or (not v.accepted and v.reason and v.result.rung == "short")]
-    header += ["Tried and rejected:"] + ([f"  {v.knob}={v.result.settings.get(v.knob)}: {v.reason}"
+    rejected = [v for v in outcome.verdicts if not v.accepted and v.reason]
+    header += ["Tried and rejected:"] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
                                           for v in rejected] or ["  (none)"])
     return dump_yaml(tuned, comments, header=header)
 

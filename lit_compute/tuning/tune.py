@@ -185,7 +185,7 @@ class _Tuner:
 def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None = None,
          log_dir: str | Path = "tune_logs", knobs: list[str] | None = None, skip: list[str] | None = None,
          min_gain: float = 0.03, loss_tolerance: float = 0.05, trajectory_tolerance: float = 0.35, loss_steps: int = 8, warmup_steps: int = 3,
-         short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 2, fresh: bool = False,
+         short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 3, fresh: bool = False,
          echo: Any = None) -> TuneResult:
     """Tune ``config`` (a ``lit-compute fit`` YAML) within ``budget`` and write the fastest configuration to ``out``.
 
@@ -291,7 +291,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--loss-steps", type=int, default=8, help="steps whose losses are compared")
     parser.add_argument("--short-seconds", type=float, default=None, help="timed seconds of a short trial")
     parser.add_argument("--long-seconds", type=float, default=None, help="timed seconds of a long trial")
-    parser.add_argument("--side-by-side", type=int, default=2,
+    parser.add_argument("--side-by-side", type=int, default=3,
                         help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from")
     parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
     args = parser.parse_args(argv)

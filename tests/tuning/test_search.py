@@ -146,7 +146,7 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     assert sum(1 for rung, _ in calls if rung == "short") == 7
     assert sum(1 for rung, _ in calls if rung == "long") == 3
     # side by side: baseline and winner alternate
-    assert [s for rung, s in calls if rung == "final"] == [{}, outcome.settings] * 2
+    assert [s for rung, s in calls if rung == "final"] == [{}, outcome.settings] * 3
     assert outcome.speedup == pytest.approx(1.8 * 1.25)
     assert budget.spent() <= 1000.0
 
@@ -214,7 +214,7 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
     assert lines[0] == "# Tuned by `lit-compute tune --config my.yaml` on " + lines[0].split(" on ")[1]
     assert "#   dali: NVIDIA DALI is not installed" in text
     summary = final_line(outcome)
-    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (2 run(s) each, alternating): "
+    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating): "
                               "baseline 20, tuned 38.4 samples/s per device, 1 device(s).")
     # 31 batches x 32 samples: 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h
     assert "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)" in summary
