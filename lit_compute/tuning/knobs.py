@@ -37,6 +37,9 @@ class Knob:
     describe: Callable[[Any], str]
     #: why a value changes the results by design ('' when it should not)
     changes_results: str = ""
+    #: False when the knob feeds different batches (other crops, packed rows): the first-step loss then differs
+    #: by design and only the trajectory is compared
+    same_batches: bool = True
 
 
 @dataclass
@@ -187,7 +190,7 @@ def _dali(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     dali_args = list(machine.extras.get("dali_args") or [])
     return Knob("dali", [True], _dali_edit(_data_class(facts), dali_args),
                 lambda v: "DALIImageDataModule (decode and augment in DALI) instead of torchvision",
-                changes_results="DALI's resize and crop differ from torchvision's: different pixels")
+                changes_results="DALI's resize and crop differ from torchvision's: different pixels", same_batches=False)
 
 
 def _workers(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -221,7 +224,7 @@ def _packing(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         return NotApplicable("packing", f"documents are {facts.get('datamodule_mode')} already")
     return Knob("packing", ["packed"], _data_edit(_data_class(facts), mode=None),
                 lambda v: "documents packed into full rows instead of padded",
-                changes_results="packed rows hold more real tokens per step: different batches")
+                changes_results="packed rows hold more real tokens per step: different batches", same_batches=False)
 
 
 def _fused(facts: Facts, machine: Machine) -> Knob | NotApplicable:

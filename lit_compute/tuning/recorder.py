@@ -211,8 +211,14 @@ class TrialRecorder(MeasuringCallback):
         self.stop_reason = reason
         trainer.should_stop = True
 
+    def _full(self) -> list[int]:
+        """Indices of the timed steps with full batches: an epoch's remainder batch is left out, so trials that
+        stop at different points (before or after an epoch's end) compare like with like."""
+        most = max((s["samples"] for s in self.steps), default=0)
+        return [i for i, s in enumerate(self.steps) if s["samples"] == most and s["s"] > 0]
+
     def _rates(self) -> list[float]:
-        return [s["samples"] / s["s"] for s in self.steps if s["s"] > 0]
+        return [self.steps[i]["samples"] / self.steps[i]["s"] for i in self._full()]
 
     @override
     def _teardown(self) -> None:
@@ -222,29 +228,32 @@ class TrialRecorder(MeasuringCallback):
     # -- the result -----------------------------------------------------------------------------------
     def result(self) -> dict[str, Any]:
         """Everything measured so far, as the tune reads it."""
-        tokens = [int(t.item()) if isinstance(t, torch.Tensor) else t for t in self._real_tokens]
-        total_s = sum(s["s"] for s in self.steps)
-        samples = sum(s["samples"] for s in self.steps)
+        full = self._full()
+        steps = [self.steps[i] for i in full]
+        tokens = [int(t.item()) if isinstance(t, torch.Tensor) else t for t in (self._real_tokens[i] for i in full)]
+        total_s = sum(s["s"] for s in steps)
+        samples = sum(s["samples"] for s in steps)
         rates = self._rates()
         result: dict[str, Any] = {
             "facts": self.facts,
             "losses": self.losses,
-            "timed_steps": len(self.steps),
+            "timed_steps": len(steps),
+            "remainder_steps": len(self.steps) - len(steps),
             "steps_seen": self._seen,
             "samples_per_sec": samples / total_s if total_s > 0 else None,
             "ci": relative_ci(rates) if len(rates) >= 2 else None,
-            "data_wait": sum(s["wait"] for s in self.steps) / total_s if total_s > 0 else None,
-            "samples_per_step": samples / len(self.steps) if self.steps else None,
-            "samples_per_batch": samples / max(1, sum(s["batches"] for s in self.steps)) if self.steps else None,
+            "data_wait": sum(s["wait"] for s in steps) / total_s if total_s > 0 else None,
+            "samples_per_step": samples / len(steps) if steps else None,
+            "samples_per_batch": samples / max(1, sum(s["batches"] for s in steps)) if steps else None,
             "skipped_steps": self._skipped,
             "stop_reason": self.stop_reason,
             "peak_memory_gb": _peak_memory_gb(),
         }
         if tokens and all(t is not None for t in tokens) and total_s > 0:
-            token_rates = [t / s["s"] for t, s in zip(tokens, self.steps) if s["s"] > 0]
+            token_rates = [t / s["s"] for t, s in zip(tokens, steps) if s["s"] > 0]
             result["tokens_per_sec"] = sum(tokens) / total_s
             result["tokens_ci"] = relative_ci(token_rates) if len(token_rates) >= 2 else None
-            result["tokens_per_batch"] = sum(tokens) / max(1, sum(s["batches"] for s in self.steps))
+            result["tokens_per_batch"] = sum(tokens) / max(1, sum(s["batches"] for s in steps))
         return result
 
     def write(self) -> None:

@@ -80,14 +80,16 @@ class Outcome:
         return None
 
 
-def numerics_problem(result: TrialResult, baseline: TrialResult, options: Options) -> str | None:
+def numerics_problem(result: TrialResult, baseline: TrialResult, options: Options,
+                     same_batches: bool = True) -> str | None:
     """Why ``result``'s numerics differ too much from the baseline's (None when they agree).
 
     Both start from the same seed: the first step's loss comes from the same weights and the same batch, so only
     the arithmetic differs (``loss_tolerance``); after a few updates early training is chaotic (any change of
     summation order moves a ResNet's loss by 10-20% within 8 steps), so the mean over the first steps only has
     to stay within ``trajectory_tolerance`` (it catches divergence); any non-finite loss, or more skipped fp16
-    steps than ``max_skipped``, rejects the trial.
+    steps than ``max_skipped``, rejects the trial. Under a knob that feeds different batches by design
+    (``same_batches=False``: other crops, packed rows) the first step is not compared.
     """
     losses = list(result.measured.get("losses") or [])
     bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
@@ -101,7 +103,7 @@ def numerics_problem(result: TrialResult, baseline: TrialResult, options: Option
     if n == 0:
         return None
     first, theirs = losses[0], reference[0]
-    if abs(first - theirs) > options.loss_tolerance * max(abs(theirs), 1e-8):
+    if same_batches and abs(first - theirs) > options.loss_tolerance * max(abs(theirs), 1e-8):
         return (f"its first-step loss (same weights, same seed) is {first:.4g} vs the baseline's {theirs:.4g} "
                 f"({100 * (first - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.loss_tolerance:g}%)")
     mine, theirs = statistics.fmean(losses[:n]), statistics.fmean(reference[:n])
@@ -111,10 +113,11 @@ def numerics_problem(result: TrialResult, baseline: TrialResult, options: Option
     return None
 
 
-def failure(result: TrialResult, baseline: TrialResult | None, options: Options) -> str | None:
+def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
+            same_batches: bool = True) -> str | None:
     """Why ``result`` cannot be used (a failure or the numerics), or None."""
     if baseline is not None:
-        problem = numerics_problem(result, baseline, options)
+        problem = numerics_problem(result, baseline, options, same_batches)
         if problem is not None:
             return problem
     if result.status != "ok":
@@ -160,6 +163,9 @@ class Search:
             outcome.final_tuned.append(self.measure(specs[1], self.estimate_s(specs[1]), limit))
         return outcome
 
+    def _same_batches(self, settings: dict[str, Any]) -> bool:
+        return all(k.same_batches for k in self.knobs if k.name in settings)
+
     def _try_knob(self, knob: Knob, incumbent: TrialResult, outcome: Outcome) -> TrialResult:
         o = self.options
         assert incumbent.rate is not None
@@ -171,7 +177,8 @@ class Search:
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
                 continue
             result = self.measure(spec, cost, self._search_left())
-            verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
+            verdict = Verdict(result, knob.name,
+                              reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
             if not verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain / 2):
                 verdict.reason = (f"not faster: {result.rate:,.4g} vs {incumbent.rate:,.4g} {incumbent.unit} "
                                   f"({result.rate / incumbent.rate:.2f}x)")
@@ -190,7 +197,8 @@ class Search:
                 outcome.not_tried.append((f"{knob.name}={spec.settings[knob.name]} (long)", "budget spent"))
                 continue
             result = self.measure(spec, cost, self._search_left())
-            long_verdict = Verdict(result, knob.name, reason=failure(result, outcome.baseline, o) or "")
+            long_verdict = Verdict(result, knob.name,
+                                   reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
             if not long_verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain):
                 long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {result.rate:,.4g} vs {incumbent.rate:,.4g} "
                                        f"{incumbent.unit} ({result.rate / incumbent.rate:.3f}x)")

@@ -245,3 +245,31 @@ def test_bad_arguments_are_one_clear_error_before_any_trial(tmp_path):
     with pytest.raises(TuneError, match=r"--config 'nope.yaml': no such file"):
         tune("nope.yaml", log_dir=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_recorder_leaves_an_epochs_remainder_batch_out_and_reports_the_interval(tmp_path):
+    from lit_compute.tuning.recorder import TrialRecorder, relative_ci
+
+    recorder = TrialRecorder(out=str(tmp_path / "r.json"))
+    recorder.steps = [{"s": 1.0, "wait": 0.1, "samples": 32, "batches": 1}, {"s": 1.0, "wait": 0.0, "samples": 32,
+                      "batches": 1}, {"s": 0.5, "wait": 0.0, "samples": 8, "batches": 1},  # the remainder
+                      {"s": 0.8, "wait": 0.0, "samples": 32, "batches": 1}]
+    recorder._real_tokens = [None] * 4
+    result = recorder.result()
+    assert result["timed_steps"] == 3 and result["remainder_steps"] == 1
+    assert result["samples_per_sec"] == pytest.approx(96 / 2.8)
+    assert result["data_wait"] == pytest.approx(0.1 / 2.8)
+    assert result["ci"] == pytest.approx(relative_ci([32.0, 32.0, 40.0]))
+    recorder.write()
+    assert json.loads((tmp_path / "r.json").read_text())["timed_steps"] == 3
+
+
+def test_a_knob_that_feeds_other_batches_is_not_held_to_the_first_step_loss():
+    o = Options()
+    base = _result({}, "long", 10.0, losses=(2.62, 3.0, 2.8))
+    dali = _result({"dali": True}, "short", 12.0, losses=(2.30, 2.9, 2.7))  # other crops: another first batch
+    assert numerics_problem(dali, base, o, same_batches=False) is None
+    assert "first-step loss" in numerics_problem(dali, base, o, same_batches=True)
+    knobs, _ = find_knobs({**RESNET_FACTS}, Machine(device="cpu", dali=True, extras={"dali_args": ["batch_size"]}))
+    assert not next(k for k in knobs if k.name == "dali").same_batches
+    assert next(k for k in knobs if k.name == "micro_batch").same_batches
