@@ -42,8 +42,10 @@ def advice(run: Run) -> list[str]:
             fix = ("switch on mixed precision: Trainer(plugins=[FP32BatchNormPrecision('bf16-mixed')]) (or '16-mixed' "
                    "on GPUs without bf16)")
         else:
-            fix = ("raise the batch size until memory is nearly full, use torch.compile, use channels_last for "
-                   "convolutions, and check the data wait and padding above")
+            layout = "" if run.tokens else ", channels-last weights for the convolutions"
+            fix = (f"raise the batch size until memory is nearly full{layout}, and check the data wait and padding "
+                   "above; `lit-compute tune --config <your config>` measures which knobs help this model on this "
+                   "machine (torch.compile among them: on CPUs it is often slower)")
         lines.append(f"Low MFU: compute/mfu is {percent(mfu)} in {precision or 'this precision'} (below {low:.0%}): {fix}.")
     padding = run.mean("compute/padding_fraction")
     if padding is not None and padding > PADDING:

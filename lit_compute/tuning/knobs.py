@@ -40,6 +40,8 @@ class Knob:
     #: False when the knob feeds different batches (other crops, packed rows): the first-step loss then differs
     #: by design and only the trajectory is compared
     same_batches: bool = True
+    #: knobs that, once accepted, make this one meaningless: name -> why
+    excluded_by: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,7 +216,8 @@ def _workers(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         fixed["prefetch_factor"] = 4
     extra = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
     return Knob("loader", [workers], _data_edit(_data_class(facts), **fixed),
-                lambda v: f"DataLoader num_workers={v}" + (f", {extra}" if extra else ""))
+                lambda v: f"DataLoader num_workers={v}" + (f", {extra}" if extra else ""),
+                excluded_by={"dali": "DALIImageDataModule decodes in DALI's own threads: no DataLoader workers"})
 
 
 def _packing(facts: Facts, machine: Machine) -> Knob | NotApplicable:

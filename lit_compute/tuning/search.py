@@ -170,6 +170,10 @@ class Search:
         o = self.options
         assert incumbent.rate is not None
         short: list[Verdict] = []
+        for name, why in knob.excluded_by.items():
+            if name in outcome.settings:
+                outcome.not_tried.append((knob.name, f"not applicable once {name} is on: {why}"))
+                return incumbent
         for value in knob.values:
             spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 0, o.short_s)
             cost = self.estimate_s(spec)

@@ -70,15 +70,16 @@ def measure_machine(device: str) -> Machine:
     import torch
 
     from lit_compute.data.dali_datamodule import dali_available
-    from lit_compute.flops.peaks import measure_peak_flops
+    from lit_compute.flops.peaks import cached_peak_flops
 
     machine = Machine(device=device, dali=dali_available())
     if device == "cuda":
         machine.bf16_supported = machine.bf16_fast = bool(torch.cuda.is_bf16_supported())
-    fp32 = measure_peak_flops(device, torch.float32, size=1024 if device == "cpu" else None, seconds=0.3)
+    # the same cached peaks FlopsLogger(peak="measure") uses: the table's MFU matches TensorBoard's compute/mfu
+    fp32 = cached_peak_flops(device, torch.float32).flops
     peaks = {"float32": fp32}
     try:
-        bf16 = measure_peak_flops(device, torch.bfloat16, size=1024 if device == "cpu" else None, seconds=0.3)
+        bf16 = cached_peak_flops(device, torch.bfloat16).flops
         peaks["bfloat16"] = bf16
         if device == "cpu":
             machine.bf16_supported = True

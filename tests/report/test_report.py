@@ -408,3 +408,30 @@ def test_lit_compute_fit_names_its_run_for_the_report(tmp_path, monkeypatch):
     for version in (0, 1):
         cli_main(["fit", "--config", str(tmp_path / "c.yaml")])
         assert (tmp_path / "run.txt").read_text().strip() == str(tmp_path / "lightning_logs" / f"version_{version}")
+
+
+def test_low_mfu_advice_names_channels_last_only_for_image_runs_and_points_to_tune():
+    from lit_compute.report.advice import advice
+
+    class FakeRun:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def info(self, key):
+            return {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecision"}.get(key)
+
+        def total(self, tag):
+            return 0.05 if tag == "compute/mfu" else None
+
+        def mean(self, tag):
+            return None
+
+        def last(self, tag):
+            return None
+
+        mean_step_ms = None
+
+    gpt = " ".join(advice(FakeRun(tokens=True)))
+    image = " ".join(advice(FakeRun(tokens=False)))
+    assert "Low MFU" in gpt and "channels-last" not in gpt and "lit-compute tune --config" in gpt
+    assert "channels-last weights for the convolutions" in image

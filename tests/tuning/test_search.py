@@ -273,3 +273,17 @@ def test_a_knob_that_feeds_other_batches_is_not_held_to_the_first_step_loss():
     knobs, _ = find_knobs({**RESNET_FACTS}, Machine(device="cpu", dali=True, extras={"dali_args": ["batch_size"]}))
     assert not next(k for k in knobs if k.name == "dali").same_batches
     assert next(k for k in knobs if k.name == "micro_batch").same_batches
+    # once DALI is accepted, the loader's workers do not apply (DALIImageDataModule takes no num_workers)
+    loader = next(k for k in knobs if k.name == "loader")
+    clock = FakeClock()
+
+    def measure(spec, estimate, limit):
+        clock.t += 1
+        return _result(spec.settings, spec.rung, 30.0 if "dali" in spec.settings else 10.0, repeat=spec.repeat)
+
+    dali = next(k for k in knobs if k.name == "dali")
+    outcome = Search([dali, loader], measure, Budget(1000, clock=clock), Options(), lambda s: 1.0).run(base)
+    assert outcome.settings == {"dali": True}
+    assert ("loader", "not applicable once dali is on: DALIImageDataModule decodes in DALI's own threads: no "
+                      "DataLoader workers") in outcome.not_tried
+    assert not any("loader" in r.settings for r in outcome.final_tuned)
