@@ -242,6 +242,7 @@ class TrialRecorder(MeasuringCallback):
             "steps_seen": self._seen,
             "samples_per_sec": samples / total_s if total_s > 0 else None,
             "ci": relative_ci(rates) if len(rates) >= 2 else None,
+            "step_rates": [round(r, 6) for r in rates],
             "data_wait": sum(s["wait"] for s in steps) / total_s if total_s > 0 else None,
             "samples_per_step": samples / len(steps) if steps else None,
             "samples_per_batch": samples / max(1, sum(s["batches"] for s in steps)) if steps else None,
@@ -254,6 +255,7 @@ class TrialRecorder(MeasuringCallback):
             result["tokens_per_sec"] = sum(tokens) / total_s
             result["tokens_ci"] = relative_ci(token_rates) if len(token_rates) >= 2 else None
             result["tokens_per_batch"] = sum(tokens) / max(1, sum(s["batches"] for s in steps))
+            result["step_rates"] = [round(r, 3) for r in token_rates]
         return result
 
     def write(self) -> None:

@@ -19,8 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_compute.formatting import human
 from lit_compute.tuning.knobs import Knob
 from lit_compute.tuning.trials import TrialResult, TrialSpec
+
+
+def rate_text(value: float | None) -> str:
+    """A throughput as people read it: ``8,925``, ``36.7``, ``0.4512`` (never scientific notation)."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1000 else human(value, 4)
 
 
 class Budget:
@@ -113,6 +121,17 @@ def numerics_problem(result: TrialResult, baseline: TrialResult, options: Option
     return None
 
 
+def reference_rate(incumbent: TrialResult, result: TrialResult) -> float:
+    """The incumbent's throughput over as many timed steps as ``result`` timed (a short trial is compared with
+    the incumbent's first steps, not with its whole long run: early steps run at their own speed)."""
+    assert incumbent.rate is not None
+    mine, theirs = result.measured.get("step_rates") or [], incumbent.measured.get("step_rates") or []
+    n = len(mine)
+    if not n or len(theirs) <= n:
+        return incumbent.rate
+    return incumbent.rate * statistics.fmean(theirs[:n]) / statistics.fmean(theirs)
+
+
 def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
             same_batches: bool = True) -> str | None:
     """Why ``result`` cannot be used (a failure or the numerics), or None."""
@@ -183,9 +202,10 @@ class Search:
             result = self.measure(spec, cost, self._search_left())
             verdict = Verdict(result, knob.name,
                               reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
-            if not verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain / 2):
-                verdict.reason = (f"not faster: {result.rate:,.4g} vs {incumbent.rate:,.4g} {incumbent.unit} "
-                                  f"({result.rate / incumbent.rate:.2f}x)")
+            reference = reference_rate(incumbent, result)
+            if not verdict.reason and result.rate is not None and result.rate < reference * (1 + o.min_gain / 2):
+                verdict.reason = (f"not faster: {rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same "
+                                  f"first timed steps ({result.rate / reference:.2f}x)")
             outcome.verdicts.append(verdict)
             short.append(verdict)
         # values are listed in order of preference: a later one must be min_gain faster to be measured first
@@ -204,7 +224,7 @@ class Search:
             long_verdict = Verdict(result, knob.name,
                                    reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
             if not long_verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain):
-                long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {result.rate:,.4g} vs {incumbent.rate:,.4g} "
+                long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {rate_text(result.rate)} vs {rate_text(incumbent.rate)} "
                                        f"{incumbent.unit} ({result.rate / incumbent.rate:.3f}x)")
             outcome.verdicts.append(long_verdict)
             if not long_verdict.reason and (best is None or (result.rate or 0) > (best.result.rate or 0)):

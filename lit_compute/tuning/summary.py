@@ -11,7 +11,7 @@ from typing import Any
 from lit_compute.formatting import markdown_table
 from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing
 from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
-from lit_compute.tuning.search import Outcome, Verdict
+from lit_compute.tuning.search import Outcome, Verdict, rate_text
 from lit_compute.tuning.trials import TrialResult
 
 
@@ -23,7 +23,7 @@ def _rate(result: TrialResult) -> str:
     if result.rate is None:
         return "n/a"
     ci = f" +-{100 * result.ci:.1f}%" if result.ci is not None else ""
-    return f"{result.rate:,.4g}{ci}"
+    return f"{rate_text(result.rate)}{ci}"
 
 
 def mfu(result: TrialResult, peaks: Mapping[str, float], precision: str,
@@ -147,14 +147,14 @@ def final_line(outcome: Outcome) -> str:
     devices = int(facts.get("world_size") or 1)
     base_rate = statistics.fmean(r.rate or 0.0 for r in base_runs)
     if not tuned_runs:
-        return (f"No faster configuration found: the baseline's {base_rate:,.4g} {unit} per device stands "
+        return (f"No faster configuration found: the baseline's {rate_text(base_rate)} {unit} per device stands "
                 f"({devices} device(s)); the table says what each knob did.")
     tuned_rate = statistics.fmean(r.rate or 0.0 for r in tuned_runs)
     what = "tokens" if unit == "tokens/s" else "samples"
     per_batch = outcome.baseline.measured.get("tokens_per_batch" if what == "tokens" else "samples_per_batch")
     batches = facts.get("num_training_batches")
     lines = [f"Tuned: {tuned_rate / base_rate:.2f}x {unit} measured side by side ({len(tuned_runs)} run(s) each, "
-             f"alternating): baseline {base_rate:,.4g}, tuned {tuned_rate:,.4g} {unit} per device, {devices} device(s)."]
+             f"alternating): baseline {rate_text(base_rate)}, tuned {rate_text(tuned_rate)} {unit} per device, {devices} device(s)."]
     parts = []
     if per_batch and batches:
         epoch = float(per_batch) * int(batches) * devices

@@ -22,7 +22,7 @@ from typing import Any
 
 from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
 from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
-from lit_compute.tuning.search import Budget, Options, Outcome, Search
+from lit_compute.tuning.search import Budget, Options, Outcome, Search, rate_text
 from lit_compute.tuning.summary import final_line, not_applied, table, tuned_yaml
 from lit_compute.tuning.trials import Journal, TrialResult, TrialSpec, run_trial
 
@@ -147,7 +147,7 @@ class _Tuner:
 
     def _progress(self, result: TrialResult, cached: bool = False) -> None:
         what = ", ".join(f"{k}={v}" for k, v in result.settings.items()) or "baseline"
-        figure = (f"{result.rate:,.4g} {result.unit}" + (f" +-{100 * result.ci:.1f}%" if result.ci else "")
+        figure = (f"{rate_text(result.rate)} {result.unit}" + (f" +-{100 * result.ci:.1f}%" if result.ci else "")
                   if result.rate else f"{result.status}: {result.reason}")
         tail = " (from the journal)" if cached else f" [{result.wall_s:.0f} s]"
         self.echo(f"  {result.slug.split('_', 1)[0]} {result.rung:<5} {what}: {figure}{tail}")

@@ -4,6 +4,7 @@ driven clock, the numerics guard, the journal, the YAML with comments, the final
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import yaml
@@ -287,3 +288,17 @@ def test_a_knob_that_feeds_other_batches_is_not_held_to_the_first_step_loss():
     assert ("loader", "not applicable once dali is on: DALIImageDataModule decodes in DALI's own threads: no "
                       "DataLoader workers") in outcome.not_tried
     assert not any("loader" in r.settings for r in outcome.final_tuned)
+
+
+def test_a_short_trial_is_compared_with_the_incumbents_first_steps():
+    from lit_compute.tuning.search import reference_rate
+
+    incumbent = _result({}, "long", 20.0)
+    incumbent.measured["step_rates"] = [16.0] * 5 + [21.0] * 15  # slower early steps
+    short = _result({"fused_optimizer": True}, "short", 17.0)
+    short.measured["step_rates"] = [17.0] * 5
+    assert reference_rate(incumbent, short) == pytest.approx(20.0 * 16.0 / statistics.fmean(incumbent.measured["step_rates"]))
+    assert reference_rate(incumbent, short) < short.rate  # faster than the incumbent over the same steps
+    long = _result({"fused_optimizer": True}, "long", 21.0)
+    long.measured["step_rates"] = [17.0] * 25
+    assert reference_rate(incumbent, long) == 20.0  # as long or longer: the incumbent's whole figure
