@@ -64,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10's profiler notes ("Memory block of unknown size")
+    # a config's class paths are imported from the current directory too, as `python -m` and `python train.py`
+    # users expect (`model: examples.hf_gpt2.HFCausalLM` from the repository root)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     from lit_compute._lightning_cli import run
 
     run(None if argv is None else args)

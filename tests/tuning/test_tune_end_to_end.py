@@ -84,8 +84,11 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert "compute/flops_per_sample" in acc.Tags()["scalars"]
 
     # the tuned file is a config lit-compute fit accepts unchanged
-    fit = subprocess.run([sys.executable, "-m", "lit_compute.cli", "fit", "--config", str(out)], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=300)
+    # by the console script a user types, from the repository root: the model's class path imports from there
+    console = Path(sys.executable).parent / "lit-compute"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    fit = subprocess.run([str(console), "fit", "--config", str(out)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert fit.returncode == 0, fit.stderr[-3000:]
 
 
