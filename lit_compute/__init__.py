@@ -43,7 +43,6 @@ _WHERE = {
     "MeasuringCallback": "lit_compute.callback",
     "Timeline": "lit_compute.timeline",
     "tune": "lit_compute.tuning",
-    "TuneResult": "lit_compute.tuning",
     "timeline_for": "lit_compute.timeline",
 }
 

@@ -250,7 +250,7 @@ from lit_compute.models import ImageClassifier
 DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8)
 
 if __name__ == "__main__":
-    for round_ in range(3):  # a notebook comparing loaders: DALI, then forked workers, again and again
+    for round_ in range(2):  # a notebook comparing loaders: DALI, then forked workers, then both again
         for dm in (DALIImageDataModule(device="cpu", **DATA), TorchvisionImageDataModule(num_workers=2, **DATA)):
             trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=3, limit_val_batches=2, logger=False,
                                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -266,7 +266,7 @@ def test_forked_workers_after_a_dali_pipeline_never_hang(tmp_path):
 
     result = run_script(tmp_path, DALI_THEN_FORKED_WORKERS, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert [line for line in result.stdout.splitlines() if line.startswith("ROUND")] == ["ROUND 0", "ROUND 1", "ROUND 2"]
+    assert [line for line in result.stdout.splitlines() if line.startswith("ROUND")] == ["ROUND 0", "ROUND 1"]
 
 
 def test_teardown_frees_the_pipelines_in_this_process(tmp_path):

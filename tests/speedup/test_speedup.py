@@ -13,9 +13,9 @@ from tests.conftest import tiny_data, tiny_model
 
 
 def _trainer(tmp_path, callbacks, **kwargs):
-    return pl.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                      callbacks=callbacks, **kwargs)
+    settings = dict(accelerator="cpu", max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    return pl.Trainer(callbacks=callbacks, **{**settings, **kwargs})
 
 
 def test_channels_last_converts_the_convolutions_and_trains(tmp_path):
