@@ -20,8 +20,9 @@ from typing import Any
 
 from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, dump_yaml, section, short
 
-_DROPPED_IN_TRIALS = ("ModelCheckpoint", "EarlyStopping", "ModelSummary", "RichModelSummary", "RichProgressBar",
-                      "TQDMProgressBar")
+# what a measurement leaves out; everything else (the model summary's forward of example_input_array included)
+# runs as the user's fit runs it, so a setting that breaks the user's fit breaks its trial
+_DROPPED_IN_TRIALS = ("ModelCheckpoint", "EarlyStopping", "RichProgressBar", "TQDMProgressBar")
 
 
 @dataclass
@@ -73,7 +74,8 @@ class TrialResult:
 def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: str, spec: TrialSpec,
                  recorder: dict[str, Any]) -> dict[str, Any]:
     """The trial's config: the user's (with the knob values) plus what a measurement needs: one TensorBoard logger
-    under ``log_dir``, no checkpoints, no validation, no progress bar, a fixed seed, the recorder callback (and a
+    under ``log_dir``, no checkpoints, no validation, no progress bar (the model summary stays as configured), a
+    fixed seed, the recorder callback (and a
     FlopsLogger for MFU when the config has none). Training length is the recorder's to decide."""
     c = copy.deepcopy(config)
     seed = c.get("seed_everything")
@@ -82,8 +84,7 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     trainer = section(c, "trainer")
     trainer["logger"] = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                          "init_args": {"save_dir": str(log_dir), "name": "runs", "version": slug}}
-    trainer.update(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1,
+    trainer.update(enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1,
                    max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
     for key in ("val_check_interval", "max_time", "min_steps", "min_epochs", "check_val_every_n_epoch"):
         trainer.pop(key, None)

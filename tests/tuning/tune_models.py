@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class SleepyRegression(pl.LightningModule):
-    def __init__(self, coef: float = 4e-4, lr: float = 0.01) -> None:
+    def __init__(self, coef: float = 1e-3, lr: float = 0.01) -> None:
         super().__init__()
         self.coef = coef
         self.lr = lr
