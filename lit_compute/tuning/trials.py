@@ -74,8 +74,8 @@ class TrialResult:
 def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: str, spec: TrialSpec,
                  recorder: dict[str, Any]) -> dict[str, Any]:
     """The trial's config: the user's (with the knob values) plus what a measurement needs: one TensorBoard logger
-    under ``log_dir``, no checkpoints, no validation, no progress bar (the model summary stays as configured), a
-    fixed seed, the recorder callback (and a
+    under ``log_dir``, no checkpoints, no validation but Lightning's sanity check, no progress bar (the model
+    summary stays as configured), a fixed seed, the recorder callback (and a
     FlopsLogger for MFU when the config has none). Training length is the recorder's to decide."""
     c = copy.deepcopy(config)
     seed = c.get("seed_everything")
@@ -84,9 +84,10 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     trainer = section(c, "trainer")
     trainer["logger"] = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                          "init_args": {"save_dir": str(log_dir), "name": "runs", "version": slug}}
-    trainer.update(enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1,
-                   max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
-    for key in ("val_check_interval", "max_time", "min_steps", "min_epochs", "check_val_every_n_epoch"):
+    # validation: only Lightning's sanity check at the start (it proves the setting validates), none during training
+    trainer.update(enable_checkpointing=False, enable_progress_bar=False, check_val_every_n_epoch=100_000,
+                   max_epochs=-1, max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
+    for key in ("val_check_interval", "max_time", "min_steps", "min_epochs"):
         trainer.pop(key, None)
     callbacks = [cb for cb in as_list(trainer, "callbacks") if short(class_name(cb)) not in _DROPPED_IN_TRIALS]
     trainer["callbacks"] = callbacks

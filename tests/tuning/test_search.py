@@ -83,7 +83,8 @@ def test_trial_config_measures_the_users_config_without_checkpoints_or_validatio
                      TrialSpec({}, "long", 0, 7.0), {"warmup_steps": 3, "loss_steps": 8})
     trainer = c["trainer"]
     assert trainer["logger"]["init_args"] == {"save_dir": str(tmp_path), "name": "runs", "version": "t00_long_baseline"}
-    assert trainer["limit_val_batches"] == 0 and trainer["enable_checkpointing"] is False
+    assert trainer["check_val_every_n_epoch"] == 100_000 and trainer["enable_checkpointing"] is False
+    assert "limit_val_batches" not in trainer and "enable_model_summary" not in trainer  # as the user's fit runs
     names = [cb["class_path"] for cb in trainer["callbacks"]]
     assert "lightning.pytorch.callbacks.ModelCheckpoint" not in names
     assert names[-2:] == ["lit_compute.FlopsLogger", "lit_compute.tuning.TrialRecorder"]
