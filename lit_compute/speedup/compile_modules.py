@@ -25,7 +25,8 @@ def compile_targets(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class CompileModules(Callback):
-    """``torch.compile`` each submodule a training step calls (``nn.Module.compile``, in place) at ``setup``.
+    """``torch.compile`` each submodule a training step calls (``nn.Module.compile``, in place) at
+    ``on_train_start``.
 
     Lightning compiles a model handed to ``trainer.fit`` as ``torch.compile(model)``, which a YAML config cannot
     express, and compiling the LightningModule itself does nothing when its ``training_step`` calls ``self.net(x)``
@@ -55,7 +56,9 @@ class CompileModules(Callback):
         self.compiled: list[str] = []
 
     @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after Lightning's model summary: its forward of example_input_array runs with hooks on every layer,
+        # which Dynamo would trace into (and fail on) inside a compiled submodule
         if self.compiled:  # a second fit on the same trainer: already compiled
             return
         for target in compile_targets(pl_module):

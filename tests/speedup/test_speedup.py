@@ -69,10 +69,11 @@ def test_compile_modules_compiles_what_a_training_step_calls(tmp_path):
             return self.layer(x)
 
     model = Blocks()
+    model.example_input_array = torch.randn(2, 32)  # Lightning's model summary forwards it with hooks on each layer
     assert [type(m).__name__ for m in compile_targets(model)] == ["Linear", "Linear", "ReLU"]
     callback = CompileModules(backend="eager")
     torch._dynamo.reset()
-    _trainer(tmp_path, [callback]).fit(model)
+    _trainer(tmp_path, [callback], enable_model_summary=True).fit(model)
     assert callback.compiled == ["Linear", "Linear", "ReLU"]
     assert all(m._compiled_call_impl is not None for m in compile_targets(model))
     with pytest.raises(ValueError, match=r"CompileModules\(mode='fast'\) must be 'default'"):
