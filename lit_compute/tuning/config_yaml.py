@@ -5,7 +5,6 @@ Pure logic (no torch, no Lightning): the knobs edit the dict, the trials and the
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -119,10 +118,6 @@ def paths_differing(old: Any, new: Any, prefix: ConfigPath = ()) -> list[ConfigP
     return [] if old == new else [prefix]
 
 
-def edited(config: dict[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy(config)
-
-
 # -- writing YAML with comments ------------------------------------------------------------------------------
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
@@ -150,7 +145,7 @@ def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPat
             if isinstance(value, list) and isinstance(item, dict):
                 _emit(item, here, indent + 2, comments, lines, first_prefix=f"{pad}- ")
                 if comments.get(here):
-                    lines[_first_line_of(lines, here, pad)] += _comment(comments, here)
+                    lines[_first_line_of(lines, pad)] += _comment(comments, here)
                 continue
             lines.append(head + _comment(comments, here))
             _emit(item, here, indent + 2, comments, lines)
@@ -158,7 +153,7 @@ def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPat
             lines.append(f"{head} {_scalar(item)}{_comment(comments, here)}")
 
 
-def _first_line_of(lines: list[str], path: ConfigPath, pad: str) -> int:
+def _first_line_of(lines: list[str], pad: str) -> int:
     # the list item just emitted starts at the last line beginning with "<pad>- "
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith(pad + "- "):

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_compute.tuning.config_yaml import (
-    ConfigPath,
     add_callback,
     as_list,
     class_name,
     data_section,
-    paths_differing,
     section,
     short,
 )
@@ -42,6 +40,8 @@ class Knob:
     same_batches: bool = True
     #: knobs that, once accepted, make this one meaningless: name -> why
     excluded_by: dict[str, str] = field(default_factory=dict)
+    #: extra seconds a trial with this knob needs before its steps run at speed (compilation)
+    warmup_s: float = 0.0
 
 
 @dataclass
@@ -280,7 +280,7 @@ def _compile(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if facts.get("compiled"):
         return NotApplicable("compile", "the model is compiled already")
     return Knob("compile", [True], _callback_edit("lit_compute.speedup.CompileModules"),
-                lambda v: "torch.compile of the submodules (CompileModules)")
+                lambda v: "torch.compile of the submodules (CompileModules)", warmup_s=120.0)
 
 
 #: the order the greedy search visits the knobs: the largest expected gains first, compilation (slow to try)
@@ -325,5 +325,3 @@ def describe(knobs: list[Knob], settings: Mapping[str, Any]) -> str:
     return " + ".join(parts) if parts else "baseline (your config)"
 
 
-def knob_paths(before: dict[str, Any], after: dict[str, Any]) -> list[ConfigPath]:
-    return paths_differing(before, after)

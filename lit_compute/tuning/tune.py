@@ -127,9 +127,10 @@ class _Tuner:
 
     def estimate(self, spec: TrialSpec) -> float:
         """Seconds a trial takes: the baseline's start-up (process, data, model) plus warm-up and the allowance
-        (and two minutes of compilation for a compiled trial)."""
+        (and the knobs' own warm-up: compilation)."""
         warmup = (max(self.recorder["warmup_steps"], self.recorder["loss_steps"]) + 2) * self.step_s
-        return self.startup_s + warmup + spec.seconds + (120.0 if "compile" in spec.settings else 0.0)
+        extra = sum(k.warmup_s for k in self.knobs if k.name in spec.settings)
+        return self.startup_s + warmup + spec.seconds + extra
 
     def measure(self, spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
         index, self.index = self.index, self.index + 1
