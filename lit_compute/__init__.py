@@ -42,6 +42,9 @@ _WHERE = {
     "TokenSpec": "lit_compute._batch",
     "MeasuringCallback": "lit_compute.callback",
     "Timeline": "lit_compute.timeline",
+    "ChannelsLast": "lit_compute.speedup",
+    "CompileModules": "lit_compute.speedup",
+    "FusedOptimizer": "lit_compute.speedup",
     "tune": "lit_compute.tuning",
     "timeline_for": "lit_compute.timeline",
 }

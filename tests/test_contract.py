@@ -34,6 +34,7 @@ TEST_ARGS: dict[str, dict] = {
     "DALIImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8),
     "GPT": dict(block_size=32, n_layer=1, n_head=2, n_embd=16),
     "TokenDataModule": dict(batch_size=4, seq_len=32, max_tokens=5000),
+    "CompileModules": dict(backend="eager"),
 }
 # Public base classes users extend (README and examples/ show them; no config uses one on its own).
 BASE_CLASSES = {"MeasuringCallback"}

@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lit_compute._validate import validated
+
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
@@ -45,10 +47,9 @@ class CompileModules(Callback):
         >>> trainer = pl.Trainer(callbacks=[CompileModules()], accelerator="cpu", max_steps=1)
     """
 
+    @validated
     def __init__(self, mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
                  dynamic: bool | None = None, fullgraph: bool = False, backend: str = "inductor") -> None:
-        if mode not in ("default", "reduce-overhead", "max-autotune"):
-            raise ValueError(f"CompileModules(mode={mode!r}) must be 'default', 'reduce-overhead' or 'max-autotune'")
         self.mode = mode
         self.dynamic = dynamic
         self.fullgraph = fullgraph

@@ -76,5 +76,5 @@ def test_compile_modules_compiles_what_a_training_step_calls(tmp_path):
     _trainer(tmp_path, [callback], enable_model_summary=True).fit(model)
     assert callback.compiled == ["Linear", "Linear", "ReLU"]
     assert all(m._compiled_call_impl is not None for m in compile_targets(model))
-    with pytest.raises(ValueError, match=r"CompileModules\(mode='fast'\) must be 'default'"):
+    with pytest.raises(ValueError, match=r"CompileModules\(mode='fast'\) must be one of 'default', 'reduce-overhead', 'max-autotune'"):
         CompileModules(mode="fast")
