@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,6 +33,23 @@ def destroy_process_group(barrier: bool = True) -> None:
                 dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+_destroy_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group at interpreter exit (once per process, no barrier: other ranks may be gone).
+
+    Lightning does this for NCCL only; a gloo group left to interpreter finalization can abort the process with
+    SIGABRT ("terminate called without an active exception"), which a torchrun agent reports as a failed node and the
+    other nodes then lose the rendezvous store. Ranks started by torchrun, SLURM or Lightning's subprocess launcher
+    keep the group after ``fit`` (the user's script may call ``test`` next), so it is destroyed at exit.
+    """
+    global _destroy_registered
+    if not _destroy_registered:
+        atexit.register(destroy_process_group, barrier=False)
+        _destroy_registered = True
 
 
 class TunedDDPStrategy(DDPStrategy):
@@ -175,6 +193,8 @@ class TunedDDPStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         self.apply_nccl_env()
         super().setup_environment()  # creates the process group
+        if dist.is_available() and dist.is_initialized():
+            destroy_process_group_at_exit()
 
     def apply_nccl_env(self) -> dict[str, str]:
         """Write the NCCL variables to this process's environment (idempotent)."""

@@ -56,6 +56,15 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
+def _failure_lines(index: int, returncode: int, output: str) -> str:
+    """A node's exit code, its first error lines (the root cause, before the other node's knock-on errors) and its
+    last lines; the whole output is in launcher<index>.log under the test's tmp_path."""
+    lines = output.splitlines()
+    first = [line for line in lines if any(k in line for k in ("Error", "error", "terminate", "exitcode", "Signal"))]
+    return (f"--- launcher {index}: exit {returncode}\nfirst error lines:\n" + "\n".join(first[:12])
+            + "\nlast lines:\n" + "\n".join(lines[-25:]))
+
+
 def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank(tmp_path):
     (tmp_path / "record_env.py").write_text(RECORD_ENV)
     config = _config(tmp_path)
@@ -76,7 +85,10 @@ def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank(tmp
         for node in nodes:
             os.killpg(node.pid, signal.SIGKILL)
         pytest.fail("the two-node torchrun job did not finish within 300 s (a hang?)")
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for i, out in enumerate(outputs):
+        (tmp_path / f"launcher{i}.log").write_text(out)
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(_failure_lines(i, n.returncode, o)
+                                                            for i, (n, o) in enumerate(zip(nodes, outputs)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     for r in ranks:

@@ -83,9 +83,10 @@ def test_other_comm_hooks_register_on_gloo(tmp_path, hook):
 
 
 SCRIPT = """
-import json, os, sys
+import atexit, json, os, sys
 from pathlib import Path
 import lightning.pytorch as pl
+import torch.distributed as dist
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lit_compute import NCCLSettings, TunedDDPStrategy
 
@@ -97,7 +98,12 @@ class Recording(TunedDDPStrategy):
         (out / f"rank{self.local_rank}.json").write_text(json.dumps(env))
         super().setup_distributed()
 
+def left_at_exit():  # registered first, so it runs after the strategy's own exit handler
+    rank = os.environ.get("LOCAL_RANK", "0")
+    (out / f"exit{rank}.json").write_text(json.dumps({"initialized": dist.is_initialized()}))
+
 if __name__ == "__main__":
+    atexit.register(left_at_exit)
     model = BoringModel()
     trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -115,3 +121,5 @@ def test_popen_ddp_from_a_script_applies_the_settings(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     for r in (0, 1):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == {"NCCL_PROTO": "Simple", "NCCL_MIN_CTAS": "2"}
+        # the gloo group is destroyed at exit, not left to interpreter finalization (a SIGABRT there fails a node)
+        assert json.loads((tmp_path / f"exit{r}.json").read_text()) == {"initialized": False}
