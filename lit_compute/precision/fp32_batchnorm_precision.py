@@ -7,6 +7,7 @@ import dataclasses
 import re
 from typing import Annotated, Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision, HalfPrecision, MixedPrecision
 from torch import nn
@@ -242,6 +243,11 @@ class FP32BatchNormHalfPrecision(HalfPrecision):
         super().__init__(precision)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
+        # Lightning's model summary forwards ``example_input_array`` as it is (no convert_input): float32 into
+        # bfloat16 weights fails, so the example is converted with the weights, as every batch is
+        example = getattr(module, "example_input_array", None) if isinstance(module, pl.LightningModule) else None
+        if example is not None:
+            module.example_input_array = self.convert_input(example)
         return keep_norms_fp32(module, self.fp32_norms, others=self._desired_input_dtype)
 
 

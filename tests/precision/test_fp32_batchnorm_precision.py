@@ -43,6 +43,18 @@ def test_group_norm_kept_in_float32_when_named(tmp_path):
     assert model.gn.weight.dtype == torch.float32 and model.conv.weight.dtype == torch.bfloat16
 
 
+def test_bf16_true_model_summary_forwards_the_example_input(tmp_path):
+    """Lightning's model summary forwards ``example_input_array`` unconverted; the plugin converts it with the
+    weights, so a bf16-true run of a model with an example input starts (it failed with a dtype mismatch)."""
+    model = _ConvNet()
+    model.example_input_array = torch.randn(2, 3, 8, 8)
+    trainer = pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_steps=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=True,
+                         plugins=[FP32BatchNormHalfPrecision("bf16-true")])
+    trainer.fit(model, train_dataloaders=_loader())
+    assert model.example_input_array.dtype == torch.bfloat16 and trainer.global_step == 1
+
+
 def _running_stats(precision_kwargs, steps=8):
     pl.seed_everything(0)
     model = _ConvNet(scale=3.0)
