@@ -9,7 +9,9 @@ Components are imported on first use (``import lit_compute`` itself loads neithe
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import warnings
 from typing import Any
 
 __version__ = "0.2.0"
@@ -66,6 +68,28 @@ def __getattr__(name: str) -> Any:
     _register_strategies()  # any component used: Lightning is loaded anyway, so `strategy="ddp_tuned"` works too
     return value
 
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _one_line_warnings() -> None:
+    """Print lit_compute's warnings as one line (``file:line: Category: message``) instead of Python's two (the second
+    repeats the ``rank_zero_warn(...)`` source line). Other warnings keep the format installed before (Lightning's
+    own one-line format for its warnings, Python's default otherwise)."""
+    previous = warnings.formatwarning
+    if getattr(previous, "_lit_compute", False):
+        return
+
+    def format_warning(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+            return f"{filename}:{lineno}: {category.__name__}: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    format_warning._lit_compute = True  # type: ignore[attr-defined]
+    warnings.formatwarning = format_warning
+
+
+_one_line_warnings()
 
 if "lightning.pytorch" in sys.modules:  # `import lightning.pytorch` first, then `import lit_compute`
     _register_strategies()

@@ -7,6 +7,7 @@ written so far (TensorBoard's Custom Scalars layout is rewritten when a new one 
 - a logging event's metrics (:func:`write_event`): one ``log_metrics`` call per logger at the event's step;
 - scalars outside an event (:func:`log_scalars`: a profiler window exported at the end of a run, a benchmark
   sweep whose steps are message sizes);
+- one-line messages for the terminal (:func:`say`), printed above a live progress bar instead of through it;
 - Markdown text to TensorBoard's text plugin (:func:`log_text`), the run-info table (:func:`run_info`, read back
   by ``lit-compute report``) and the Custom Scalars layout (:func:`write_layout`).
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import lightning
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute import _compat
 from lit_compute.formatting import markdown_table
@@ -54,6 +55,31 @@ def writer_for(trainer: pl.Trainer) -> Writer:
     if writer is None:
         writer = _WRITERS[trainer] = Writer()
     return writer
+
+
+def say(trainer: pl.Trainer | None, message: str) -> None:
+    """Rank 0 prints ``message`` as one line. While a progress bar is drawn it goes through the bar (rich's console
+    prints above the live display, ``tqdm.write`` above tqdm's bar): a logging line written to the terminal while the
+    bar redraws is cut in half. Otherwise it is an info log line (``rank_zero_info``), as before."""
+    if trainer is not None and not trainer.is_global_zero:
+        return
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+    bar = getattr(trainer, "progress_bar_callback", None) if trainer is not None else None
+    if isinstance(bar, RichProgressBar):
+        live = getattr(bar.progress, "live", None)
+        if live is not None and live.is_started:
+            bar.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+            return
+    if isinstance(bar, TQDMProgressBar):
+        try:
+            tqdm_bar = bar.train_progress_bar
+        except TypeError:  # not training
+            tqdm_bar = None
+        if tqdm_bar is not None and not tqdm_bar.disable:
+            tqdm_bar.write(message)
+            return
+    rank_zero_info(message)
 
 
 def write_event(trainer: pl.Trainer, event: LogEvent | None) -> None:

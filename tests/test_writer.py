@@ -177,3 +177,35 @@ def test_deleting_the_log_folder_mid_run_does_not_kill_the_run(tmp_path):
     frames = traceback.extract_tb(raised.tb)
     assert not [f for f in frames if "/lit_compute/" in f.filename]
     assert any(f.name == "finalize" for f in frames)
+
+
+def _flops_line(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "FlopsLogger: forward" in line]
+
+
+def test_messages_during_training_print_above_a_rich_progress_bar_as_whole_lines(tmp_path):
+    """FlopsLogger's first line comes while the bar is live: it goes through rich's console (printed above the
+    bar), not a logging stream the bar redraws over (which cut it in half in a terminal)."""
+    import io
+
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from .conftest import make_trainer, tiny_data, tiny_model
+
+    terminal = io.StringIO()
+    bar = RichProgressBar(console_kwargs={"file": terminal, "force_terminal": True, "width": 300})
+    trainer = make_trainer(tmp_path, enable_progress_bar=True, callbacks=[bar, FlopsLogger()])
+    trainer.fit(tiny_model(), datamodule=tiny_data())
+    (line,) = _flops_line(terminal.getvalue())
+    assert "GFLOPs per sample" in line and "GFLOPs per training batch (forward + backward, model FLOPs)" in line
+
+
+def test_messages_during_training_go_through_tqdm_write(tmp_path, capsys):
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from .conftest import make_trainer, tiny_data, tiny_model
+
+    trainer = make_trainer(tmp_path, enable_progress_bar=True, callbacks=[TQDMProgressBar(), FlopsLogger()])
+    trainer.fit(tiny_model(), datamodule=tiny_data())
+    (line,) = _flops_line(capsys.readouterr().out)
+    assert line.startswith("FlopsLogger: forward") and line.endswith("(forward + backward, model FLOPs)")

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lit_compute import _batch, _compat
@@ -26,7 +25,7 @@ from lit_compute.flops.model_state import ModelState
 from lit_compute.flops.peaks import cached_peak_flops, peak_flops, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
-from lit_compute.writer import log_scalars, log_text, save_hparam
+from lit_compute.writer import log_scalars, log_text, save_hparam, say
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -257,8 +256,8 @@ class FlopsLogger(MeasuringCallback):
         if self.peak in ("measure", "remeasure"):
             measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure")
             self.peak_info = measured.describe()
-            rank_zero_info(f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), "
-                           f"{self.peak_info}" + (" (peak='remeasure' measures again)" if measured.cached else ""))
+            say(trainer, f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), "
+                f"{self.peak_info}" + (" (peak='remeasure' measures again)" if measured.cached else ""))
             return measured.flops
         value = peak_flops(device, dtype)
         if value is None:
@@ -306,8 +305,8 @@ class FlopsLogger(MeasuringCallback):
         key = self._model_state.key(pl_module)
         if stage == "train":
             if self._train_key is not None and key != self._train_key:
-                rank_zero_info(f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); its "
-                               "FLOPs are counted again")
+                say(pl_module.trainer, f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); "
+                    "its FLOPs are counted again")
             self._train_key = key
         sig = (*batch_signature(stage, batch), key)
         self._batch_values = self.book.values(sig)
@@ -456,8 +455,8 @@ class FlopsLogger(MeasuringCallback):
             per_sample = _per_sample(trainer, count.forward, samples) / 1e9
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
             save_hparam(trainer, "compute/forward_gflops_per_sample", per_sample)  # no example_input_array: now known
-            rank_zero_info(f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
-                           "GFLOPs per training batch (forward + backward, model FLOPs)")
+            say(trainer, f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
+                "GFLOPs per training batch (forward + backward, model FLOPs)")
 
     # -- validation and test --------------------------------------------------------------------------
     @override

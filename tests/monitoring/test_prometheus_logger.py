@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import textwrap
 import urllib.request
 
 import lightning.pytorch as pl
@@ -61,6 +64,26 @@ def test_prometheus_port_in_use_is_a_clear_error():
             assert fallback.port_in_use not in (None, port)
         finally:
             fallback.close()
+
+
+def test_port_in_use_warning_is_one_line_on_stderr():
+    """As a user sees it in a terminal: one line naming the component and both ports, not Python's second line
+    repeating the source line that raised it."""
+    code = textwrap.dedent("""
+        import socket
+        from lit_compute import PrometheusLogger
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0)); sock.listen(1)
+            logger = PrometheusLogger(port=sock.getsockname()[1])
+            logger.start()
+            logger.close()
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    (line,) = [line for line in lines if "PrometheusLogger: port" in line]
+    assert "prometheus_logger.py:" in line and "UserWarning: PrometheusLogger: port" in line and "is in use" in line
+    assert not any("rank_zero_warn(" in line for line in lines), lines
 
 
 def test_prometheus_names_and_bad_arguments():
