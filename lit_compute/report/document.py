@@ -100,30 +100,54 @@ def _span(run: Run) -> str:
 
 
 def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
+    """Ratios to the first run, like with like: runs of different workloads (data, model FLOPs per sample:
+    :attr:`Run.workload`) get a table each, with the first run of each as its baseline; token runs compare
+    tokens/s, the others samples/s."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.workload, []).append(run)
+    lines = ["## Comparison (ratios to the first run of the same workload)", ""]
+    if len(groups) > 1:
+        lines += [f"These runs train {len(groups)} different workloads (different data or model FLOPs per sample): each "
+                  "is compared only with runs of its own workload, never across.", ""]
+    for (data, flops), group in groups.items():
+        if len(groups) > 1:
+            lines += [f"### {data}, {flops}", ""]
+        lines += _comparison_table(group, price_per_hour)
+    return lines
+
+
+def _comparison_table(runs: list[Run], price_per_hour: float | None) -> list[str]:
     base = runs[0]
-    lines = ["## Comparison (ratios to the first run)", ""]
-    header = ["run", "time per sample (ms)", "samples/s", "MFU", "time per sample vs first", "samples/s vs first"]
+    tokens = all(r.tokens for r in runs)
+    unit, item = ("tokens/s", "token") if tokens else ("samples/s", "sample")
+
+    def rate(run: Run) -> float | None:
+        return run.total("time/tokens_per_sec") if tokens else run.samples_per_sec
+
+    header = ["run", f"time per {item} (ms)", unit, "MFU", f"time per {item} vs first", f"{unit} vs first"]
     if price_per_hour:
-        header += ["cost per 1M samples", "cost vs first"]
+        header += [f"cost per 1M {item}s", "cost vs first"]
     table: list[list[str]] = []
     summary = []
+    base_rate = rate(base)
     for run in runs:
-        tps, sps = run.time_per_sample_ms, run.samples_per_sec
+        r = rate(run)
+        per_item = 1e3 / r if r else None
         stopped = run.stopped_early()
         name = run.name + (f" (stopped at step {stopped[0]} of {stopped[1]})" if stopped else "")
-        row = [name, human(tps), human(sps), percent(run.total("compute/mfu")),
-               human(tps / base.time_per_sample_ms if tps and base.time_per_sample_ms else None),
-               human(sps / base.samples_per_sec if sps and base.samples_per_sec else None)]
+        row = [name, human(per_item), human(r), percent(run.total("compute/mfu")),
+               human(base_rate / r if r and base_rate else None), human(r / base_rate if r and base_rate else None)]
         if price_per_hour:
-            cost = price_per_hour / 3600 * 1e6 / sps if sps else None
-            base_cost = price_per_hour / 3600 * 1e6 / base.samples_per_sec if base.samples_per_sec else None
+            cost = price_per_hour / 3600 * 1e6 / r if r else None
+            base_cost = price_per_hour / 3600 * 1e6 / base_rate if base_rate else None
             row += [human(cost, 4), human(cost / base_cost if cost and base_cost else None)]
             if run is not base and cost and base_cost:
                 saved = 1 - cost / base_cost
                 word = "less" if saved >= 0 else "more"
-                summary.append(f"{run.name} costs {abs(saved):.1%} {word} per sample than the baseline {base.name}.")
+                summary.append(f"{run.name} costs {abs(saved):.1%} {word} per {item} than the baseline {base.name}.")
         table.append(row)
-    return lines + [markdown_table(header, table), ""] + summary + ([""] if summary else [])
+    return [markdown_table(header, table), ""] + summary + ([""] if summary else [])
 
 
 def build_report(log_dirs: list[str], out: Path, plots_dir: Path | None, price_per_hour: float | None,

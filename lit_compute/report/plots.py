@@ -13,8 +13,10 @@ __all__ = ["write_plots"]
 
 
 def _save(plt: Any, fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    for ax in fig.axes:  # the legend beside the axes, never over the data
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -55,8 +57,21 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel("ms per step")
         ax.set_title(f"Step time: compute and data wait ({run.name})")
-        ax.legend(loc="upper right", fontsize=8)
         paths.append(_save(plt, fig, out_dir / f"{prefix}_step_time.png"))
+    rate_tag, rate_unit = (("time/global_tokens_per_sec", "tokens/s") if run.tokens
+                           else ("time/global_samples_per_sec", "samples/s"))
+    rate, where = run.scalars.get(rate_tag), "all ranks"
+    if not rate:
+        rate, where = run.scalars.get(rate_tag.replace("global_", "")), "this device"
+    if rate:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot([s for s, _ in rate], [v for _, v in rate], color="#55a868", marker=".", label=f"{rate_unit}, {where}")
+        _marks(ax, run)
+        ax.set_xlabel("step")
+        ax.set_ylabel(rate_unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"Training throughput in {rate_unit} ({run.name})")
+        paths.append(_save(plt, fig, out_dir / f"{prefix}_{rate_unit.replace('/', '_per_')}.png"))
     tflops = run.scalars.get("compute/global_tflops_per_sec")
     if tflops:
         scale, unit = flops_rate_unit(max(abs(v) for _, v in tflops))
@@ -67,7 +82,6 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel(unit)
         ax.set_title(f"Achieved throughput ({run.name})")
-        ax.legend(loc="lower right", fontsize=8)
         paths.append(_save(plt, fig, out_dir / f"{prefix}_throughput.png"))
     mfu, hfu = run.scalars.get("compute/mfu"), run.scalars.get("compute/hfu")
     if mfu:
@@ -84,7 +98,6 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel("% of peak")
         ax.set_ylim(bottom=0)
         ax.set_title(f"Utilisation of the device's peak ({run.name})")
-        ax.legend(loc="lower right", fontsize=8)
         paths.append(_save(plt, fig, out_dir / f"{prefix}_mfu.png"))
     scale_points = run.scalars.get("amp/loss_scale")
     if scale_points:
@@ -95,6 +108,5 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel("loss scale")
         ax.set_title(f"fp16 loss scale ({run.name})")
-        ax.legend(loc="upper right", fontsize=8)
         paths.append(_save(plt, fig, out_dir / f"{prefix}_loss_scale.png"))
     return paths

@@ -120,6 +120,14 @@ class Run:
         return float(value) if value is not None else None
 
     @property
+    def workload(self) -> tuple[str, str]:
+        """What a run trains, for comparing like with like: its data (the datamodule's class, or its dataloaders) and
+        its model's forward FLOPs per sample (3 significant figures; a different model or input size differs).
+        Precision, memory format, loaders and compilation leave it unchanged, so tuned variants compare."""
+        gflops = self.forward_gflops
+        return (self.info("data") or "?", f"{gflops:.3g} GFLOPs forward per sample" if gflops else "FLOPs unknown")
+
+    @property
     def tokens(self) -> bool:
         return "time/tokens_per_sec" in self.scalars or "compute/padding_fraction" in self.scalars
 

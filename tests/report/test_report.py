@@ -88,7 +88,7 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     pngs = sorted((tmp_path / "report_plots").glob("*.png"))
     prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", loaded[0].name).strip("_.")  # plots are named after their run
     assert {p.name for p in pngs} == {f"{prefix}_step_time.png", f"{prefix}_throughput.png", f"{prefix}_mfu.png",
-                                      f"{prefix}_loss_scale.png"}
+                                      f"{prefix}_loss_scale.png", f"{prefix}_samples_per_s.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert Image.open(p).size[0] > 300
@@ -128,6 +128,24 @@ def _write_run(folder: Path, scalars: dict[str, float], info: dict[str, str], st
     writer.add_text("lit_compute/run", markdown_table(["key", "value"], [[k, v] for k, v in info.items()]), 0)
     writer.close()
     return folder
+
+
+def test_runs_of_different_workloads_are_compared_like_with_like(tmp_path):
+    """A GPT beside two ResNet runs: two tables, each run compared only with its own workload; the GPT's in
+    tokens/s (the ResNets' ratio is theirs alone)."""
+    image = {"compute/forward_gflops_per_sample": 4.1, "compute/mfu": 0.3}
+    a = _write_run(tmp_path / "resnet" / "version_0", {**image, "time/samples_per_sec": 10.0}, {"data": "Images"})
+    b = _write_run(tmp_path / "resnet" / "version_1", {**image, "time/samples_per_sec": 25.0}, {"data": "Images"})
+    gpt = _write_run(tmp_path / "gpt" / "version_0", {"compute/forward_gflops_per_sample": 0.52,
+                                                       "time/samples_per_sec": 900.0, "time/tokens_per_sec": 4000.0},
+                     {"data": "TokenDataModule"})
+    text, _ = build_report([str(a), str(gpt), str(b)], tmp_path / "r.md", None, None, plots=False)
+    assert "These runs train 2 different workloads" in text
+    assert "### Images, 4.1 GFLOPs forward per sample" in text and "### TokenDataModule, 0.52 GFLOPs" in text
+    images = text[text.index("### Images"):text.index("### TokenDataModule")]
+    assert "| resnet/version_1 | 40 | 25 | 30.0% | 0.4 | 2.5 |" in images and "gpt/" not in images
+    tokens = text[text.index("### TokenDataModule"):text.index("## resnet/version_0")]
+    assert "| run | time per token (ms) | tokens/s |" in tokens and "| gpt/version_0 | 0.25 | 4,000 |" in tokens
 
 
 def test_two_experiments_with_the_same_version_stay_apart(tmp_path):
