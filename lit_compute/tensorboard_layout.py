@@ -2,7 +2,9 @@
 
 TensorBoard's Custom Scalars plugin matches a chart's tag patterns with ``re.match`` (a prefix match), so every
 pattern here is anchored (``^time/step_ms$`` does not pull in ``time/step_ms_p90``), and every chart holds one
-unit (FLOPs, FLOP/s, a fraction, milliseconds...), so no line sits flat at zero on another's axis.
+unit (FLOPs, FLOP/s, a fraction, milliseconds...), so no line sits flat at zero on another's axis, and training and
+validation figures never share a chart (a validation figure logged at two steps would draw a line across the
+training curve between them).
 Pure data and matching; :func:`lit_compute.writer.write_layout` writes it.
 """
 
@@ -21,7 +23,8 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
     "Compute": {
         "model TFLOP/s (this device, all ranks)": _tags("compute/tflops_per_sec", "compute/global_tflops_per_sec"),
         "validation TFLOP/s": _tags("compute/val_tflops_per_sec", "compute/test_tflops_per_sec"),
-        "MFU and HFU (fraction of peak)": _tags("compute/mfu", "compute/hfu", "compute/val_mfu", "compute/test_mfu"),
+        "MFU and HFU (fraction of peak)": _tags("compute/mfu", "compute/hfu"),
+        "validation MFU (fraction of peak)": _tags("compute/val_mfu", "compute/test_mfu"),
         "FLOPs per step (model, hardware)": _tags("compute/flops_per_step", "compute/hardware_flops_per_step"),
         "FLOPs of one global step (all ranks)": _tags("compute/global_flops_per_step"),
         "FLOPs per sample": _tags("compute/flops_per_sample"),

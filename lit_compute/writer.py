@@ -44,6 +44,26 @@ class Writer:
     failed_loggers: set[int] = field(default_factory=set)  # id() of loggers that raised once
     warned: set[str] = field(default_factory=set)  # warnings given once for all of lit_compute
     tags: set[str] = field(default_factory=set)  # scalar tags written so far
+    points: dict[str, int] = field(default_factory=dict)  # points written per tag
+    two_differ: set[str] = field(default_factory=set)  # tags whose first two points differ
+    first: dict[str, float] = field(default_factory=dict)  # each tag's first value
+    charted: frozenset[str] = frozenset()  # the tags the Custom Scalars layout was last written for
+
+    def add_points(self, metrics: Mapping[str, float]) -> None:
+        for tag, value in metrics.items():
+            n = self.points[tag] = self.points.get(tag, 0) + 1
+            if n == 1:
+                self.first[tag] = value
+            elif n == 2 and value != self.first[tag]:
+                self.two_differ.add(tag)
+        self.tags.update(metrics)
+
+    def drawable(self) -> frozenset[str]:
+        """Tags TensorBoard's charts draw: any number of points but exactly two that differ. With two different
+        values (a validation figure after two validation runs) its line chart scales the y axis to a fixed 0-1
+        ("ignore outliers", on by default), which leaves the line flat at the bottom or off the chart altogether;
+        one point shows as a dot, two equal points and three or more as a line."""
+        return frozenset(t for t in self.tags if self.points[t] != 2 or t not in self.two_differ)
 
 
 _WRITERS: weakref.WeakKeyDictionary[Any, Writer] = weakref.WeakKeyDictionary()
@@ -111,10 +131,11 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
                            category=UserWarning)
     if first:
         log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
-    new = set(clean) - writer.tags
-    if new:
-        writer.tags.update(new)
-        write_layout(trainer, writer.tags)  # rewritten only when a new tag appears: a handful of times per run
+    writer.add_points(clean)
+    drawable = writer.drawable()
+    if drawable != writer.charted:  # a handful of times per run: a new tag, a tag's second and third point
+        writer.charted = drawable
+        write_layout(trainer, drawable)
 
 
 def tensorboard_logger(trainer: pl.Trainer) -> TensorBoardLogger | None:

@@ -209,3 +209,35 @@ def test_messages_during_training_go_through_tqdm_write(tmp_path, capsys):
     trainer.fit(tiny_model(), datamodule=tiny_data())
     (line,) = _flops_line(capsys.readouterr().out)
     assert line.startswith("FlopsLogger: forward") and line.endswith("(forward + backward, model FLOPs)")
+
+
+def _charts(log_dir) -> set[str]:
+    """The chart titles of the latest Custom Scalars layout in the run's event files (what TensorBoard shows)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    return {chart.title for category in layout.category for chart in category.chart}
+
+
+def test_a_chart_of_exactly_two_different_points_waits_for_its_third(tmp_path):
+    """TensorBoard scales a line chart of two different points to a fixed 0-1 axis (the line lies flat at the bottom
+    or off the chart): such a chart is left out of the layout until a third point comes; one point (a dot) or two
+    equal points (a line) are drawn."""
+    from lit_compute.writer import log_scalars
+
+    from .conftest import make_trainer
+
+    trainer = make_trainer(tmp_path)
+    log_dir = trainer.logger.log_dir
+    flops, val = "validation FLOPs per step", "validation MFU (fraction of peak)"
+    log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.02}, step=10)
+    assert {flops, val} <= _charts(log_dir)
+    log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.025}, step=20)
+    charts = _charts(log_dir)
+    assert flops in charts and val not in charts
+    log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.021}, step=30)
+    assert {flops, val} <= _charts(log_dir)

@@ -334,6 +334,15 @@ def test_each_custom_scalars_chart_matches_exactly_its_tags(tensorboard):
     assert checked >= 12
 
 
+def test_training_and_validation_figures_never_share_a_chart():
+    """A validation figure is logged once per validation run: in a training chart its few points draw a line
+    straight across the training curve (the GPT demo's val_mfu did, in the MFU chart)."""
+    for charts in LAYOUT.values():
+        for title, patterns in charts.items():
+            kinds = {bool(re.search(r"(^|/)(val|test)_", p)) for p in patterns}
+            assert len(kinds) == 1, title
+
+
 # -- a sweep's log dir ------------------------------------------------------------------------------------------
 def test_report_over_many_runs_reads_every_one(tmp_path):
     for i in range(12):
