@@ -59,11 +59,11 @@ class Writer:
         self.tags.update(metrics)
 
     def drawable(self) -> frozenset[str]:
-        """Tags TensorBoard's charts draw: any number of points but exactly two that differ. With two different
-        values (a validation figure after two validation runs) its line chart scales the y axis to a fixed 0-1
-        ("ignore outliers", on by default), which leaves the line flat at the bottom or off the chart altogether;
-        one point shows as a dot, two equal points and three or more as a line."""
-        return frozenset(t for t in self.tags if self.points[t] != 2 or t not in self.two_differ)
+        """Tags TensorBoard's charts draw as a line: three or more points, or two equal ones. One point is a lone
+        dot (a profiler window's figures, a single validation run); with exactly two different values (a validation
+        figure after two validation runs) its line chart scales the y axis to a fixed 0-1 ("ignore outliers", on by
+        default), which leaves the line flat at the bottom or off the chart altogether."""
+        return frozenset(t for t in self.tags if self.points[t] >= 3 or (self.points[t] == 2 and t not in self.two_differ))
 
 
 _WRITERS: weakref.WeakKeyDictionary[Any, Writer] = weakref.WeakKeyDictionary()

@@ -218,15 +218,17 @@ def _charts(log_dir) -> set[str]:
 
     acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
     acc.Reload()
+    if "custom_scalars__config__" not in acc.Tags()["tensors"]:
+        return set()
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
     return {chart.title for category in layout.category for chart in category.chart}
 
 
-def test_a_chart_of_exactly_two_different_points_waits_for_its_third(tmp_path):
-    """TensorBoard scales a line chart of two different points to a fixed 0-1 axis (the line lies flat at the bottom
-    or off the chart): such a chart is left out of the layout until a third point comes; one point (a dot) or two
-    equal points (a line) are drawn."""
+def test_a_chart_is_in_the_layout_once_it_can_draw_a_line(tmp_path):
+    """One point is a lone dot, and TensorBoard scales a line chart of two different points to a fixed 0-1 axis (the
+    line lies flat at the bottom or off the chart): such charts are left out of the layout until a line can be
+    drawn (two equal points, or a third)."""
     from lit_compute.writer import log_scalars
 
     from .conftest import make_trainer
@@ -234,8 +236,12 @@ def test_a_chart_of_exactly_two_different_points_waits_for_its_third(tmp_path):
     trainer = make_trainer(tmp_path)
     log_dir = trainer.logger.log_dir
     flops, val = "validation FLOPs per step", "validation MFU (fraction of peak)"
-    log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.02}, step=10)
-    assert {flops, val} <= _charts(log_dir)
+    log_scalars(trainer, {"compute/mfu": 0.3}, step=5)
+    assert _charts(log_dir) == set()  # nothing to draw a line with yet
+    log_scalars(trainer, {"compute/mfu": 0.31, "compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.02}, step=10)
+    log_scalars(trainer, {"compute/mfu": 0.32}, step=15)
+    charts = _charts(log_dir)
+    assert "MFU and HFU (fraction of peak)" in charts and not {flops, val} & charts  # one point each: a dot
     log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.025}, step=20)
     charts = _charts(log_dir)
     assert flops in charts and val not in charts
