@@ -4,7 +4,8 @@ TensorBoard's Custom Scalars plugin matches a chart's tag patterns with ``re.mat
 pattern here is anchored (``^time/step_ms$`` does not pull in ``time/step_ms_p90``), and every chart holds one
 unit (FLOPs, FLOP/s, a fraction, milliseconds...), so no line sits flat at zero on another's axis, and training and
 validation figures never share a chart (a validation figure logged at two steps would draw a line across the
-training curve between them).
+training curve between them). FLOP/s charts are drawn in the unit that fits the run (:func:`flops_rate_tag`): a CPU's
+GFLOP/s figures would otherwise tick ``4e-3`` on a TFLOP/s axis.
 Pure data and matching; :func:`lit_compute.writer.write_layout` writes it.
 """
 
@@ -70,16 +71,37 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
 }
 
 
+#: The FLOP/s tags, logged in TFLOP/s; each has a twin in a smaller unit on a device slower than that.
+FLOP_RATE_TAGS = ("compute/tflops_per_sec", "compute/global_tflops_per_sec", "compute/val_tflops_per_sec",
+                  "compute/test_tflops_per_sec", "compute/peak_tflops")
+
+
+def flops_rate_tag(tag: str, unit: str) -> str:
+    """A TFLOP/s tag's twin in ``unit``: ``compute/tflops_per_sec`` in ``GFLOP/s`` is ``compute/gflops_per_sec``."""
+    return tag.replace("tflops", unit.split("FLOP")[0].lower() + "flops", 1)
+
+
 def chart_matches(patterns: list[str], tags: Iterable[str]) -> set[str]:
     """The tags a chart shows, matched the way TensorBoard matches them (``re.match``)."""
     return {t for t in tags for p in patterns if re.match(p, t)}
 
 
-def layout_for(tags: Iterable[str]) -> dict[str, dict[str, list]]:
-    """The custom-scalars layout restricted to the charts that have at least one of ``tags``."""
+def charts_in(flops_unit: str = "TFLOP/s") -> dict[str, dict[str, list[str]]]:
+    """:data:`LAYOUT` with its FLOP/s charts in ``flops_unit``: their titles, and their tags' twins in that unit."""
+    if flops_unit == "TFLOP/s":
+        return LAYOUT
+    return {category: {(title.replace("TFLOP/s", flops_unit) if "TFLOP/s" in title else title):
+                       ([flops_rate_tag(p, flops_unit) for p in patterns] if "TFLOP/s" in title else patterns)
+                       for title, patterns in charts.items()}
+            for category, charts in LAYOUT.items()}
+
+
+def layout_for(tags: Iterable[str], flops_unit: str = "TFLOP/s") -> dict[str, dict[str, list]]:
+    """The custom-scalars layout restricted to the charts that have at least one of ``tags``, FLOP/s charts in
+    ``flops_unit``."""
     tags = set(tags)
     out: dict[str, dict[str, list]] = {}
-    for category, charts in LAYOUT.items():
+    for category, charts in charts_in(flops_unit).items():
         for title, patterns in charts.items():
             if chart_matches(patterns, tags):
                 out.setdefault(category, {})[title] = ["Multiline", patterns]

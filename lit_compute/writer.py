@@ -4,7 +4,9 @@ One :class:`Writer` per trainer (:func:`writer_for`) holds what writing needs to
 the loggers that failed once (skipped from then on, one warning), the warnings already given, and the tags
 written so far (TensorBoard's Custom Scalars layout is rewritten when a new one appears). It writes:
 
-- a logging event's metrics (:func:`write_event`): one ``log_metrics`` call per logger at the event's step;
+- a logging event's metrics (:func:`write_event`): one ``log_metrics`` call per logger at the event's step; to
+  TensorBoard the FLOP/s figures also in the run's unit when that is under TFLOP/s (``compute/gflops_per_sec`` on a
+  CPU), which its Custom Scalars charts draw;
 - scalars outside an event (:func:`log_scalars`: a profiler window exported at the end of a run, a benchmark
   sweep whose steps are message sizes);
 - one-line messages for the terminal (:func:`say`), printed above a live progress bar instead of through it;
@@ -17,6 +19,7 @@ Loggers that follow TensorBoard's run and version (``PrometheusLogger``) are lin
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +31,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute import _compat
-from lit_compute.formatting import markdown_table
-from lit_compute.tensorboard_layout import layout_for
+from lit_compute.formatting import flops_rate_unit, markdown_table
+from lit_compute.tensorboard_layout import FLOP_RATE_TAGS, flops_rate_tag, layout_for
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -48,6 +51,20 @@ class Writer:
     two_differ: set[str] = field(default_factory=set)  # tags whose first two points differ
     first: dict[str, float] = field(default_factory=dict)  # each tag's first value
     charted: frozenset[str] = frozenset()  # the tags the Custom Scalars layout was last written for
+    flops_unit: tuple[float, str] | None = None  # (scale in TFLOP/s, unit) of the run's FLOP/s charts, once known
+
+    def flops_rate_twins(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """The FLOP/s figures of ``metrics`` in the run's unit (``compute/gflops_per_sec`` on a CPU), for TensorBoard's
+        charts; none when the unit is TFLOP/s. The unit is chosen once (one run, one axis), by the largest of the first
+        achieved FLOP/s figures (a CPU's bfloat16 peak can pass 1 TFLOP/s while it achieves a tenth of it)."""
+        rates = {t: v for t, v in metrics.items() if t in FLOP_RATE_TAGS and math.isfinite(v)}
+        achieved = [abs(v) for t, v in rates.items() if t != "compute/peak_tflops"]
+        if self.flops_unit is None and achieved:
+            self.flops_unit = flops_rate_unit(max(achieved))
+        if not rates or self.flops_unit is None or self.flops_unit[1] == "TFLOP/s":
+            return {}
+        scale, unit = self.flops_unit
+        return {flops_rate_tag(t, unit): v / scale for t, v in rates.items()}
 
     def add_points(self, metrics: Mapping[str, float]) -> None:
         for tag, value in metrics.items():
@@ -119,11 +136,12 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
     step = _compat.batches_that_stepped(trainer) if step is None else step
     clean = {k: float(v) for k, v in metrics.items()}
     first = not writer.tags
+    twins = writer.flops_rate_twins(clean)  # TensorBoard's charts only: other loggers keep one tag per figure
     for logger in trainer.loggers:
         if id(logger) in writer.failed_loggers:
             continue
         try:
-            logger.log_metrics(clean, step=step)
+            logger.log_metrics({**clean, **twins} if isinstance(logger, TensorBoardLogger) else clean, step=step)
         except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
             writer.failed_loggers.add(id(logger))
             rank_zero_warn(f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
@@ -131,7 +149,7 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
                            category=UserWarning)
     if first:
         log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
-    writer.add_points(clean)
+    writer.add_points({**clean, **twins})
     drawable = writer.drawable()
     if drawable != writer.charted:  # a handful of times per run: a new tag, a tag's second and third point
         writer.charted = drawable
@@ -207,8 +225,8 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
     """Write the Custom Scalars layout of ``tags`` to the TensorBoard logger's event file (TensorBoard shows the
     latest one)."""
     tb = tensorboard_logger(trainer)
-    layout = layout_for(tags)
     writer = writer_for(trainer)
+    layout = layout_for(tags, writer.flops_unit[1] if writer.flops_unit else "TFLOP/s")
     if tb is None or not layout or not trainer.is_global_zero or id(tb) in writer.failed_loggers:
         return False
     try:

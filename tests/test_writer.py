@@ -247,3 +247,38 @@ def test_a_chart_is_in_the_layout_once_it_can_draw_a_line(tmp_path):
     assert flops in charts and val not in charts
     log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.021}, step=30)
     assert {flops, val} <= _charts(log_dir)
+
+
+@pytest.mark.parametrize(("compute_s", "unit"), [(1e-5, "GFLOP/s"), (1e-9, "TFLOP/s")])
+def test_flops_rate_charts_are_drawn_in_the_unit_that_fits_the_device(tmp_path, compute_s, unit):
+    """A CPU's FLOP/s on a TFLOP/s axis ticks ``4e-3``: a run achieving under 1 TFLOP/s (this small net at about 70
+    GFLOP/s on the driven clock) also gives TensorBoard its FLOP/s figures in GFLOP/s (``compute/gflops_per_sec``...),
+    and its charts draw those, the unit in their titles; the TFLOP/s tags stay, and other loggers get only them."""
+    from .conftest import read_events, scalar_values
+
+    clock, recording = DrivenClock(), RecordingLogger()
+    trainer = clocked_trainer(
+        tmp_path, clock, max_steps=6, limit_train_batches=6, log_every_n_steps=2, val_check_interval=2,
+        limit_val_batches=2, logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
+        callbacks=[FlopsLogger(peak_flops=5e14)])
+    loaders = dict(train_dataloaders=DataLoader(TimedImages(clock), batch_size=4),
+                   val_dataloaders=DataLoader(TimedImages(clock, compute_s), batch_size=4))
+    trainer.fit(TimedNet(clock, compute_s=compute_s), **loaders)
+    acc = read_events(trainer.loggers[0].log_dir)
+    twins = {"compute/gflops_per_sec": "compute/tflops_per_sec", "compute/global_gflops_per_sec":
+             "compute/global_tflops_per_sec", "compute/val_gflops_per_sec": "compute/val_tflops_per_sec",
+             "compute/peak_gflops": "compute/peak_tflops"}
+    charts = _charts(trainer.loggers[0].log_dir)
+    assert f"model {unit} (this device, all ranks)" in charts and f"validation {unit}" in charts
+    assert f"peak {unit} used for MFU" in charts
+    assert not [c for c in charts if "FLOP/s" in c and unit not in c]
+    assert set(twins.values()) <= set(acc.Tags()["scalars"])  # the logged unit is unchanged
+    if unit == "TFLOP/s":
+        assert not set(twins) & set(acc.Tags()["scalars"])
+        return
+    for twin, tag in twins.items():
+        original = scalar_values(acc, tag)
+        assert [s for s, _ in scalar_values(acc, twin)] == [s for s, _ in original] and len(original) >= 2
+        assert [v for _, v in scalar_values(acc, twin)] == pytest.approx([1000 * v for _, v in original], rel=1e-6)
+    assert scalar_values(acc, "compute/peak_gflops")[-1][1] == pytest.approx(5e14 / 1e9)  # the peak too
+    assert not [k for _, m in recording.calls for k in m if k in twins]  # CSV, Prometheus...: one tag per figure

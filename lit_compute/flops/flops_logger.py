@@ -133,6 +133,10 @@ class FlopsLogger(MeasuringCallback):
         - ``compute/mfu``: ``global_tflops_per_sec / (world_size * peak_tflops)``.
         - ``compute/hfu``: the same from hardware FLOPs.
         - ``compute/peak_tflops``: the per-device peak used as the denominator.
+        - ``compute/gflops_per_sec``, ``compute/global_gflops_per_sec``, ``compute/val_gflops_per_sec``,
+          ``compute/peak_gflops`` (TensorBoard only): the FLOP/s figures in GFLOP/s (``mflops`` in MFLOP/s) when
+          the run's first achieved FLOP/s is under 1 TFLOP/s (a CPU), for the Custom Scalars charts
+          (:class:`~lit_compute.writer.Writer` writes them).
         - ``compute/timed_seconds``: this device's clean time the TFLOP/s, MFU and HFU of the logging step were
           measured over (``lit-compute report`` weighs each window by it: total work over total time).
         - ``compute/flops_estimated`` (``compute/val_flops_estimated``): logged once a batch's FLOPs were found to
