@@ -212,3 +212,28 @@ def parallel_layout(trainer: Any) -> ParallelLayout:
             break
     return ParallelLayout(data_parallel=max(1, world // tensor), tensor_parallel=tensor, nodes=nodes,
                           devices_per_node=devices)
+
+
+def claim_tensorboard_version(logger: Any) -> int | None:
+    """Give a ``TensorBoardLogger`` without a fixed version the next free ``version_N`` folder, created at once.
+
+    Lightning picks the next version by listing the folders and creates it only when it first writes, so two runs
+    started together (two ``make demo`` in two terminals) both took ``version_0`` and wrote one folder. ``mkdir`` is
+    atomic: the run that loses a folder takes the next. Returns the version, or None where the logger's version was
+    already fixed, its folder is not local, or this Lightning lacks the attribute."""
+    if getattr(logger, "_version", 0) is not None or "://" in str(getattr(logger, "root_dir", "://")):
+        return None
+    try:
+        version = int(logger._get_next_version())
+    except Exception:  # noqa: BLE001 - leave the version to Lightning
+        return None
+    while True:
+        try:
+            os.makedirs(os.path.join(logger.root_dir, f"version_{version}"))
+        except FileExistsError:
+            version += 1
+            continue
+        except OSError:
+            return None
+        logger._version = version
+        return version

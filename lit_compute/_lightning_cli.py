@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
+from lit_compute import _compat
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _DEFAULT_MODEL = "lit_compute.models.ImageClassifier"
@@ -195,9 +196,28 @@ class LitComputeCLI(LightningCLI):
         except Exception:  # noqa: BLE001 - without defaults to compare with, keep the data as configured
             return None
 
+    def _claim_versions(self) -> None:
+        """Rank 0 creates its TensorBoard version folder before the run starts: two runs started together in one
+        folder each get their own (:func:`~lit_compute._compat.claim_tensorboard_version`)."""
+        if self.trainer.is_global_zero:
+            for logger in self.trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    _compat.claim_tensorboard_version(logger)
+
+    def before_validate(self) -> None:
+        self._claim_versions()
+
+    def before_test(self) -> None:
+        self._claim_versions()
+
+    def before_predict(self) -> None:
+        self._claim_versions()
+
     def before_fit(self) -> None:
-        """With ``$LIT_COMPUTE_RUN_FILE`` set, write this run's TensorBoard folder there before training (rank 0), so
-        a script (``make demo``) reports the run it started, not whichever run wrote an event file last."""
+        """Claim this run's version folder, then, with ``$LIT_COMPUTE_RUN_FILE`` set, write it there before training
+        (rank 0), so a script (``make demo``) reports the run it started, not whichever run wrote an event file
+        last, nor one started beside it."""
+        self._claim_versions()
         path = os.environ.get("LIT_COMPUTE_RUN_FILE")
         if not path or not self.trainer.is_global_zero:
             return

@@ -441,6 +441,30 @@ def test_lit_compute_fit_names_its_run_for_the_report(tmp_path, monkeypatch):
         assert (tmp_path / "run.txt").read_text().strip() == str(tmp_path / "lightning_logs" / f"version_{version}")
 
 
+def test_two_runs_started_together_never_share_a_version_folder(tmp_path, monkeypatch):
+    """Lightning lists the version folders and creates its own only when it first writes: two ``lit-compute fit``
+    started together both listed no folder and wrote into ``version_0``, and each ``make demo`` reported both runs
+    mixed. Here the other run has just taken ``version_0`` after this one listed the folders."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lit_compute.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIT_COMPUTE_RUN_FILE", str(tmp_path / "run.txt"))
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)  # the other run's claim
+    monkeypatch.setattr(TensorBoardLogger, "_get_next_version", lambda self: 0)  # what this run listed before it
+    (tmp_path / "c.yaml").write_text(
+        "model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\ntrainer:\n  max_steps: 2\n"
+        "  enable_checkpointing: false\n  enable_progress_bar: false\n  enable_model_summary: false\n  logger:\n"
+        "    class_path: lightning.pytorch.loggers.TensorBoardLogger\n    init_args:\n      save_dir: .\n"
+        "      name: lightning_logs\n")
+    cli_main(["fit", "--config", str(tmp_path / "c.yaml")])
+    ours = tmp_path / "lightning_logs" / "version_1"
+    assert (tmp_path / "run.txt").read_text().strip() == str(ours)
+    assert not list((tmp_path / "lightning_logs" / "version_0").iterdir())  # nothing written into the other run's
+    assert list(ours.glob("events.out.tfevents.*")) and (ours / "config.yaml").exists()
+
+
 def test_low_mfu_advice_names_channels_last_only_for_image_runs_and_points_to_tune():
     from lit_compute.report.advice import advice
 
