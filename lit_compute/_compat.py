@@ -237,3 +237,13 @@ def claim_tensorboard_version(logger: Any) -> int | None:
             return None
         logger._version = version
         return version
+
+
+def forget_keyboard_interrupt() -> None:
+    """Call after catching a KeyboardInterrupt in a command that then exits with its own status (``tune``: 130).
+
+    CPython (3.11 here) marks a KeyboardInterrupt raised inside ``exec`` of a string - which is how ``dataclasses``
+    and ``namedtuple`` build their methods, so any import under way when Ctrl-C lands - as unhandled even once it is
+    caught, and at exit kills the process with SIGINT instead of returning the status (``python -m`` and console
+    scripts alike: the tune test saw -2 for 130 on a loaded machine). Every string ``exec`` resets that mark first."""
+    exec("pass")  # noqa: S102 - a constant: resets the interpreter's unhandled-KeyboardInterrupt mark

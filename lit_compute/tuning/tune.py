@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_compute import _compat
 from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
 from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
 from lit_compute.tuning.search import Budget, Options, Outcome, Search, rate_text
@@ -311,6 +312,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"lit-compute tune: error: {err}\n")
         return 2
     except KeyboardInterrupt:
+        _compat.forget_keyboard_interrupt()  # exit 130, not killed by SIGINT at exit
         sys.stderr.write(f"\nlit-compute tune: interrupted; finished trials are kept in {Path(args.log_dir) / 'tune.jsonl'}: "
                          "run the same command again to resume\n")
         return 130

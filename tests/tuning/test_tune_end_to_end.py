@@ -101,3 +101,22 @@ def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, mon
     assert result.status == "timeout" and result.reason == "no result after 8 s (stopped)"
     assert result.wall_s < 60
     assert (tmp_path / "trials" / "t00_short_baseline.yaml").is_file()
+
+
+def test_ctrl_c_during_an_import_still_exits_130(tmp_path):
+    """Ctrl-C landing while a dataclass is being built (``exec`` of a string inside an import) left CPython's mark of
+    an unhandled KeyboardInterrupt set although the tune caught it: under ``python -m`` the process printed its
+    resume line, then killed itself with SIGINT at exit (-2 instead of 130, seen on a loaded machine)."""
+    (tmp_path / "any.yaml").write_text(yaml.safe_dump(CONFIG))
+    (tmp_path / "interrupted_tune.py").write_text(
+        "import sys\n"
+        "import lit_compute.tuning.tune\n"
+        "from lit_compute.cli import main\n"
+        "def interrupted(*args, **kwargs):  # as Ctrl-C inside a dataclass's exec would\n"
+        "    exec('from dataclasses import make_dataclass\\nraise KeyboardInterrupt')\n"
+        "sys.modules['lit_compute.tuning.tune'].tune = interrupted  # (the package's `tune` is the function)\n"
+        "sys.exit(main(['tune', '--config', 'any.yaml', '--log-dir', 'tune_logs']))\n")
+    proc = subprocess.run([sys.executable, "-m", "interrupted_tune"], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "lit-compute tune: interrupted; finished trials are kept in tune_logs/tune.jsonl" in proc.stderr
