@@ -100,6 +100,17 @@ def _suggestion(message: str) -> str:
         except Exception:  # noqa: BLE001 - a suggestion is a nicety
             return ""
         return _close(option.group(2), params)
+    wrong = re.search(r"class_path '([\w.]+)'.*?Parser key \"(\w+)\".*?Expected a <class '(\w+)'>", message, re.S)
+    if wrong:
+        module, _, name = wrong.group(1).rpartition(".")
+        key, kind = wrong.group(2), wrong.group(3)
+        try:
+            default = inspect.signature(getattr(importlib.import_module(module), name)).parameters[key].default
+        except Exception:  # noqa: BLE001 - a suggestion is a nicety
+            default = inspect.Parameter.empty
+        example = f", e.g. {key}: {default}" if isinstance(default, (int, float, str)) and default is not True \
+            and default is not False and default != "" else ""
+        return f"; {name}'s {key} takes {'an' if kind[0] in 'aeiou' else 'a'} {kind}{example}"
     missing = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if missing:
         try:

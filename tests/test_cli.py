@@ -235,7 +235,9 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitr\n", "did you mean 'StepTimeMonitor'?"),
     ("trainr:\n  max_steps: 2\n", "did you mean 'trainer'?"),
     ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
-], ids=["option", "class", "section", "trainer-argument"])
+    ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: twenty\n",
+     "StepTimeMonitor's window takes an int, e.g. window: "),  # its default
+], ids=["option", "class", "section", "trainer-argument", "value-type"])
 def test_a_misspelt_key_or_class_gets_a_close_match(tmp_path, monkeypatch, capsys, text, suggestion):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "typo.yaml").write_text(text)
