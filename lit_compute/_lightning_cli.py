@@ -87,30 +87,35 @@ def _close(word: str, choices: Any) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
+def _parameters(class_path: str) -> Any:
+    """The constructor parameters of the class at ``class_path`` (an empty mapping when it cannot be imported)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except Exception:  # noqa: BLE001 - a suggestion is a nicety
+        return {}
+
+
 def _suggestion(message: str) -> str:
-    """A close match for a misspelt option, section, Trainer argument or class name in a parser error ('' if none)."""
+    """A close match for a misspelt option, section, Trainer argument or class name, or the type and default of a
+    value of the wrong type, in a parser error ('' if none)."""
     import importlib
     import inspect
 
     option = re.search(r"class_path '([\w.]+)'.*?Option '(\w+)' is not accepted", message, re.S)
     if option:
-        module, _, name = option.group(1).rpartition(".")
-        try:
-            params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-        except Exception:  # noqa: BLE001 - a suggestion is a nicety
-            return ""
-        return _close(option.group(2), params)
+        return _close(option.group(2), _parameters(option.group(1)))
     wrong = re.search(r"class_path '([\w.]+)'.*?Parser key \"(\w+)\".*?Expected a <class '(\w+)'>", message, re.S)
     if wrong:
-        module, _, name = wrong.group(1).rpartition(".")
-        key, kind = wrong.group(2), wrong.group(3)
-        try:
-            default = inspect.signature(getattr(importlib.import_module(module), name)).parameters[key].default
-        except Exception:  # noqa: BLE001 - a suggestion is a nicety
-            default = inspect.Parameter.empty
-        example = f", e.g. {key}: {default}" if isinstance(default, (int, float, str)) and default is not True \
-            and default is not False and default != "" else ""
-        return f"; {name}'s {key} takes {'an' if kind[0] in 'aeiou' else 'a'} {kind}{example}"
+        class_path, key, kind = wrong.groups()
+        param = _parameters(class_path).get(key)
+        default = param.default if param is not None else None
+        example = (f", e.g. {key}: {default}" if isinstance(default, (int, float, str))
+                   and not isinstance(default, bool) and default != "" else "")
+        return f"; {class_path.rpartition('.')[2]}'s {key} takes {'an' if kind[0] in 'aeiou' else 'a'} {kind}{example}"
     missing = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if missing:
         try:

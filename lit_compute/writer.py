@@ -66,14 +66,19 @@ class Writer:
         scale, unit = self.flops_unit
         return {flops_rate_tag(t, unit): v / scale for t, v in rates.items()}
 
-    def add_points(self, metrics: Mapping[str, float]) -> None:
+    def add_points(self, metrics: Mapping[str, float]) -> bool:
+        """Count the points of ``metrics``; True when a tag got its first, second or third point (the only points that
+        can change :meth:`drawable`)."""
+        early = False
         for tag, value in metrics.items():
             n = self.points[tag] = self.points.get(tag, 0) + 1
             if n == 1:
                 self.first[tag] = value
             elif n == 2 and value != self.first[tag]:
                 self.two_differ.add(tag)
+            early |= n <= 3
         self.tags.update(metrics)
+        return early
 
     def drawable(self) -> frozenset[str]:
         """Tags TensorBoard's charts draw as a line: three or more points, or two equal ones. One point is a lone
@@ -149,11 +154,11 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
                            category=UserWarning)
     if first:
         log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
-    writer.add_points({**clean, **twins})
-    drawable = writer.drawable()
-    if drawable != writer.charted:  # a handful of times per run: a new tag, a tag's second and third point
-        writer.charted = drawable
-        write_layout(trainer, drawable)
+    if writer.add_points({**clean, **twins}):  # a new tag, a tag's second or third point: a few times per run
+        drawable = writer.drawable()
+        if drawable != writer.charted:
+            writer.charted = drawable
+            write_layout(trainer, drawable)
 
 
 def tensorboard_logger(trainer: pl.Trainer) -> TensorBoardLogger | None:
