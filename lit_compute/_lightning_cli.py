@@ -22,6 +22,7 @@ from lit_compute import _compat
 _PACKAGE = str(Path(__file__).resolve().parent)
 _DEFAULT_MODEL = "lit_compute.models.ImageClassifier"
 _DEFAULT_DATA = "lit_compute.data.TorchvisionImageDataModule"
+_DEFAULT_CLASSES = {"model": _DEFAULT_MODEL, "data": _DEFAULT_DATA}
 
 
 def constructor_error(err: BaseException) -> BaseException | str | None:
@@ -136,7 +137,52 @@ def _suggestion(message: str) -> str:
 
 class _OneLineParser(LightningArgumentParser):
     """LightningCLI's parser, whose errors are one line (``lit-compute: error: ...``, exit code 2) instead of the usage
-    text and a nested Union report."""
+    text and a nested Union report, and whose default model and datamodule are class paths only.
+
+    jsonargparse carries a default class's arguments into any other class a config names, wherever that class
+    accepts the same name (its documented behaviour when a ``class_path`` changes): with ``ImageClassifier`` as
+    the default model, a user's own ``MyModel(num_classes=5, lr=0.5)`` named in a YAML would train with
+    ImageClassifier's ``num_classes=10`` and ``lr=0.001``. The defaults of ``model:`` and ``data:`` are therefore
+    given without their arguments: a class named in the config gets its own defaults, always, and
+    ``--print_config`` shows exactly what will run. :meth:`class_defaults` has them with their arguments.
+    """
+
+    def get_defaults(self, skip_validation: bool = False, **kwargs: Any) -> Any:
+        defaults = super().get_defaults(skip_validation, **kwargs)
+        for key in _DEFAULT_CLASSES:
+            value = defaults.get(key)
+            if value is not None and "class_path" in value and "init_args" in value:
+                del value["init_args"]
+        return defaults
+
+    def class_defaults(self) -> Any:
+        """The defaults with the default classes' own arguments filled in."""
+        return super().get_defaults()
+
+    def without_unasked_data(self, cfg: Any) -> Any:
+        """The default datamodule belongs to the default model: a config that names another model and no ``data:``
+        trains on that model's own loaders, as plain LightningCLI does (not on synthetic images it never asked
+        for). ``cfg`` with ``data`` set to None in that case (a copy), else ``cfg`` itself."""
+        model, data = cfg.get("model"), cfg.get("data")
+        if model is None or data is None or "class_path" not in model:
+            return cfg
+        if str(model.class_path).rpartition(".")[2] == _DEFAULT_MODEL.rpartition(".")[2]:
+            return cfg  # (jsonargparse shortens class paths: lit_compute.ImageClassifier)
+        try:
+            unasked = data == self.class_defaults().get("data")
+        except Exception:  # noqa: BLE001 - without defaults to compare with, keep the data as configured
+            return cfg
+        if not unasked:
+            return cfg
+        cfg = cfg.clone()
+        cfg["data"] = None
+        return cfg
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        """jsonargparse's dump (``--print_config``, the saved ``config.yaml``) of the configuration that runs."""
+        if "model" in cfg and "data" in cfg:
+            cfg = self.without_unasked_data(cfg)
+        return super().dump(cfg, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:  # type: ignore[override]
         if not self.exit_on_error:
@@ -189,28 +235,13 @@ class LitComputeCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.set_defaults({"model": {"class_path": _DEFAULT_MODEL}, "data": {"class_path": _DEFAULT_DATA}})
+        parser.set_defaults({key: {"class_path": path} for key, path in _DEFAULT_CLASSES.items()})
 
     def before_instantiate_classes(self) -> None:
-        """The default datamodule belongs to the default model: a config that names another model and no ``data:``
-        trains on that model's own loaders, as plain LightningCLI does (not on synthetic images it never asked for)."""
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        if config is None:
-            return
-        model, data = config.get("model"), config.get("data")
-        model_path = str(getattr(model, "class_path", "") if model is not None else "")
-        if data is None or model_path.rpartition(".")[2] == _DEFAULT_MODEL.rpartition(".")[2]:
-            return  # (jsonargparse shortens class paths: lit_compute.ImageClassifier)
-        defaults = self._data_defaults()
-        if defaults is not None and data == defaults:
-            config["data"] = None
-
-    def _data_defaults(self) -> Any:
         parser = self._parser(self.subcommand) if self.subcommand else self.parser
-        try:
-            return parser.get_defaults().get("data")
-        except Exception:  # noqa: BLE001 - without defaults to compare with, keep the data as configured
-            return None
+        if config is not None and isinstance(parser, _OneLineParser):
+            config["data"] = parser.without_unasked_data(config).get("data")
 
     def _claim_versions(self) -> None:
         """Rank 0 creates its TensorBoard version folder before the run starts: two runs started together in one

@@ -3,6 +3,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 
 from lit_compute.cli import LitComputeCLI, main
 
@@ -263,3 +264,72 @@ def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypa
     cli = LitComputeCLI(args=["fit", "--config", str(tmp_path / "boring.yaml")])
     assert cli.datamodule is None and cli.trainer.global_step == 2
     assert not (tmp_path / "cache").exists()
+
+
+USER_CLASSES = '''
+import lightning.pytorch as pl
+import torch
+import yaml
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class MyModel(pl.LightningModule):
+    def __init__(self, num_classes: int = 5, lr: float = 0.5, hidden: int = 8):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Linear(4, num_classes)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class MyData(pl.LightningDataModule):
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, num_classes: int = 5):
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(64, 4, generator=g), torch.randint(0, self.hparams.num_classes, (64,), generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=self.hparams.batch_size)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_users_own_classes_keep_their_own_defaults(tmp_path, monkeypatch, capsys):
+    """The default model's and datamodule's arguments (ImageClassifier's num_classes=10, lr=0.001; the image
+    datamodule's batch_size=64) never leak into the user's classes that accept the same names."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user_classes.py").write_text(USER_CLASSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mine.yaml").write_text("trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n"
+                                        "model:\n  class_path: user_classes.MyModel\n"
+                                        "data:\n  class_path: user_classes.MyData\n")
+    cli = LitComputeCLI(args=["fit", "--config", "mine.yaml"])
+    assert (cli.model.hparams.num_classes, cli.model.hparams.lr) == (5, 0.5)
+    assert (cli.datamodule.hparams.batch_size, cli.datamodule.hparams.num_classes) == (32, 5)
+    assert cli.trainer.global_step == 2
+    capsys.readouterr()
+    # --print_config shows exactly that; a value the user writes (even the default model's) is kept
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", "mine.yaml", "--model.init_args.num_classes=10", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["init_args"] == {"num_classes": 10, "lr": 0.5, "hidden": 8}
+    assert printed["data"]["init_args"] == {"batch_size": 32, "num_workers": 0, "num_classes": 5}
+    # a model named alone: no datamodule, and --print_config says so
+    with pytest.raises(SystemExit):
+        main(["fit", "--model", "user_classes.MyModel", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"] is None and printed["model"]["init_args"]["num_classes"] == 5
+    # the default model still gets its own defaults, and arguments given without a class path go to it
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.init_args.lr=0.01", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"].endswith("ImageClassifier")
+    assert printed["model"]["init_args"]["num_classes"] == 10 and printed["model"]["init_args"]["lr"] == 0.01
+    assert printed["data"]["init_args"]["batch_size"] == 64

@@ -179,8 +179,8 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.errors.clear()
         self.uncounted.clear()
         super().__enter__()
-        if _ShardLocalMode is not None and type(self.mode) is _ShardLocalMode.__base__:
-            self.mode.__class__ = _ShardLocalMode  # count DTensor ops at the shapes this device executes
+        if _SafeCountingMode is not None and type(self.mode) is _SafeCountingMode.__base__:
+            self.mode.__class__ = _SafeCountingMode  # DTensor shards, nested tensors, no failure reaches the step
         if self._module_paths is not None:
             seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
@@ -257,14 +257,28 @@ def _has_fake(args: Any, kwargs: Any) -> bool:
 _InnerMode = getattr(flop_counter, "_FlopCounterMode", None)  # torch >= 2.5: the dispatch mode FlopCounterMode enters
 
 
+def _has_nested(args: Any, kwargs: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_nested for t in tree_leaves((args, kwargs)))
+
+
 if _InnerMode is not None:
 
-    class _ShardLocalMode(_InnerMode):  # type: ignore[misc, valid-type]
-        """FlopCounterMode's dispatch mode, counting a DTensor op (tensor parallel, FSDP2 with TP) at the shapes
-        this device executes: the op is handed to DTensor, whose local ops on this rank's shards (after any
-        redistribution) come back through this mode and are counted; DTensor's sharding propagation on fake
-        tensors executes nothing and is not counted. Without it a sharded matmul counts its global shape on
-        every rank (each of two tensor-parallel ranks would report the whole model's FLOPs)."""
+    class _SafeCountingMode(_InnerMode):  # type: ignore[misc, valid-type]
+        """FlopCounterMode's dispatch mode, made safe to run inside a user's training step and counting what this
+        device executes.
+
+        - **DTensor** (tensor parallel, FSDP2 with TP): an op with DTensor arguments is handed to DTensor, whose
+          local ops on this rank's shards (after any redistribution) come back through this mode and are counted;
+          DTensor's sharding propagation on fake tensors executes nothing and is not counted. Without it a sharded
+          matmul counts its global shape on every rank (each of two tensor-parallel ranks would report the whole
+          model's FLOPs).
+        - **Nested tensors** (``nn.TransformerEncoder``'s padding-mask path, a model's own): torch's mode tries an
+          op's Python decomposition when it has no formula, and those read ``sizes()``, which a nested tensor
+          refuses ("NestedTensorImpl doesn't support sizes"); ops on nested tensors run as they are.
+        - **Any other failure of the counting path** (a decomposition that raises where the op itself does not):
+          the op runs as it would without the counter, the failure is recorded in the counter's ``errors`` (the
+          count is then a lower bound), and the user's step goes on. An op that fails on its own raises its own
+          error, as without the counter."""
 
         _in_dtensor_op = False
 
@@ -281,10 +295,23 @@ if _InnerMode is not None:
                     self._in_dtensor_op = False
             if self._in_dtensor_op and _has_fake(args, kwargs):
                 return func(*args, **kwargs)  # DTensor's sharding propagation: nothing is executed
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            if isinstance(func, torch._ops.OpOverload) and _has_nested(args, kwargs):
+                return self._run_and_count(func, args, kwargs)
+            try:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - the counting path must not break the user's step
+                if not isinstance(func, torch._ops.OpOverload):
+                    raise
+                out = func(*args, **kwargs)  # raises the op's own error if the op itself fails
+                self.counter.errors.append(f"{func}: counting failed ({type(err).__name__}: {err}); ran uncounted")
+                return out
+
+        def _run_and_count(self, func: Any, args: Any, kwargs: Any) -> Any:
+            out = func(*args, **kwargs)
+            return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
 
 else:  # pragma: no cover - torch < 2.5 counts DTensor ops at their global shapes
-    _ShardLocalMode = None
+    _SafeCountingMode = None
 
 
 def _deepest(names: set[str], relative: bool) -> list[str]:

@@ -57,7 +57,7 @@ def check_fp32_norms(owner: str, fp32_norms: Any) -> list[str]:
 
 
 def _cast_input_to_fp32(module: nn.Module, args: tuple) -> tuple | None:
-    if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda and args[0].dtype in (torch.float16, torch.bfloat16):
+    if args and isinstance(args[0], torch.Tensor) and args[0].dtype in (torch.float16, torch.bfloat16):
         module._lit_compute_out_dtype = args[0].dtype  # type: ignore[assignment]
         return (args[0].float(), *args[1:])
     module._lit_compute_out_dtype = None  # type: ignore[assignment]
@@ -74,8 +74,9 @@ def _cast_output_back(module: nn.Module, args: tuple, output: Any) -> Any:
 def keep_norms_fp32(module: nn.Module, names: list[str], others: torch.dtype | None = None) -> nn.Module:
     """Put every norm of ``module`` (see :func:`is_fp32_norm`) in float32, in place, and every other floating
     parameter and buffer in ``others`` when given. Non-BatchNorm norms get hooks that cast their low-precision
-    input to float32 and back on CUDA (their kernels may not take mixed dtypes; the native BatchNorm kernels do,
-    and accumulate in float32)."""
+    input to float32 and back, on every device (their kernels may not take mixed dtypes: CUDA's, and CPU's for the
+    nested tensors ``nn.TransformerEncoder`` builds from a padding mask; the native BatchNorm kernels do, and
+    accumulate in float32)."""
     for sub in module.modules():
         if is_fp32_norm(sub, names):
             _to_dtype(sub, torch.float32)

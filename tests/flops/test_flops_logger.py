@@ -311,3 +311,73 @@ def test_a_module_the_tracker_cannot_name_is_said_and_the_totals_stay_whole(tmp_
         trainer.fit(tiny_model(), datamodule=tiny_data())
     (count,) = [c for sig, c in flops.counts.items() if sig[0] == "train"]
     assert count.total > 0 and not any(path.endswith("fc") for path in count.by_module)
+
+
+class _PaddedEncoder(pl.LightningModule):
+    """A user's padded-sequence model: ``nn.TransformerEncoder`` with a padding mask (its evaluation fast path builds
+    nested tensors), and a head of its own that runs a Linear on a nested tensor (ops torch's FlopCounterMode tried
+    to decompose, and the decomposition reads sizes() a nested tensor refuses)."""
+
+    def __init__(self, norm_first: bool = True, nested_head: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+        self.proj = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 2)
+        self.nested_head = nested_head
+
+    def forward(self, x, mask):
+        h = self.enc(self.emb(x), src_key_padding_mask=mask)
+        if self.nested_head:
+            h = self.proj(torch._nested_tensor_from_mask(h, ~mask)).to_padded_tensor(0.0, h.shape)
+        return self.head(h.mean(1))
+
+    def training_step(self, batch, batch_idx):
+        x, mask, y = batch
+        return nn.functional.cross_entropy(self(x, mask), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, mask, y = batch
+        self.log("val/loss", nn.functional.cross_entropy(self(x, mask), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _padded_loader():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50, (32, 12), generator=g)
+    mask = torch.zeros(32, 12, dtype=torch.bool)
+    mask[:, 8:] = True
+    mask[::2, 5:] = True
+    return DataLoader(TensorDataset(x, mask, torch.randint(0, 2, (32,), generator=g)), batch_size=8)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+def test_nested_tensors_in_the_users_model_never_end_the_run(tmp_path, precision):
+    """No exception from inside a counting pass reaches the user's step: nested tensors through fit and validation
+    under every precision, the FLOPs still logged, and training bitwise as without FlopsLogger."""
+    from lit_compute import FP32BatchNormHalfPrecision
+
+    def run(callbacks, root):
+        plugins = [FP32BatchNormHalfPrecision(fp32_norms=["LayerNorm"])] if precision == "bf16-true" else []
+        kwargs = {} if plugins else {"precision": precision}
+        trainer = make_trainer(root, max_steps=4, limit_train_batches=4, val_check_interval=2, limit_val_batches=2,
+                               callbacks=callbacks, plugins=plugins, **kwargs)
+        # post-norm layers take the fused fast path in evaluation (bf16-true: float32 LayerNorms fed bfloat16 nested
+        # tensors); under CPU autocast that fast path fails in torch itself, so bf16-mixed runs pre-norm layers
+        model = _PaddedEncoder(norm_first=precision == "bf16-mixed")
+        trainer.fit(model, _padded_loader(), _padded_loader())
+        return trainer, model.state_dict()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, plain = run([], tmp_path / "plain")
+        trainer, counted = run([FlopsLogger(peak="none", log_every_n_steps=1)], tmp_path / "counted")
+    assert trainer.global_step == 4
+    for key in plain:
+        assert torch.equal(plain[key], counted[key]), key
+    acc = read_events(trainer.logger.log_dir)
+    assert scalar_values(acc, "compute/flops_per_step") and scalar_values(acc, "val/loss")
