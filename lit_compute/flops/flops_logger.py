@@ -22,7 +22,7 @@ from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
 from lit_compute.flops.model_state import ModelState
-from lit_compute.flops.peaks import cached_peak_flops, peak_flops, precision_dtype
+from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_scalars, log_text, save_hparam, say
@@ -193,10 +193,8 @@ class FlopsLogger(MeasuringCallback):
         self.count_validation = count_validation
         self.predict_shapes = predict_shapes
         self.book = CountBook(predict_shapes=predict_shapes, max_failures=_MAX_FAILED_COUNTS)
-        self.peak_used: float | None = None
-        self.peak_info = ""
+        self.peaks = PeakPolicy(peak, peak_flops)
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
-        self._peak_refined = False
         self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
         self._model_state = ModelState()
         self._train_key: tuple[str, str, str, int] | None = None  # the model state of the last training batch
@@ -243,44 +241,38 @@ class FlopsLogger(MeasuringCallback):
         return self.count_validation and not trainer.sanity_checking
 
     # -- set-up ---------------------------------------------------------------------------------------
+    @property
+    def peak_used(self) -> float | None:
+        """The per-device peak FLOP/s MFU is against (None: no MFU); ``peaks.source`` says where it came from."""
+        return self.peaks.value
+
     @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         use_token_spec(self, trainer, self.tokens)
         self._reset_run()
-        with self.timeline.instrument("peak_measure"):
-            self.peak_used = self._resolve_peak(trainer)
-        self._peak_refined = False
-
-    def _resolve_peak(self, trainer: pl.Trainer) -> float | None:
-        if self.peak_flops is not None:
-            return float(self.peak_flops)
-        if self.peak == "none":
-            return None
         device, dtype = trainer.strategy.root_device, precision_dtype(trainer.precision)
-        if self.peak in ("measure", "remeasure"):
-            measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure")
-            self.peak_info = measured.describe()
+        self.peaks = PeakPolicy(self.peak, self.peak_flops)  # the arguments as they are now
+        with self.timeline.instrument("peak_measure"):
+            measured = self.peaks.resolve(device, dtype)
+        if measured is not None:
             say(trainer, f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), "
-                f"{self.peak_info}" + (" (peak='remeasure' measures again)" if measured.cached else ""))
-            return measured.flops
-        value = peak_flops(device, dtype)
-        if value is None:
+                f"{measured.describe()}" + (" (peak='remeasure' measures again)" if measured.cached else ""))
+            if not measured.quiet:
+                self._warn_once("busy-peak", f"FlopsLogger: the peak was measured while other processes used the "
+                                f"CPUs ({measured.describe()}); MFU is against it for this run only.")
+        elif self.peaks.value is None and self.peak == "table":
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} device"
             self._warn_once("no-peak", f"FlopsLogger(peak='table') has no peak for {name} in {dtype}; MFU is not "
                             "logged. Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.")
-        return value
 
-    def _refine_peak(self, trainer: pl.Trainer, count: FlopCount) -> None:
-        """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
-        if self.peak != "table" or self.peak_flops is not None or self._peak_refined:
-            return
-        device = trainer.strategy.root_device
-        if device.type != "cuda" or precision_dtype(trainer.precision) != torch.float32:
-            return
-        self._peak_refined = True
-        value = peak_flops(device, torch.float32, count.by_op)
-        if value:
-            self.peak_used = value
+    def _utilisation(self, tflops: float, hw_tflops: float, world: int) -> dict[str, float]:
+        """MFU, HFU and the peak for an event (:meth:`PeakPolicy.utilisation`: never above 1); a re-measured peak
+        is instrument time."""
+        with self.timeline.instrument("peak_measure"):
+            metrics, warning = self.peaks.utilisation(tflops, hw_tflops, world)
+        if warning:
+            self._warn_once(f"peak:{warning[:60]}", warning)
+        return metrics
 
     @override
     def _fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -360,7 +352,7 @@ class FlopsLogger(MeasuringCallback):
             self._warn_once("prediction-miss", f"FlopsLogger: the predicted count of batches {_short(sig)} missed the "
                             "real count; their shapes are counted for real from now on.")
         if sig[0] == "train":
-            self._refine_peak(trainer, count)
+            self.peaks.refine(count.by_op)
         return booked.values
 
     # -- training -------------------------------------------------------------------------------------
@@ -420,7 +412,7 @@ class FlopsLogger(MeasuringCallback):
                 event.log({"compute/flops_per_sample": _per_sample(trainer, step_model, samples)})
             if self.book.any_estimated:
                 event.log({"compute/flops_estimated": float(self._last_estimated)})
-        world, peak = trainer.world_size, self.peak_used
+        world = trainer.world_size
         step_flops = float(self._last[0]) if self._last is not None else math.nan
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
@@ -431,12 +423,7 @@ class FlopsLogger(MeasuringCallback):
             if not (math.isfinite(local) and math.isfinite(total)):
                 return out
             out.update({"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": total})
-            if peak:
-                out["compute/peak_tflops"] = peak / 1e12
-                out["compute/mfu"] = total / (world * peak / 1e12)
-                if math.isfinite(total_hw):
-                    out["compute/hfu"] = total_hw / (world * peak / 1e12)
-            return out
+            return {**out, **self._utilisation(total, total_hw, world)}
 
         event.contribute(self, {"tflops": local, "hw_tflops": local_hw, "flops": step_flops}, finish)
 
@@ -496,15 +483,16 @@ class FlopsLogger(MeasuringCallback):
                 event.log({f"compute/{prefix}_flops_per_sample": _per_sample(trainer, tally.flops, tally.samples)})
             if self.book.any_estimated:
                 event.log({f"compute/{prefix}_flops_estimated": float(tally.estimated)})
-        world, peak = trainer.world_size, self.peak_used
+        world = trainer.world_size
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
             total = reduced.get("tflops", math.nan)
             if not (math.isfinite(local) and math.isfinite(total)):
                 return {}
             out = {f"compute/{prefix}_tflops_per_sec": local}
-            if peak:
-                out[f"compute/{prefix}_mfu"] = total / (world * peak / 1e12)
+            mfu = self._utilisation(total, math.nan, world).get("compute/mfu")
+            if mfu is not None:
+                out[f"compute/{prefix}_mfu"] = mfu
             return out
 
         event.contribute(self, {"tflops": local}, finish)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from lit_compute._compat import default_cache_dir
+from lit_compute.formatting import flops_rate
 
 T = 1e12
 
@@ -194,13 +196,42 @@ def measure_peak_flops(
     """Measure the achievable dense GEMM FLOP/s on ``device`` in ``dtype`` (best of several timed runs).
 
     On CPU this uses ``torch.get_num_threads()`` threads, as training does. The matrix side defaults to 2048
-    on CPU and 8192 on GPU. The loop stops after about ``seconds``.
+    on CPU and 8192 on GPU. The loop stops after about ``seconds``. See :func:`measure_peak` for the same with
+    the machine's contention measured.
     """
+    return measure_peak(device, dtype, size=size, seconds=seconds, rounds=1).flops
+
+
+#: A CPU measurement round is quiet when this process got at least this share of the CPU time its threads could
+#: have used (threads x wall time): below it, other processes took the cores and the GEMM ran slower than the
+#: machine can.
+QUIET_CPU_SHARE = 0.85
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """One measurement of the GEMM peak: the best FLOP/s, whether a quiet round gave it, and the lowest share of
+    its threads' CPU time this process got in a round (None on GPUs)."""
+
+    flops: float
+    quiet: bool
+    cpu_share: float | None
+
+
+def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
+                 seconds: float = 1.5, rounds: int = 5) -> PeakMeasurement:
+    """The dense GEMM peak of ``device`` in ``dtype``, with the machine's load sampled while measuring.
+
+    The time is split into ``rounds``; in each the best of several GEMMs is kept and, on CPU, the CPU time this
+    process got is compared with what its ``torch.get_num_threads()`` threads could have used (a share under
+    :data:`QUIET_CPU_SHARE` means other processes took the cores). The result is the best quiet round, or the
+    best round with ``quiet=False`` when none was quiet. On GPUs every round counts as quiet."""
     dev = torch.device(device)
     n = size or (8192 if dev.type == "cuda" else 2048)
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     flops = 2.0 * n**3
+    threads = max(1, torch.get_num_threads())
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -208,16 +239,24 @@ def measure_peak_flops(
 
     torch.mm(a, b)  # warm-up (kernel selection, caches)
     sync()
-    best = float("inf")
-    start = time.perf_counter()
-    runs = 0
-    while runs < 3 or (time.perf_counter() - start < seconds and runs < 50):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - t0)
-        runs += 1
-    return flops / best
+    results: list[tuple[float, float | None]] = []
+    per_round = seconds / max(1, rounds)
+    for _ in range(max(1, rounds)):
+        best, runs = float("inf"), 0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        while runs < 3 or (time.perf_counter() - wall0 < per_round and runs < 50):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+            runs += 1
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        share = None if dev.type == "cuda" or wall <= 0 else min(1.0, cpu / (wall * threads))
+        results.append((flops / best, share))
+    quiet = [f for f, share in results if share is None or share >= QUIET_CPU_SHARE]
+    shares = [share for _, share in results if share is not None]
+    return PeakMeasurement(flops=max(quiet) if quiet else max(f for f, _ in results), quiet=bool(quiet),
+                           cpu_share=min(shares) if shares else None)
 
 
 @dataclass(frozen=True)
@@ -232,11 +271,17 @@ class MeasuredPeak:
     measured_at: str
     load_average: float | None
     cached: bool = False
+    quiet: bool = True
+    cpu_share: float | None = None
 
     def describe(self) -> str:
         load = f", load average {self.load_average:.2f}" if self.load_average is not None else ""
         how = "cached from" if self.cached else "measured"
-        return f"{how} {self.measured_at} on {self.device}, {self.threads} threads{load}, torch {self.torch_version}"
+        text = f"{how} {self.measured_at} on {self.device}, {self.threads} threads{load}, torch {self.torch_version}"
+        if not self.quiet:
+            share = f" (this process got {self.cpu_share:.0%} of its threads' CPU time)" if self.cpu_share else ""
+            text += f"; the machine was busy{share}, so it is a lower bound and not cached"
+        return text
 
 
 def _peak_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
@@ -251,32 +296,139 @@ def _peak_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
 
 
 def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                      remeasure: bool = False) -> MeasuredPeak:
+                      remeasure: bool = False, at_least: float | None = None) -> MeasuredPeak:
     """This machine's measured dense GEMM peak in ``dtype``, measured once and cached in
     ``$LIT_COMPUTE_CACHE/peaks.json`` with the conditions it was measured under (device, threads, torch version,
-    load average, time), so MFU is against the same peak in every run; ``remeasure=True`` measures again and
-    replaces the cached value. The cache is keyed by device name, dtype, torch threads and torch version."""
+    load average, time), so MFU is against the same peak in every run.
+
+    The cache is keyed by device name, dtype, torch threads (a 1-thread and a 2-thread peak are two entries) and
+    torch version. A peak is cached only when measured on a quiet machine (:func:`measure_peak`): one measured
+    while other processes took the cores serves this run only, with ``quiet=False``, and replaces nothing.
+    ``remeasure=True`` measures again; ``at_least`` (FLOP/s a run achieved) measures again when the cached value
+    is below it. A new measurement above the cached value proves the cached one wrong: it is replaced when the new
+    one is quiet, removed otherwise."""
     dev = torch.device(device)
     name, key = _peak_key(dev, dtype)
     path = default_cache_dir() / "peaks.json"
     entries: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         entries = json.loads(path.read_text())
-    entry = entries.get(key) if isinstance(entries, dict) else None
-    if not remeasure and isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)):
-        fields = {k: entry.get(k) for k in MeasuredPeak.__dataclass_fields__ if k != "cached"}
+    if not isinstance(entries, dict):
+        entries = {}
+    entry = entries.get(key)
+    cached: MeasuredPeak | None = None
+    if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)):
+        fields = {k: entry.get(k) for k in ("flops", "device", "dtype", "threads", "torch_version", "measured_at",
+                                            "load_average")}
         with contextlib.suppress(TypeError):
-            return MeasuredPeak(**fields, cached=True)
-    flops = measure_peak_flops(dev, dtype)
+            cached = MeasuredPeak(**fields, cached=True)
+    if cached is not None and not remeasure and (at_least is None or cached.flops >= at_least):
+        return cached
+    measured = measure_peak(dev, dtype)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    peak = MeasuredPeak(flops=flops, device=name, dtype=str(dtype).removeprefix("torch."),
+    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=str(dtype).removeprefix("torch."),
                         threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
-                        measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load)
+                        measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load, quiet=measured.quiet,
+                        cpu_share=measured.cpu_share)
+    if measured.quiet:
+        entries[key] = {k: v for k, v in asdict(peak).items() if k not in ("cached", "quiet")}
+    elif cached is not None and cached.flops < measured.flops:
+        del entries[key]  # even a busy machine beat it: the cached value was measured under load
+    else:
+        return peak
     with contextlib.suppress(OSError):  # a read-only cache: the value is still used for this run
         path.parent.mkdir(parents=True, exist_ok=True)
-        entries = {**(entries if isinstance(entries, dict) else {}), key: asdict(peak)}
-        entries[key].pop("cached", None)
         tmp = path.with_name(f"peaks.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
         os.replace(tmp, path)
     return peak
+
+
+class PeakPolicy:
+    """Which per-device peak FLOP/s MFU and HFU are measured against, and what happens when it cannot be right.
+
+    ``peak`` is :class:`~lit_compute.FlopsLogger`'s argument: ``"table"`` (:data:`PEAK_TABLE`; float32 on CUDA
+    weighed by the count's TF32-eligible ops, :meth:`refine`), ``"measure"`` (:func:`cached_peak_flops`),
+    ``"remeasure"`` (measured again at set-up) or ``"none"``; ``peak_flops`` overrides it. MFU is computed here
+    and nowhere else (:meth:`utilisation`): a figure above 1 is never logged. A measured peak that a run beats is
+    measured again (once per run, with ``at_least``); a table or given peak that a run beats is reported.
+
+    Attributes:
+        value: The peak in FLOP/s per device (None: no MFU).
+        source: Where it came from, in words (logged with the run).
+    """
+
+    def __init__(self, peak: str = "table", peak_flops: float | None = None) -> None:
+        self.peak, self.peak_flops = peak, peak_flops
+        self.value: float | None = None
+        self.source = ""
+        self.device: torch.device | None = None
+        self.dtype: torch.dtype = torch.float32
+        self._refined = self._rechecked = False
+
+    @property
+    def measured(self) -> bool:
+        return self.peak_flops is None and self.peak in ("measure", "remeasure")
+
+    def resolve(self, device: torch.device, dtype: torch.dtype) -> MeasuredPeak | None:
+        """Find the peak for a run on ``device`` in ``dtype``; the measurement when it was measured."""
+        self.device, self.dtype, self._refined, self._rechecked = device, dtype, False, False
+        self.value, self.source = None, ""
+        if self.peak_flops is not None:
+            self.value, self.source = float(self.peak_flops), "given as FlopsLogger(peak_flops=...)"
+            return None
+        if self.peak == "none":
+            return None
+        if self.measured:
+            measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure")
+            self.value, self.source = measured.flops, measured.describe()
+            return measured
+        self.value = peak_flops(device, dtype)
+        if self.value is not None:
+            self.source = f"the peak table ({str(dtype).removeprefix('torch.')})"
+        return None
+
+    def refine(self, flops_by_op: dict[str, int]) -> None:
+        """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
+        if self.peak != "table" or self.peak_flops is not None or self._refined or self.device is None:
+            return
+        if self.device.type != "cuda" or self.dtype != torch.float32:
+            return
+        self._refined = True
+        value = peak_flops(self.device, torch.float32, flops_by_op)
+        if value:
+            self.value = value
+
+    def utilisation(self, tflops: float, hw_tflops: float, devices: int) -> tuple[dict[str, float], str | None]:
+        """``compute/mfu``, ``compute/hfu`` and ``compute/peak_tflops`` for achieved model and hardware TFLOP/s
+        summed over ``devices``, and a warning when a figure would exceed 1 (then none is returned). A measured
+        peak is measured again first (once per run): a cached peak measured under load is replaced."""
+        if not self.value or not math.isfinite(tflops) or devices < 1:
+            return {}, None
+        metrics = self._metrics(tflops, hw_tflops, devices)
+        if metrics["compute/mfu"] <= 1 and metrics.get("compute/hfu", 0.0) <= 1:
+            return metrics, None
+        over = max(metrics["compute/mfu"], metrics.get("compute/hfu", 0.0))
+        achieved = max(tflops, hw_tflops if math.isfinite(hw_tflops) else 0.0) / devices * 1e12
+        said = (f"this device achieved {flops_rate(achieved / 1e12)}, {over:.3f}x the peak of "
+                f"{flops_rate(self.value / 1e12)} ({self.source})")
+        if self.measured and not self._rechecked and self.device is not None:
+            self._rechecked = True
+            again = cached_peak_flops(self.device, self.dtype, at_least=achieved)
+            self.value, self.source = max(again.flops, self.value), again.describe()
+            metrics = self._metrics(tflops, hw_tflops, devices)
+            if metrics["compute/mfu"] <= 1 and metrics.get("compute/hfu", 0.0) <= 1:
+                return metrics, (f"FlopsLogger: {said}: that peak was wrong. Measured again: "
+                                 f"{flops_rate(self.value / 1e12)} ({self.source}); MFU is against it from now on.")
+            said += f", and {flops_rate(self.value / 1e12)} measured again ({self.source})"
+        fix = ("set FlopsLogger(peak_flops=...) to the device's real peak" if not self.measured else
+               "run on a quiet machine with peak='remeasure'")
+        return {}, (f"FlopsLogger: MFU would be over 100%: {said}. MFU and HFU are not logged while the peak is "
+                    f"below what the device achieves; {fix}, or check the FLOP count.")
+
+    def _metrics(self, tflops: float, hw_tflops: float, devices: int) -> dict[str, float]:
+        peak = self.value / 1e12  # type: ignore[operator]
+        out = {"compute/peak_tflops": peak, "compute/mfu": tflops / (devices * peak)}
+        if math.isfinite(hw_tflops):
+            out["compute/hfu"] = hw_tflops / (devices * peak)
+        return out

@@ -1,20 +1,34 @@
-"""FlopsLogger(peak="measure") uses one measured peak per machine, cached with its conditions (#29 item 7):
-MFU of two runs on the same machine is against the same peak; peak="remeasure" measures again."""
+"""FlopsLogger(peak="measure") uses one measured peak per machine, cached with its conditions (#29 item 7): MFU of
+two runs on the same machine is against the same peak; peak="remeasure" measures again. A peak measured on a busy
+machine is never cached, a cached peak a run beats is measured again, and MFU over 1 is never logged (#34 item 4)."""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
+import warnings
 
+import pytest
 import torch
 
+from lit_compute import FlopsLogger
 from lit_compute.flops import peaks
-from lit_compute.flops.peaks import cached_peak_flops
+from lit_compute.flops.peaks import PeakMeasurement, PeakPolicy, cached_peak_flops, measure_peak
+
+from ..conftest import make_trainer, read_events, scalar_values, tiny_data, tiny_model
+
+
+def _measurements(monkeypatch, *values):
+    """measure_peak returns these (flops, quiet) in turn."""
+    it = iter(values)
+    monkeypatch.setattr(peaks, "measure_peak", lambda device, dtype: PeakMeasurement(*next(it), cpu_share=0.9))
 
 
 def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_request(tmp_path, monkeypatch):
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
-    measured = iter([2.0e11, 3.0e11, 4.0e11])
-    monkeypatch.setattr(peaks, "measure_peak_flops", lambda device, dtype: next(measured))
+    _measurements(monkeypatch, (2.0e11, True), (3.0e11, True), (4.0e11, True))
     first = cached_peak_flops("cpu", torch.float32)
     again = cached_peak_flops("cpu", torch.float32)
     assert (first.flops, first.cached) == (2.0e11, False)
@@ -33,7 +47,85 @@ def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_
 def test_a_broken_cache_file_is_measured_over(tmp_path, monkeypatch):
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     (tmp_path / "peaks.json").write_text("{not json")
-    monkeypatch.setattr(peaks, "measure_peak_flops", lambda device, dtype: 5.0e11)
+    _measurements(monkeypatch, (5.0e11, True))
     peak = cached_peak_flops("cpu", torch.float32)
     assert (peak.flops, peak.cached) == (5.0e11, False)
     assert cached_peak_flops("cpu", torch.float32).cached
+
+
+def test_a_busy_measurement_serves_its_run_only_and_a_run_that_beats_the_cache_replaces_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    _measurements(monkeypatch, (4.6e10, False), (1.6e11, True), (9.0e10, False), (1.7e11, False))
+    busy = cached_peak_flops("cpu", torch.float32)
+    assert (busy.flops, busy.quiet) == (4.6e10, False) and "busy" in busy.describe()
+    assert not (tmp_path / "peaks.json").exists()  # nothing cached
+    quiet = cached_peak_flops("cpu", torch.float32)
+    assert quiet.quiet and cached_peak_flops("cpu", torch.float32).flops == 1.6e11
+    # the cached value is above what the run achieved: served from the cache, nothing measured
+    assert cached_peak_flops("cpu", torch.float32, at_least=1.0e11).cached
+    # a run beat it: measured again; a busy measurement below the cache changes nothing
+    assert cached_peak_flops("cpu", torch.float32, at_least=1.65e11).flops == 9.0e10
+    assert cached_peak_flops("cpu", torch.float32).flops == 1.6e11
+    # a busy measurement above it proves the cached value wrong: removed
+    assert cached_peak_flops("cpu", torch.float32, at_least=1.65e11).flops == 1.7e11
+    assert json.loads((tmp_path / "peaks.json").read_text()) == {}
+
+
+@pytest.mark.timeout(120)
+def test_a_peak_measured_beside_cpu_burners_is_not_cached(tmp_path, monkeypatch):
+    """The reproduction: a peak measured while other processes load every core is a lower bound (46 against 165
+    GFLOP/s here) and was cached, serving every later run: a quiet run logged MFU 1.157."""
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(torch.get_num_threads())]
+    try:
+        measured = measure_peak("cpu", torch.float32, size=512, seconds=0.6)
+        peak = cached_peak_flops("cpu", torch.float32)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert not measured.quiet and measured.cpu_share < peaks.QUIET_CPU_SHARE
+    assert not peak.quiet and "the machine was busy" in peak.describe()
+    assert not (tmp_path / "peaks.json").exists()
+
+
+def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_path, monkeypatch):
+    """A cached peak measured under load (1 GFLOP/s): the first logging step finds the run beating it, measures
+    again (a quiet 1 PFLOP/s here), replaces the cache, and logs MFU against the new peak only."""
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    key = peaks._peak_key(torch.device("cpu"), torch.float32)[1]
+    (tmp_path / "peaks.json").write_text(json.dumps({key: {
+        "flops": 1e9, "device": "cpu", "dtype": "float32", "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__, "measured_at": "2026-12-01 10:00", "load_average": 4.0}}))
+    _measurements(monkeypatch, (1e15, True))
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4,
+                           callbacks=[FlopsLogger(peak="measure", log_every_n_steps=1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+    said = [str(w.message) for w in caught if "that peak was wrong" in str(w.message)]
+    assert len(said) == 1 and "the peak of 1 GFLOP/s (cached from 2026-12-01 10:00" in said[0]
+    assert "Measured again: 1,000 TFLOP/s (measured " in said[0]
+    acc = read_events(trainer.logger.log_dir)
+    mfu = scalar_values(acc, "compute/mfu")
+    assert mfu and all(0 < v <= 1 for _, v in mfu)
+    assert {v for _, v in scalar_values(acc, "compute/peak_tflops")} == {1000.0}
+    assert json.loads((tmp_path / "peaks.json").read_text())[key]["flops"] == 1e15
+
+
+def test_a_given_peak_below_what_the_device_achieves_logs_no_mfu_and_says_so(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=3, callbacks=[FlopsLogger(peak_flops=1e6, log_every_n_steps=1)])
+    with pytest.warns(UserWarning, match=r"MFU would be over 100%.*peak_flops=\.\.\.\) to the device's real peak"):
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+    tags = read_events(trainer.logger.log_dir).Tags()["scalars"]
+    assert "compute/tflops_per_sec" in tags and "compute/mfu" not in tags and "compute/hfu" not in tags
+
+
+def test_the_policy_computes_mfu_and_hfu_in_one_place():
+    policy = PeakPolicy(peak_flops=2e12)
+    policy.resolve(torch.device("cpu"), torch.float32)
+    metrics, warning = policy.utilisation(tflops=1.0, hw_tflops=1.5, devices=2)
+    assert warning is None and metrics == {"compute/peak_tflops": 2.0, "compute/mfu": 0.25, "compute/hfu": 0.375}
+    assert policy.utilisation(tflops=math.nan, hw_tflops=1.0, devices=2) == ({}, None)
+    metrics, warning = policy.utilisation(tflops=3.0, hw_tflops=5.0, devices=2)  # HFU 1.25: nothing logged
+    assert metrics == {} and "1.250x the peak of 2 TFLOP/s (given as FlopsLogger(peak_flops=...))" in warning
