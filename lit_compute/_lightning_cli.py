@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
-from lit_compute import _compat
+from lit_compute import _compat, agreement
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _DEFAULT_MODEL = "lit_compute.models.ImageClassifier"
@@ -245,7 +245,13 @@ class LitComputeCLI(LightningCLI):
 
     def _claim_versions(self) -> None:
         """Rank 0 creates its TensorBoard version folder before the run starts: two runs started together in one
-        folder each get their own (:func:`~lit_compute._compat.claim_tensorboard_version`)."""
+        folder each get their own (:func:`~lit_compute._compat.claim_tensorboard_version`). The resolved config is
+        what the ranks compare at set-up (:func:`lit_compute.agreement.register_config`)."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if config is not None:
+            resolved = config.as_dict()
+            resolved.pop("config", None)  # the config files' own paths may differ between nodes
+            agreement.register_config(self.trainer, resolved)
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
@@ -291,6 +297,9 @@ def run(args: Sequence[str] | None) -> None:
     quiet_lightning()
     try:
         LitComputeCLI(args=args)
+    except agreement.ConfigMismatchError as err:
+        sys.stderr.write(f"lit-compute: error: {err}\n")
+        raise SystemExit(2) from None
     except (ValueError, TypeError, ModuleNotFoundError) as err:
         ours = constructor_error(err) or _configuration_error(err)
         if ours is None or _training_started(err):

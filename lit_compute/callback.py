@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from lit_compute import agreement
 from lit_compute._batch import TokenSpec
 from lit_compute.timeline import LogEvent, StepRecord, Timeline, timeline_for
 from lit_compute.writer import link_loggers, write_event
@@ -180,7 +181,21 @@ class MeasuringCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._timeline(trainer)
         link_loggers(trainer)
+        measuring = measuring_callbacks(trainer)
+        if measuring and measuring[0] is self:  # once per set-up, on every rank
+            self._agree(trainer, pl_module, measuring)
         self._guard(self._setup, trainer, pl_module, stage)
+
+    def _agree(self, trainer: pl.Trainer, pl_module: pl.LightningModule, measuring: list[MeasuringCallback]) -> None:
+        """The ranks must run with the same settings (:mod:`lit_compute.agreement`): one all-reduce; a mismatch
+        raises :class:`~lit_compute.agreement.ConfigMismatchError` on every rank, before the first step."""
+        try:
+            values = agreement.settings(trainer, pl_module, measuring)
+        except Exception as err:  # noqa: BLE001 - the collective still runs, with what every failing rank knows
+            self._warn_once("agreement", f"{type(self).__name__}: reading the settings the ranks must agree on failed "
+                            f"({type(err).__name__}: {err}); they are not compared.")
+            values = {"settings": "unknown"}
+        agreement.check(trainer, values)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -180,6 +180,16 @@ class TunedDDPStrategy(DDPStrategy):
         self.applied_env: dict[str, str] = {}
         self.benchmark_results: list[Any] = []
 
+    def agreement_settings(self) -> dict[str, Any]:
+        """What every rank must run with (:mod:`lit_compute.agreement` compares it at set-up): two nodes with
+        different communication hooks or buckets exchange gradients that do not match."""
+        ddp = {k: v for k, v in getattr(self, "_ddp_kwargs", {}).items()
+               if isinstance(v, (bool, int, float, str, type(None)))}
+        return {"comm_hook": self.comm_hook, "powersgd_rank": self.powersgd_rank,
+                "powersgd_start_iter": self.powersgd_start_iter, "nccl": repr(self.nccl),
+                "benchmark_collectives": self.benchmark_collectives, "benchmark_max_mb": self.benchmark_max_mb,
+                "benchmark_seconds": self.benchmark_seconds, **ddp}
+
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         """Register ``ddp_tuned`` and its spawn/fork/notebook variants (not Lightning's own ``ddp`` names)."""

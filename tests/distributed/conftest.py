@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import lightning.pytorch as pl
 import torch
@@ -56,3 +62,50 @@ def _fit(tmp_path: Path, name: str, strategy, callbacks=(), **kwargs) -> list[di
                            limit_val_batches=0, **kwargs)
     trainer.fit(_MLP(), train_dataloaders=_loader())
     return [json.loads((out / f"fit_rank{r}.json").read_text()) for r in (0, 1)]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_nodes(tmp_path: Path, configs: list[Path], timeout: float, extra_path: Path | None = None) -> list[tuple[int, str]]:
+    """``lit-compute fit --config CONFIG`` on as many torchrun "nodes" as configs (``--nnodes N --nproc-per-node 1``,
+    c10d rendezvous on 127.0.0.1), each node with its own file, as a job whose nodes were started by hand (or by
+    srun) is. Returns each launcher's exit code and output (also in ``launcher<i>.log``); a launch past ``timeout``
+    seconds is killed with every process and fails the test (a hang)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "RANK", "NCCL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(extra_path or tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    port = _free_port()
+    nodes = []
+    for config in configs:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(configs)), "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lit-compute-test",
+                   "-m", "lit_compute.cli", "fit", "--config", str(config)]
+        nodes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            os.killpg(node.pid, signal.SIGKILL)
+        pytest.fail(f"the {len(configs)}-node torchrun job did not finish within {timeout:g} s (a hang?)")
+    for i, out in enumerate(outputs):
+        (tmp_path / f"launcher{i}.log").write_text(out)
+    return [(node.returncode, out) for node, out in zip(nodes, outputs)]
+
+
+def failure_lines(index: int, returncode: int, output: str) -> str:
+    """A node's exit code, its first error lines (the root cause, before the other node's knock-on errors) and its
+    last lines; the whole output is in launcher<index>.log under the test's tmp_path."""
+    lines = output.splitlines()
+    first = [line for line in lines if any(k in line for k in ("Error", "error", "terminate", "exitcode", "Signal"))]
+    return (f"--- launcher {index}: exit {returncode}\nfirst error lines:\n" + "\n".join(first[:12])
+            + "\nlast lines:\n" + "\n".join(lines[-25:]))

@@ -5,17 +5,12 @@ the same torchrun on each node)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from ..conftest import read_events, scalar_values, text_values
+from .conftest import failure_lines, launch_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,12 +30,6 @@ class RecordEnv(pl.Callback):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(tmp_path: Path) -> Path:
     config = yaml.safe_load((ROOT / "configs" / "ddp.yaml").read_text())
     trainer = config["trainer"]
@@ -56,39 +45,11 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
-def _failure_lines(index: int, returncode: int, output: str) -> str:
-    """A node's exit code, its first error lines (the root cause, before the other node's knock-on errors) and its
-    last lines; the whole output is in launcher<index>.log under the test's tmp_path."""
-    lines = output.splitlines()
-    first = [line for line in lines if any(k in line for k in ("Error", "error", "terminate", "exitcode", "Signal"))]
-    return (f"--- launcher {index}: exit {returncode}\nfirst error lines:\n" + "\n".join(first[:12])
-            + "\nlast lines:\n" + "\n".join(lines[-25:]))
-
-
 def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank(tmp_path):
     (tmp_path / "record_env.py").write_text(RECORD_ENV)
     config = _config(tmp_path)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "RANK", "NCCL_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lit-compute-test",
-               "-m", "lit_compute.cli", "fit", "--config", str(config)]
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) for _ in range(2)]
-    outputs = []
-    try:
-        for node in nodes:
-            outputs.append(node.communicate(timeout=300)[0])
-    except subprocess.TimeoutExpired:
-        for node in nodes:
-            os.killpg(node.pid, signal.SIGKILL)
-        pytest.fail("the two-node torchrun job did not finish within 300 s (a hang?)")
-    for i, out in enumerate(outputs):
-        (tmp_path / f"launcher{i}.log").write_text(out)
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(_failure_lines(i, n.returncode, o)
-                                                            for i, (n, o) in enumerate(zip(nodes, outputs)))
+    results = launch_nodes(tmp_path, [config, config], timeout=300)
+    assert [rc for rc, _ in results] == [0, 0], "\n".join(failure_lines(i, rc, out) for i, (rc, out) in enumerate(results))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     for r in ranks:

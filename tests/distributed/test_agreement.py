@@ -1,0 +1,103 @@
+"""Nodes started with different settings stop at set-up with one line naming the setting on every rank, instead of
+hanging (a different ``log_every_n_steps`` or set of measuring callbacks: a logging all-reduce only some ranks call)
+or dying later with an unnamed transport error (a different ``max_steps`` or batch size)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import yaml
+
+from lit_compute import FlopsLogger, StepTimeMonitor
+from lit_compute.agreement import describe_mismatch, flatten, settings
+
+from ..conftest import make_trainer
+from .conftest import launch_nodes
+
+BASE = {
+    "trainer": {"accelerator": "cpu", "devices": 1, "num_nodes": 2, "strategy": "ddp_tuned", "max_steps": 4,
+                "log_every_n_steps": 2, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                "enable_model_summary": False,
+                "callbacks": [{"class_path": "lit_compute.FlopsLogger", "init_args": {"peak": "none"}},
+                              {"class_path": "lit_compute.StepTimeMonitor"}]},
+    "model": {"class_path": "tests.tuning.tune_models.SleepyRegression", "init_args": {"coef": 0.0}},
+    "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 8}},
+}
+
+
+def _log_every(c):
+    c["trainer"]["log_every_n_steps"] = 3
+
+
+def _one_callback(c):
+    c["trainer"]["callbacks"] = c["trainer"]["callbacks"][1:]
+
+
+def _max_steps(c):
+    c["trainer"]["max_steps"] = 6
+
+
+def _batch_size(c):
+    c["data"]["init_args"]["batch_size"] = 16
+
+
+CASES = {  # what node 1's file changes -> the line every rank prints
+    "log_every_n_steps": (_log_every, "log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1"),
+    "callback_on_one_node": (_one_callback, "callbacks[0]: FlopsLogger on node 0 rank 0, StepTimeMonitor on node 1 rank 1"),
+    "max_steps": (_max_steps, "max_steps: 4 on node 0 rank 0, 6 on node 1 rank 1"),
+    "batch_size": (_batch_size, "config.data.init_args.batch_size: 8 on node 0 rank 0, 16 on node 1 rank 1"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_two_nodes_with_different_settings_stop_at_setup_naming_it(tmp_path, case):
+    change, expected = CASES[case]
+    other = copy.deepcopy(BASE)
+    change(other)
+    files = [tmp_path / "node0.yaml", tmp_path / "node1.yaml"]
+    files[0].write_text(yaml.safe_dump(BASE))
+    files[1].write_text(yaml.safe_dump(other))
+    results = launch_nodes(tmp_path, files, timeout=60)  # ends within 60 s or fails the test as a hang
+    for rc, out in results:
+        errors = [line for line in out.splitlines() if line.startswith("lit-compute: error:")]
+        assert rc != 0 and len(errors) == 1, out[-3000:]
+        # rank numbers follow the rendezvous, not the launch order: name the two values, on two ranks
+        line = re.sub(r"node (\d) rank \1", "node N rank N", errors[0])
+        assert re.sub(r"node (\d) rank \1", "node N rank N", expected).split(": ", 1)[0] in line
+        values = sorted(re.findall(r"(\S+) on node N rank N", line))
+        assert values == sorted(re.findall(r"(\S+) on node \d rank \d", expected)), line
+
+
+def _entries(*per_rank):
+    return [{"node": r, "rank": r, "settings": s} for r, s in enumerate(per_rank)]
+
+
+def test_the_mismatch_names_the_first_setting_that_differs_and_where():
+    same = {"max_steps": "4", "config.model.lr": "0.1"}
+    assert describe_mismatch(_entries({**same, "log_every_n_steps": "2"}, {**same, "log_every_n_steps": "3"},
+                                      {**same, "log_every_n_steps": "2"})).startswith(
+        "the ranks of this job were started with different settings: log_every_n_steps: 2 on node 0 rank 0 (and 1 "
+        "other ranks), 3 on node 1 rank 1. Start every node with the same config")
+    # trainer settings come before the rest; a setting only one rank has is "(not set)" elsewhere
+    line = describe_mismatch(_entries({"config.a": "1", "max_steps": "4"}, {"config.a": "2", "max_steps": "5"}))
+    assert ": max_steps: 4 on node 0 rank 0, 5 on node 1 rank 1." in line
+    line = describe_mismatch(_entries({"callbacks[1]": '"StepTimeMonitor"'}, {}))
+    assert "callbacks[1]: StepTimeMonitor on node 0 rank 0, (not set) on node 1 rank 1" in line
+
+
+def test_what_is_compared_leaves_machine_local_values_out(tmp_path):
+    flat = flatten({"data": {"init_args": {"data_dir": "/node0/scratch", "batch_size": 8}},
+                    "trainer": {"default_root_dir": "/x", "callbacks": [{"init_args": {"port": 9464, "window": 5}}]},
+                    "seed_everything": 1234, "ckpt_path": None})
+    assert flat == {"data.init_args.batch_size": "8", "trainer.callbacks[0].init_args.window": "5"}
+    trainer = make_trainer(tmp_path, callbacks=[FlopsLogger(), StepTimeMonitor(window=7)])
+    model = torch.nn.Linear(2, 2)
+    values = settings(trainer, model, trainer.callbacks[:2])
+    assert values["log_every_n_steps"] == "1" and values["max_steps"] == "3"
+    assert values["callbacks[0]"] == "FlopsLogger" and values["callbacks[1] StepTimeMonitor.window"] == "7"
+    assert not [v for v in values.values() if " at 0x" in v]  # object addresses differ between processes
+    assert settings(trainer, model, trainer.callbacks[:2]) == values
