@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import lightning.pytorch.cli as lightning_cli
 from lightning.pytorch import LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import lit_compute
@@ -109,7 +109,11 @@ def _suggestion(message: str) -> str:
     option = re.search(r"class_path '([\w.]+)'.*?Option '(\w+)' is not accepted", message, re.S)
     if option:
         return _close(option.group(2), _parameters(option.group(1)))
-    wrong = re.search(r"class_path '([\w.]+)'.*?Parser key \"(\w+)\".*?Expected a <class '(\w+)'>", message, re.S)
+    literal = re.search(r"Parser key \"(\w+)\":?\s+Expected a typing\.Literal\[([^\]]*)\]\. Got value: (\S+)", message)
+    if literal:  # a misspelt choice: the close one, else the choices
+        key, choices, got = literal.group(1), re.findall(r"'([^']*)'", literal.group(2)), literal.group(3)
+        return _close(got, choices) or f"; {key} takes one of {', '.join(choices)}"
+    wrong = re.search(r"class_path '([\w.]+)'.*?Parser key \"(\w+)\":?\s+Expected a <class '(\w+)'>", message, re.S)
     if wrong:
         class_path, key, kind = wrong.groups()
         param = _parameters(class_path).get(key)
@@ -212,6 +216,17 @@ def _configuration_error(err: BaseException) -> str | None:
     return None
 
 
+class _SaveConfigToRun(SaveConfigCallback):
+    """Lightning's SaveConfigCallback, saving the resolved ``config.yaml`` into the run's log folder only: a run
+    without a logger has no run folder, and Lightning would write (with ``overwrite``, replace) ``config.yaml`` in
+    the current directory - a user's own file, or a stray copy at a repository's root."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if trainer.logger is None:
+            return
+        super().setup(trainer, pl_module, stage)
+
+
 class LitComputeCLI(LightningCLI):
     """LightningCLI with lit_compute's defaults (ImageClassifier on TorchvisionImageDataModule).
 
@@ -222,6 +237,7 @@ class LitComputeCLI(LightningCLI):
 
     def __init__(self, args: Sequence[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("save_config_callback", _SaveConfigToRun)
         kwargs.setdefault("parser_class", _OneLineParser)
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(
@@ -255,7 +271,9 @@ class LitComputeCLI(LightningCLI):
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
-                    _compat.claim_tensorboard_version(logger)
+                    version = _compat.claim_tensorboard_version(logger)
+                    if version is not None:
+                        _CLAIMED.append(Path(logger.root_dir) / f"version_{version}")
 
     def before_validate(self) -> None:
         self._claim_versions()
@@ -290,11 +308,51 @@ class LitComputeCLI(LightningCLI):
             raise SystemExit(2) from None
 
 
+_CLAIMED: list[Path] = []  # the version folders this process created (LitComputeCLI._claim_versions)
+
+
+def _is_empty_run(folder: Path) -> bool:
+    """True when ``folder`` holds nothing but TensorBoard event files without a single value in them."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    if any(not f.name.startswith("events.out.tfevents") for f in files):
+        return False
+    try:
+        return not any(e.WhichOneof("what") not in (None, "file_version") for f in files
+                       for e in EventFileLoader(str(f)).Load())
+    except Exception:  # noqa: BLE001 - unreadable: keep it
+        return False
+
+
+def forget_empty_runs() -> list[Path]:
+    """Remove the version folders this process created whose run ended before anything was logged (a config that
+    failed at set-up): TensorBoard would list each as a run with no data. Returns what was removed."""
+    import shutil
+
+    removed = []
+    while _CLAIMED:
+        folder = _CLAIMED.pop()
+        if folder.is_dir() and _is_empty_run(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def run(args: Sequence[str] | None) -> None:
     """Run a LightningCLI subcommand (``args=None``: from ``sys.argv``, without Lightning's args warning). A
     component's refusal of its input before training (a data folder that does not exist, a corpus too small) ends
-    the command in one line with exit code 2, not a traceback."""
+    the command in one line with exit code 2, not a traceback, and leaves no empty run folder behind."""
     quiet_lightning()
+    try:
+        _run(args)
+    except BaseException:
+        forget_empty_runs()
+        raise
+    _CLAIMED.clear()
+
+
+def _run(args: Sequence[str] | None) -> None:
     try:
         LitComputeCLI(args=args)
     except agreement.ConfigMismatchError as err:

@@ -228,6 +228,7 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     ours = [line for line in err.splitlines() if line.startswith("lit-compute: error:")]
     assert len(ours) == 1 and expected in ours[0], err[-2000:]
     assert "Traceback" not in err and "usage:" not in err
+    assert not list(tmp_path.glob("lightning_logs/version_*"))  # no empty run for TensorBoard to list
 
 
 @pytest.mark.parametrize(("text", "suggestion"), [
@@ -238,7 +239,11 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
     ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: twenty\n",
      "StepTimeMonitor's window takes an int, e.g. window: "),  # its default
-], ids=["option", "class", "section", "trainer-argument", "value-type"])
+    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: mesure\n",
+     "did you mean 'measure'?"),
+    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: fancy\n",
+     "peak takes one of table, measure, remeasure, none"),
+], ids=["option", "class", "section", "trainer-argument", "value-type", "choice", "choices"])
 def test_a_misspelt_key_or_class_gets_a_close_match(tmp_path, monkeypatch, capsys, text, suggestion):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "typo.yaml").write_text(text)
@@ -261,9 +266,12 @@ def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "boring.yaml").write_text("model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\n"
                                           "trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n")
+    (tmp_path / "config.yaml").write_text("# the user's own file\n")
     cli = LitComputeCLI(args=["fit", "--config", str(tmp_path / "boring.yaml")])
     assert cli.datamodule is None and cli.trainer.global_step == 2
     assert not (tmp_path / "cache").exists()
+    # without a logger there is no run folder to save the resolved config in: nothing is written in its place
+    assert (tmp_path / "config.yaml").read_text() == "# the user's own file\n"
 
 
 USER_CLASSES = '''

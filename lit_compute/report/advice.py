@@ -49,9 +49,13 @@ def advice(run: Run) -> list[str]:
         lines.append(f"Low MFU: compute/mfu is {percent(mfu)} in {precision or 'this precision'} (below {low:.0%}): {fix}.")
     padding = run.mean("compute/padding_fraction")
     if padding is not None and padding > PADDING:
+        data = run.info("data") or ""
+        how = ("set TokenDataModule(mode='packed') to pack sequences into fixed-length rows" if data == "TokenDataModule"
+               else f"pack sequences into fixed-length rows in {data or 'your datamodule'} (concatenate documents with "
+               "a separator and cut rows of seq_len, as lit_compute's TokenDataModule(mode='packed') does)")
         lines.append(f"Padding waste: {percent(padding)} of the computed token positions are padding "
-                     "(compute/padding_fraction): pack sequences into fixed-length rows (TokenDataModule(mode='packed')) "
-                     "or group batches by length.")
+                     f"(compute/padding_fraction): {how}, or group batches of similar length (a length-bucketing "
+                     "batch sampler).")
     plugin = run.info("precision plugin") or ""
     if precision and not precision.startswith("32") and "FP32BatchNorm" not in plugin and _has_batchnorm(run):
         lines.append(f"Low precision ({precision}) without FP32BatchNormPrecision (plugin {plugin}): BatchNorm statistics "

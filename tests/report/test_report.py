@@ -171,7 +171,12 @@ BF16_CPU = {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecisi
         # input-bound on token batches: no image decoder advice
         ({"time/data_wait_fraction": 0.5, "time/tokens_per_sec": 100.0, "compute/padding_fraction": 0.4},
          {**BF16_CPU, "data": "TokenDataModule"},
-         ["Input-bound: data wait is 50.0%", "tokenise once", "Padding waste: 40.0%"], ["DALI"]),
+         ["Input-bound: data wait is 50.0%", "tokenise once", "Padding waste: 40.0%",
+          "set TokenDataModule(mode='packed')"], ["DALI"]),
+        # a user's own datamodule: the advice names it, not a setting it does not have
+        ({"compute/padding_fraction": 0.4}, {**BF16_CPU, "data": "MyTextData"},
+         ["Padding waste: 40.0%", "pack sequences into fixed-length rows in MyTextData"],
+         ["set TokenDataModule(mode='packed')"]),
         # input-bound on images: the image advice
         ({"time/data_wait_fraction": 0.5, "time/samples_per_sec": 100.0}, BF16_CPU, ["DALIImageDataModule"], []),
         ({"compute/mfu": 0.6, "time/data_wait_fraction": 0.01}, BF16_CPU, ["Nothing stands out"], ["Low MFU"]),
@@ -186,7 +191,7 @@ BF16_CPU = {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecisi
         ({"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.4}, BF16_CPU,
          ["Communication-bound: collectives take 40.0% of the profiled steps and only 20.0%"], []),
     ],
-    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "input-bound-images", "healthy", "bandwidth-bound",
+    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "padding-own-datamodule", "input-bound-images", "healthy", "bandwidth-bound",
          "little-comm", "comm-bound"],
 )
 def test_advice_follows_the_numbers(tmp_path, scalars, info, expected, not_expected):
