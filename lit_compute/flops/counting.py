@@ -249,6 +249,15 @@ def _has_dtensor(args: Any, kwargs: Any) -> bool:
     return dtensor is not None and any(isinstance(t, dtensor) for t in tree_leaves((args, kwargs)))
 
 
+def is_sharded(module: nn.Module) -> bool:
+    """True for a module FSDP2 (``fully_shard``) or tensor parallelism manages: DTensor parameters, or an FSDP2
+    unit whose set-up runs lazily at the strategy's first forward (a forward of ours before it breaks it)."""
+    fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if fsdp_module is not None and any(isinstance(m, fsdp_module) for m in module.modules()):
+        return True
+    return _has_dtensor(tuple(module.parameters()), {})
+
+
 def _has_fake(args: Any, kwargs: Any) -> bool:
     fake = getattr(sys.modules.get("torch._subclasses.fake_tensor"), "FakeTensor", None)
     return fake is not None and any(isinstance(t, fake) for t in tree_leaves((args, kwargs)))

@@ -20,7 +20,7 @@ from lit_compute._batch import TokenSpec
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
-from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops
+from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops, is_sharded
 from lit_compute.flops.model_state import ModelState
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
@@ -279,7 +279,7 @@ class FlopsLogger(MeasuringCallback):
         """With an ``example_input_array``: the forward GFLOPs per sample as an hparam, in Lightning's own (first,
         only) ``log_hyperparams`` call, which comes right after ``on_fit_start``."""
         example = getattr(pl_module, "example_input_array", None)
-        if example is None:
+        if example is None or is_sharded(pl_module):  # FSDP2 sets itself up at the strategy's first forward, not ours
             return
         training = pl_module.training
         try:  # in eval mode under no_grad, as Lightning's model summary runs the example (BatchNorm takes a batch of 1)
