@@ -159,7 +159,12 @@ if __name__ == "__main__":
 """
 
 
-def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path):
+@pytest.mark.parametrize(("data_parallel", "tensor_parallel"), [(1, 2), (2, 1)], ids=["tensor-parallel", "fsdp2"])
+def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path, data_parallel,
+                                                                                tensor_parallel):
+    """Each layout the config documents (its default, tensor parallel 2; and FSDP2 only), every component on. The
+    GPT has an example_input_array, which FlopsLogger's fit-start count ran before FSDP2's lazy set-up ('FSDPParam'
+    object has no attribute 'param_dtype' on both ranks)."""
     import math
 
     import yaml
@@ -167,6 +172,8 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     from .conftest import run_script, scalar_values, text_values
 
     config = yaml.safe_load((ROOT / "configs" / "gpt_model_parallel.yaml").read_text())
+    config["trainer"]["strategy"]["init_args"].update(data_parallel_size=data_parallel,
+                                                      tensor_parallel_size=tensor_parallel)
     config["trainer"]["callbacks"][3]["init_args"].update(start_step=6, warmup=1, active=2)  # the profiler window
     config["trainer"]["logger"][1]["init_args"]["port"] = 0  # PrometheusLogger on a free port
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -175,15 +182,21 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     (version,) = tmp_path.glob("lightning_logs/version_*")
     acc = read_events(version)
     (run,) = text_values(acc, "lit_compute/run")
-    assert "| parallel layout | data parallel 1 x tensor parallel 2 |" in run and "ModelParallelStrategy" in run
+    assert (f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
+            and "ModelParallelStrategy" in run)
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
-    assert total == 2 * local  # two tensor-parallel peers, each its shards of the same batch
+    if tensor_parallel == 2:
+        assert total == 2 * local  # two peers, each its shards of the same batch
+    else:  # each rank the whole model on its own batch (token batches: their lengths may differ)
+        assert local < total == pytest.approx(2 * local, rel=0.05)
     tags = set(acc.Tags()["scalars"])
     assert {"val/loss", "time/global_tokens_per_sec", "time/rank_skew", "rank/1/step_ms", "compute/mfu",
             "compute/padding_fraction"} <= tags
     assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
     traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
     assert [t.split("_")[-1] for t in traces] == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
+    if data_parallel == 2:  # the example's forward GFLOPs per sample comes with the first counted batch instead
+        assert scalar_values(acc, "compute/forward_gflops_per_sample")
 
 
 BAD_CONFIGS = {
