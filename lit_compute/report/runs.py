@@ -14,7 +14,11 @@ from lit_compute.formatting import read_key_value_table
 
 __all__ = ["OUR_PREFIXES", "ReportError", "Run", "find_runs", "load_run", "name_runs"]
 
-OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/")
+OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/", "tune/")
+# a tune trial's steady-state measurement (TrialRecorder) read as the run's one timed window
+_TRIAL_FIGURES = {"tune/samples_per_sec": "time/samples_per_sec", "tune/tokens_per_sec": "time/tokens_per_sec",
+                  "tune/step_ms": "time/step_ms", "tune/timed_steps": "time/timed_steps",
+                  "tune/data_wait_fraction": "time/data_wait_fraction", "tune/mfu": "compute/mfu"}
 _WINDOW = re.compile(r"Window \d+: steps (\d+)-(\d+)")
 
 
@@ -59,6 +63,8 @@ class Run:
     def stopped_early(self) -> tuple[int, int] | None:
         """``(steps trained, steps planned)`` when the run ended before its ``max_steps`` (interrupted, crashed, or
         still running), from the last training step logged; None when it finished or nothing says what was planned."""
+        if "tune/trial" in self.texts:  # a tune trial stops once measured, by design
+            return None
         planned = re.fullmatch(r"(\d+) steps", self.info("planned") or "")
         steps = [s for tag in ("train/loss", "time/step_ms", "compute/flops_per_step") for s, _ in self.scalars.get(tag, [])]
         if planned is None or not steps:
@@ -187,6 +193,7 @@ def load_run(path: Path) -> Run:
             run.texts[tag[: -len("/text_summary")]] = [
                 s.decode() for ev in acc.Tensors(tag) for s in ev.tensor_proto.string_val
             ]
+    _read_trial(run)
     hp = path / "hparams.yaml"
     if hp.is_file():
         try:
@@ -196,6 +203,18 @@ def load_run(path: Path) -> Run:
         if isinstance(loaded, dict):
             run.hparams = loaded
     return run
+
+
+def _read_trial(run: Run) -> None:
+    """A tune trial's measurement stands in for the windows it logged too few steps to have."""
+    if not any(t in run.scalars for t in _TRIAL_FIGURES):
+        return
+    for trial_tag, tag in _TRIAL_FIGURES.items():
+        if trial_tag in run.scalars and tag not in run.scalars:
+            run.scalars[tag] = list(run.scalars[trial_tag])
+    steps, ms = run.scalars.get("tune/timed_steps"), run.scalars.get("tune/step_ms")
+    if steps and ms and "compute/timed_seconds" not in run.scalars:
+        run.scalars["compute/timed_seconds"] = [(steps[-1][0], steps[-1][1] * ms[-1][1] / 1e3)]
 
 
 def name_runs(runs: list[Run]) -> None:

@@ -31,6 +31,7 @@ from lit_compute.callback import MeasuringCallback
 from lit_compute.speedup.channels_last import has_channels_last_weights
 from lit_compute.speedup.fused_optimizer import fusable
 from lit_compute.timeline import StepRecord
+from lit_compute.writer import log_scalars, log_text
 
 # two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
@@ -156,6 +157,7 @@ class TrialRecorder(MeasuringCallback):
     @override
     def _train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.facts = model_facts(trainer, pl_module)
+        self._trainer = trainer
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -224,6 +226,27 @@ class TrialRecorder(MeasuringCallback):
     def _teardown(self) -> None:
         if self.facts or self.steps or self.losses:
             self.write()
+            self._log_measurement()
+
+    def _log_measurement(self) -> None:
+        """The trial's steady-state figures in its TensorBoard run (``tune/*``, once, at its last step), and a text
+        saying it stopped once measured: ``lit-compute report`` on a tune's runs reads them (a trial logs too few
+        steps for StepTimeMonitor's windows, and its planned steps are a ceiling, not a plan)."""
+        trainer = self.__dict__.pop("_trainer", None)
+        if trainer is None or not trainer.is_global_zero:
+            return
+        result = self.result()
+        step = max(0, int(trainer.global_step) - 1)
+        figures = {"tune/samples_per_sec": result["samples_per_sec"], "tune/tokens_per_sec": result.get("tokens_per_sec"),
+                   "tune/timed_steps": float(result["timed_steps"]), "tune/data_wait_fraction": result["data_wait"]}
+        if result["samples_per_sec"] and result["samples_per_step"]:
+            figures["tune/step_ms"] = 1e3 * result["samples_per_step"] / result["samples_per_sec"]
+        mfu = _mfu(trainer, result)
+        if mfu is not None:
+            figures["tune/mfu"] = mfu
+        log_scalars(trainer, {k: float(v) for k, v in figures.items() if v is not None}, step=step)
+        log_text(trainer, "tune/trial", f"lit-compute tune trial: stopped after {result['steps_seen']} steps "
+                 f"({self.stop_reason or 'the run ended'}); {result['timed_steps']} timed steps.", step=step)
 
     # -- the result -----------------------------------------------------------------------------------
     def result(self) -> dict[str, Any]:
@@ -266,6 +289,17 @@ class TrialRecorder(MeasuringCallback):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.result(), default=str))
         tmp.replace(path)
+
+
+def _mfu(trainer: pl.Trainer, result: dict[str, Any]) -> float | None:
+    """The trial's MFU from its FlopsLogger's count and peak (None when either is unknown)."""
+    flops_logger = next((cb for cb in trainer.callbacks if type(cb).__name__ == "FlopsLogger"), None)
+    count = getattr(getattr(flops_logger, "book", None), "first_train", None)
+    peak = getattr(flops_logger, "peak_used", None)
+    per_batch, rate = result.get("samples_per_batch"), result.get("samples_per_sec")
+    if count is None or not peak or not per_batch or not rate:
+        return None
+    return count.total / per_batch * rate / peak
 
 
 def _peak_memory_gb() -> float:

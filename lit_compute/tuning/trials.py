@@ -7,6 +7,8 @@ interrupted tune resumes where it stopped.
 from __future__ import annotations
 
 import copy
+import ctypes
+import errno
 import json
 import os
 import re
@@ -23,6 +25,23 @@ from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, du
 # what a measurement leaves out; everything else (the model summary's forward of example_input_array included)
 # runs as the user's fit runs it, so a setting that breaks the user's fit breaks its trial
 _DROPPED_IN_TRIALS = ("ModelCheckpoint", "EarlyStopping", "RichProgressBar", "TQDMProgressBar")
+
+
+class DiskFullError(OSError):
+    """The disk the tune writes to is full: no trial's knob is to blame; the tune stops and keeps its journal."""
+
+    def __init__(self, folder: Path, what: str) -> None:
+        import shutil
+
+        try:
+            free = f"{shutil.disk_usage(folder).free / 1e6:.0f} MB free"
+        except OSError:
+            free = "free space unknown"
+        super().__init__(errno.ENOSPC, f"the disk holding {folder} is full ({free}) while {what}: no knob is "
+                         "blamed and the journal is kept; free some space and run the same command again to resume")
+
+
+_DISK_FULL = ("no space left on device", "errno 28", "enospc", "disk quota exceeded")
 
 
 @dataclass
@@ -76,7 +95,7 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     """The trial's config: the user's (with the knob values) plus what a measurement needs: one TensorBoard logger
     under ``log_dir``, no checkpoints, no validation but Lightning's sanity check, no progress bar (the model
     summary stays as configured), a fixed seed, the recorder callback (and a
-    FlopsLogger for MFU when the config has none). Training length is the recorder's to decide."""
+    FlopsLogger against the machine's cached peak, for MFU, when the config has none). Training length is the recorder's to decide."""
     c = copy.deepcopy(config)
     seed = c.get("seed_everything")
     c["seed_everything"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
@@ -92,7 +111,7 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     callbacks = [cb for cb in as_list(trainer, "callbacks") if short(class_name(cb)) not in _DROPPED_IN_TRIALS]
     trainer["callbacks"] = callbacks
     if not any(short(class_name(cb)) == "FlopsLogger" for cb in callbacks):
-        add_callback(c, "lit_compute.FlopsLogger", {"peak": "none"})
+        add_callback(c, "lit_compute.FlopsLogger", {"peak": "measure"})  # the cached peak the tune's table uses
     add_callback(c, "lit_compute.tuning.TrialRecorder", {"out": str(out_json), "seconds": spec.seconds, **recorder})
     return c
 
@@ -121,16 +140,33 @@ def _read_tb_scalar(run_dir: Path, tag: str) -> float | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In the trial's child process: the kernel sends it SIGKILL when the tune dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG): a killed tune leaves no trial training on as an orphan."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the tune's own Ctrl-C handling still stops its trials
+        pass
+
+
 def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path, timeout: float,
               recorder: dict[str, Any]) -> TrialResult:
-    """Train ``config`` with the trial settings in a child process and read what it measured."""
+    """Train ``config`` with the trial settings in a child process and read what it measured.
+
+    Raises:
+        DiskFullError: the trial (or writing its files) found the disk full; nothing is recorded."""
     slug = spec.slug(index)
     trials = log_dir / "trials"
-    trials.mkdir(parents=True, exist_ok=True)
     out_json, yaml_file, log_file = trials / f"{slug}.json", trials / f"{slug}.yaml", trials / f"{slug}.log"
-    out_json.unlink(missing_ok=True)
-    yaml_file.write_text(dump_yaml(trial_config(config, out_json, log_dir, slug, spec, recorder),
-                                   header=[f"lit-compute tune trial {slug} (not for training: see the tuned file)"]))
+    try:
+        trials.mkdir(parents=True, exist_ok=True)
+        out_json.unlink(missing_ok=True)
+        yaml_file.write_text(dump_yaml(trial_config(config, out_json, log_dir, slug, spec, recorder),
+                                       header=[f"lit-compute tune trial {slug} (not for training: see the tuned file)"]))
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(log_dir, f"writing trial {slug}") from None
+        raise
     env = {k: v for k, v in os.environ.items() if k != "LIT_COMPUTE_RUN_FILE"}
     env["PYTHONUNBUFFERED"] = "1"
     start = time.monotonic()
@@ -138,7 +174,8 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
                          status="ok")
     with open(log_file, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lit_compute.cli", "fit", "--config", str(yaml_file)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         try:
             returncode = proc.wait(timeout=max(1.0, timeout))
         except BaseException as err:  # the timeout, or Ctrl-C in the tune: the trial's process group goes too
@@ -150,6 +187,8 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     result.wall_s = time.monotonic() - start
     if returncode is not None and returncode != 0:
         tail = log_file.read_text(errors="replace")[-6000:]
+        if any(mark in tail.lower() for mark in _DISK_FULL):
+            raise DiskFullError(log_dir, f"trial {slug} ran (see {log_file})")
         result.status, result.reason = _classify_failure(returncode, tail)
     if result.status == "ok":
         _read_result(result, out_json, log_dir / "runs" / slug)
@@ -199,20 +238,31 @@ class Journal:
             self._read()
 
     def _read(self) -> None:
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill: that trial runs again
                 continue
+            if not isinstance(entry, dict):  # valid JSON that is no entry (null, a number): skipped
+                continue
             if entry.get("config_hash") != self.config_hash:
                 self.other_config = True
                 continue
-            if entry.get("kind") == "trial":
-                result = TrialResult.from_json(entry["result"])
-                self.results[result.key] = result
-                self.spent_s += result.wall_s
-            elif entry.get("kind") == "overhead":
-                self.spent_s += float(entry.get("seconds", 0.0))
+            try:
+                if entry.get("kind") == "trial":
+                    result = TrialResult.from_json(entry["result"])
+                    self.results[result.key] = result
+                    self.spent_s += float(result.wall_s)
+                elif entry.get("kind") == "overhead":
+                    self.spent_s += float(entry.get("seconds", 0.0))
+            except (AttributeError, KeyError, TypeError, ValueError):  # a damaged entry: that trial runs again
+                continue
+
+    def forget(self, key: str) -> None:
+        """Run this trial again instead of replaying it (a failed baseline: the user may have fixed the model)."""
+        result = self.results.pop(key, None)
+        if result is not None:
+            self.spent_s -= result.wall_s
 
     def add(self, result: TrialResult) -> None:
         self.results[result.key] = result
@@ -224,8 +274,18 @@ class Journal:
         self._append({"kind": "overhead", "what": what, "seconds": seconds})
 
     def _append(self, entry: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"config_hash": self.config_hash, **entry}, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = json.dumps({"config_hash": self.config_hash, **entry}, default=str) + "\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a+b") as f:
+                if f.tell() > 0:  # a last line cut by a kill has no newline: end it, or this entry joins it
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        line = "\n" + line
+                f.write(line.encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(self.path.parent, "writing the journal") from None
+            raise

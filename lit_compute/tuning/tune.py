@@ -4,18 +4,27 @@
 config unchanged (the baseline), inspects the model it built to find the knobs that apply, searches them
 greedily with successive halving inside the budget, guards every trial (crashes, out-of-memory, hangs, losses
 that drift from the baseline's), measures the winner beside the baseline, and writes the winner as a config
-``lit-compute fit`` accepts unchanged. Every trial is a TensorBoard run under ``--log-dir`` (``lit-compute report
-tune_logs`` compares them) and a line of ``tune.jsonl``: a tune stopped by Ctrl-C resumes where it stopped.
+``lit-compute fit`` accepts unchanged. Every tune works in its own folder under ``--log-dir``, named after the
+config and a hash of it (``tune_logs/baseline-3f2a9c01/``), locked while it runs: its trials' TensorBoard runs
+(``lit-compute report tune_logs/baseline-3f2a9c01/runs`` compares them), their configs and logs, and its journal
+``tune.jsonl``, so any number of tunes share a log dir. A tune stopped by Ctrl-C resumes where it stopped.
+
+Exit codes of ``lit-compute tune``: 0 done, 2 bad input or a tune that cannot go on (the baseline fails, a full
+disk, another tune of the same config running), 130 interrupted (run the same command again to resume).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +34,64 @@ from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
 from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
 from lit_compute.tuning.search import Budget, Options, Outcome, Search, rate_text
 from lit_compute.tuning.summary import final_line, not_applied, table, tuned_yaml
-from lit_compute.tuning.trials import Journal, TrialResult, TrialSpec, run_trial
+from lit_compute.tuning.trials import DiskFullError, Journal, TrialResult, TrialSpec, run_trial
 
 
 class TuneError(RuntimeError):
     """The tune cannot go on (the baseline itself fails, bad arguments): the message says why and what to do."""
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C: the finished trials are kept in ``journal``; the same command resumes."""
+
+    def __init__(self, journal: Path) -> None:
+        super().__init__(str(journal))
+        self.journal = journal
+
+
+def check_paths(out: Path, log_dir: Path) -> None:
+    """``--out`` and ``--log-dir`` checked before the first trial (one line each, not a traceback minutes later)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise TuneError(f"--out {out} is a folder; give the tuned YAML's file name, e.g. {out / 'tuned.yaml'}")
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        raise TuneError(f"--out {out}: its folder {parent} {what}; create the folder or choose another --out")
+    if not os.access(parent, os.W_OK):
+        raise TuneError(f"--out {out}: its folder {parent} is not writable; choose another --out")
+    if log_dir.exists() and not log_dir.is_dir():
+        raise TuneError(f"--log-dir {log_dir} is a file; give a folder for the trials (default tune_logs)")
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TuneError(f"--log-dir {log_dir} cannot be created ({err.strerror}); choose another folder") from None
+
+
+def tune_folder(log_dir: Path, config_path: Path, digest: str) -> Path:
+    """The tune's own folder under ``log_dir``: the config's name and a hash of it (and of the trial settings)."""
+    return log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', config_path.stem)}-{digest[:8]}"
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold ``folder/.lock`` for the tune's run: a second tune of the same config at once stops with one line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            pid = lock.read().strip() or "?"
+            raise TuneError(f"another tune of this config is running in {folder} (pid {pid}); wait for it, or tune "
+                            "with another --log-dir") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -102,15 +164,14 @@ def measure_machine(device: str) -> Machine:
 class _Tuner:
     """One tune: the journal, the budget, the trial counter and the progress lines."""
 
-    def __init__(self, config_path: Path, budget_s: float, log_dir: Path, options: Options,
-                 recorder: dict[str, Any], fresh: bool, echo: Any) -> None:
+    def __init__(self, config_path: Path, config: dict[str, Any], digest: str, budget_s: float, log_dir: Path,
+                 options: Options, recorder: dict[str, Any], fresh: bool, echo: Any) -> None:
         self.config_path = config_path
-        self.config = load_config(config_path)
+        self.config = config
         self.log_dir = log_dir
         self.options = options
         self.recorder = recorder
         self.echo = echo
-        digest = config_hash({"config": self.config, "recorder": recorder})
         journal = log_dir / "tune.jsonl"
         if fresh and journal.is_file():
             journal.rename(journal.with_name(f"tune.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
@@ -142,8 +203,11 @@ class _Tuner:
         # a hang is a trial past twice its estimate; never past what the search (or the budget) has left
         timeout = max(10.0, min(max(60.0, 2 * estimate + 30), limit))
         config = apply_settings(self.config, self.knobs, spec.settings)
-        result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
-        self.journal.add(result)
+        try:
+            result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
+            self.journal.add(result)
+        except DiskFullError as err:
+            raise TuneError(err.strerror) from None
         self._progress(result)
         return result
 
@@ -156,11 +220,17 @@ class _Tuner:
 
     def baseline(self) -> TrialResult:
         spec = TrialSpec({}, "long", 0, self.options.long_s)
+        earlier = self.journal.results.get(spec.key)
+        if earlier is not None and not earlier.ok:  # never replayed: the model may have been fixed since
+            self.journal.forget(spec.key)
+            self.budget.spent_before_s = self.journal.spent_s
+            self.echo(f"  the journal's baseline failed ({earlier.status}); running it again")
         result = self.measure(spec, self.estimate(spec), max(120.0, 0.5 * self.budget.total_s))
         if not result.ok:
             raise TuneError(f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
                             f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "
-                            f"{self.config_path}` must train before it can be tuned")
+                            f"{self.config_path}` must train before it can be tuned (once it does, the same command "
+                            "runs the baseline again; --fresh also starts a new journal)")
         facts = result.measured.get("facts", {})
         timed = result.measured.get("timed_steps") or 0
         per_step = (result.measured.get("samples_per_step") or 0) / (result.measured.get("samples_per_sec") or 1)
@@ -196,7 +266,8 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         config: The YAML you train with.
         budget: Wall-clock time for the whole tune (``"15m"``, ``"900s"``, seconds); kept within 10%.
         out: The tuned YAML (default: ``<config>.tuned.yaml`` beside the config).
-        log_dir: Trial configs, logs, TensorBoard runs and the journal ``tune.jsonl``.
+        log_dir: Where the tune's own folder goes (``<config name>-<hash>/``: trial configs, logs, TensorBoard runs
+            and the journal ``tune.jsonl``).
         knobs: Only these knobs (names of :data:`~lit_compute.tuning.knobs.KNOB_ORDER`); default: all that apply.
         skip: Knobs left out.
         min_gain: A knob is kept only when it is at least this much faster (0.03 = 3%).
@@ -238,10 +309,24 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
                       long_s=long_seconds or min(45.0, max(4.0, 0.04 * budget_s)),
                       min_gain=min_gain, loss_tolerance=loss_tolerance, trajectory_tolerance=trajectory_tolerance, final_pairs=max(1, side_by_side))
     recorder = {"warmup_steps": warmup_steps, "loss_steps": loss_steps}
+    check_paths(out_path, Path(log_dir))
     try:
-        tuner = _Tuner(config_path, budget_s, Path(log_dir), options, recorder, fresh, echo)
+        user_config = load_config(config_path)
     except ConfigError as err:
         raise TuneError(str(err)) from None
+    digest = config_hash({"config": user_config, "recorder": recorder})
+    folder = tune_folder(Path(log_dir), config_path, digest)
+    with locked(folder):
+        tuner = _Tuner(config_path, user_config, digest, budget_s, folder, options, recorder, fresh, echo)
+        try:
+            return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo)
+        except KeyboardInterrupt:
+            raise TuneInterrupted(tuner.journal.path) from None
+
+
+def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, knobs: list[str] | None,
+          skip: list[str] | None, echo: Any) -> TuneResult:
+    log_dir, options = tuner.log_dir, tuner.options
     echo(f"lit-compute tune: {config_path}, budget {budget_s:.0f} s, trials in {log_dir}/")
     baseline = tuner.baseline()
     facts = baseline.measured["facts"]
@@ -263,8 +348,8 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
     echo(text)
     if lines:
         echo("\nNot applied:\n" + "\n".join(lines))
-    echo(f"\nJournal: {tuner.journal.path}; TensorBoard runs: {Path(log_dir) / 'runs'} "
-         f"(lit-compute report {Path(log_dir) / 'runs'} --out tune_report.md); budget {budget_s:.0f} s, "
+    echo(f"\nJournal: {tuner.journal.path}; TensorBoard runs: {log_dir / 'runs'} "
+         f"(lit-compute report {log_dir / 'runs'} --out tune_report.md); budget {budget_s:.0f} s, "
          f"spent {tuner.budget.spent():.0f} s")
     if out_written:
         echo(f"Tuned config: {out_written} (lit-compute fit --config {out_written})")
@@ -311,9 +396,10 @@ def main(argv: list[str]) -> int:
     except TuneError as err:
         sys.stderr.write(f"lit-compute tune: error: {err}\n")
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         _compat.forget_keyboard_interrupt()  # exit 130, not killed by SIGINT at exit
-        sys.stderr.write(f"\nlit-compute tune: interrupted; finished trials are kept in {Path(args.log_dir) / 'tune.jsonl'}: "
+        where = err.journal if isinstance(err, TuneInterrupted) else Path(args.log_dir)
+        sys.stderr.write(f"\nlit-compute tune: interrupted; finished trials are kept in {where}: "
                          "run the same command again to resume\n")
         return 130
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import yaml
@@ -193,6 +194,40 @@ def test_journal_keeps_finished_trials_and_ignores_other_configs_and_cut_lines(t
     assert again.spent_s == pytest.approx(20.0) and again.other_config
     assert again.results[TrialSpec({}, "long").key].rate == 20.0
     assert len([json.loads(line) for line in path.read_text().splitlines()[:3]]) == 3
+    # the next trial after a cut line gets a line of its own (it joined the cut one: a finished trial ran again)
+    again.add(_result({"loader": 2}, "short", 25.0, wall=3.0))
+    third = Journal(path, "abc")
+    assert third.results[TrialSpec({"loader": 2}, "short").key].rate == 25.0 and third.spent_s == pytest.approx(23.0)
+    # valid JSON that is no entry, and entries with parts missing, are skipped, not a traceback
+    with open(path, "a") as f:
+        f.write('null\n42\n{"config_hash": "abc", "kind": "trial", "result": null}\n'
+                '{"config_hash": "abc", "kind": "trial", "result": {"key": "k"}}\n'
+                '{"config_hash": "abc", "kind": "overhead", "seconds": "soon"}\n')
+    assert len(Journal(path, "abc").results) == 3
+
+
+def test_tune_paths_are_checked_before_any_trial(tmp_path):
+    from lit_compute.tuning.tune import TuneError, check_paths, locked, tune_folder
+
+    (tmp_path / "afile").write_text("x")
+    cases = [(tmp_path / "afile" / "out.yaml", tmp_path / "logs", "its folder"),
+             (tmp_path / "missing" / "out.yaml", tmp_path / "logs", "does not exist"),
+             (tmp_path / "out.yaml", tmp_path / "afile", "--log-dir"),
+             (tmp_path, tmp_path / "logs", "is a folder")]
+    for out, logs, phrase in cases:
+        with pytest.raises(TuneError, match=phrase) as info:
+            check_paths(out, logs)
+        assert "\n" not in str(info.value)
+    check_paths(tmp_path / "out.yaml", tmp_path / "new" / "logs")
+    assert (tmp_path / "new" / "logs").is_dir()
+    # each config (name and content) tunes in its own folder; one folder is one tune at a time
+    a, b = tune_folder(tmp_path, Path("my.yaml"), "abcdef0123"), tune_folder(tmp_path, Path("my.yaml"), "99990000")
+    assert a.name == "my-abcdef01" and a != b
+    with locked(a), pytest.raises(TuneError, match=rf"another tune of this config is running in {a} \(pid \d+\)"):
+        with locked(a):
+            pass
+    with locked(a):  # released after the first tune
+        pass
 
 
 def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_path):

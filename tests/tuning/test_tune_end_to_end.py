@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -36,6 +37,12 @@ def _journal(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def _folder(logs: Path, name: str = "tiny") -> Path:
+    """The tune's own folder under --log-dir (config name and hash)."""
+    found = sorted(logs.glob(f"{name}-*"))
+    return found[0] if found else logs / f"{name}-missing"
+
+
 def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that_trains(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
@@ -46,9 +53,9 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        while not _journal(logs / "tune.jsonl") and first.poll() is None and time.monotonic() < deadline:
+        while not _journal(_folder(logs) / "tune.jsonl") and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _journal(logs / "tune.jsonl"), "the baseline trial never finished"
+        assert _journal(_folder(logs) / "tune.jsonl"), "the baseline trial never finished"
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)
     finally:
@@ -60,7 +67,8 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     text = second.stdout
     assert "resuming from" in text and "t00 long  baseline:" in text and "(from the journal)" in text
-    entries = [e["result"] for e in _journal(logs / "tune.jsonl") if e["kind"] == "trial"]
+    folder = _folder(logs)
+    entries = [e["result"] for e in _journal(folder / "tune.jsonl") if e["kind"] == "trial"]
     assert sum(1 for e in entries if e["settings"] == {} and e["rung"] == "long") == 1  # the baseline ran once
     by_knob = {tuple(sorted(e["settings"])): e for e in entries if e["rung"] == "short"}
     nan = by_knob[("channels_last",)]["measured"]["losses"][0]
@@ -77,11 +85,22 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert "speedup" not in str(tuned["trainer"].get("callbacks", []))  # the rejected knobs are not in it
     assert "# tune: micro-batch 8 x 2 accumulated (same global batch 16): " in out.read_text()
     # every trial is a TensorBoard run
-    runs = sorted(p.name for p in (logs / "runs").iterdir())
+    runs = sorted(p.name for p in (folder / "runs").iterdir())
     assert any(name.startswith("t00_long_baseline") for name in runs), runs
-    acc = EventAccumulator(str(logs / "runs" / next(n for n in runs if n.startswith("t00"))))
+    acc = EventAccumulator(str(folder / "runs" / next(n for n in runs if n.startswith("t00"))))
     acc.Reload()
     assert "compute/flops_per_sample" in acc.Tags()["scalars"]
+    # the report the tune suggests shows each trial's throughput, step time and MFU, and no trial "stopped early"
+    report = subprocess.run([sys.executable, "-m", "lit_compute.cli", "report", str(folder / "runs"), "--out",
+                             str(tmp_path / "tune_report.md"), "--no-plots"], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "tune_report.md").read_text()
+    assert "stopped at step" not in text and "Stopped early" not in text
+    baseline_section = text[text.index("## t00_long_baseline"):].split("\n## ", 1)[0]
+    for figure in ("mean step time (ms)", "samples/s", "MFU"):
+        row = next(line for line in baseline_section.splitlines() if line.startswith(f"| {figure} |"))
+        assert "n/a" not in row.split("|")[2], row
 
     # the tuned file is a config lit-compute fit accepts unchanged
     # by the console script a user types, from the repository root: the model's class path imports from there
@@ -119,4 +138,52 @@ def test_ctrl_c_during_an_import_still_exits_130(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "interrupted_tune"], cwd=tmp_path, env=_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 130, proc.stderr[-2000:]
-    assert "lit-compute tune: interrupted; finished trials are kept in tune_logs/tune.jsonl" in proc.stderr
+    assert "lit-compute tune: interrupted; finished trials are kept in tune_logs" in proc.stderr
+
+
+def test_a_failed_baseline_is_run_again_and_a_full_disk_blames_no_knob(tmp_path, monkeypatch):
+    """The user fixes a model bug (config unchanged): the same command runs the baseline again instead of replaying
+    the crash; a full disk during a trial names the disk, journals nothing for the trial and ends the tune (exit 2)."""
+    from lit_compute.tuning.tune import TuneError, tune
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.Faulty"}}
+    (tmp_path / "faulty.yaml").write_text(yaml.safe_dump(config))
+    args = dict(budget="2m", log_dir=tmp_path / "logs", short_seconds=1, long_seconds=1, side_by_side=1,
+                echo=lambda line: lines.append(line))
+    lines: list[str] = []
+    (tmp_path / "fault.txt").write_text("crash")
+    with pytest.raises(TuneError, match=r"the baseline .* failed: crashed: RuntimeError: a bug in the model.*--fresh"):
+        tune("faulty.yaml", **args)
+    journal = _folder(tmp_path / "logs", "faulty") / "tune.jsonl"
+    assert [e["result"]["status"] for e in _journal(journal) if e["kind"] == "trial"] == ["crashed"]
+    (tmp_path / "fault.txt").write_text("disk full")  # "fixed" - and now the disk fills up
+    with pytest.raises(TuneError, match=r"the disk holding .*logs.* is full .* no knob is blamed") as info:
+        tune("faulty.yaml", **args)
+    assert "\n" not in str(info.value)
+    assert any("running it again" in line for line in lines)  # not replayed from the journal
+    assert [e["result"]["status"] for e in _journal(journal) if e["kind"] == "trial"] == ["crashed"]
+
+
+def test_a_killed_tune_leaves_no_trial_running(tmp_path):
+    """SIGKILL cannot be caught: the trial's process gets the kernel's parent-death signal instead of training on
+    as an orphan."""
+    import psutil
+
+    config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.NeverStarts"}}
+    (tmp_path / "hang.yaml").write_text(yaml.safe_dump(config))
+    tune = subprocess.Popen([sys.executable, "-m", "lit_compute.cli", "tune", "--config", "hang.yaml", "--budget", "5m"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, trials = time.monotonic() + 120, []
+        while not trials and time.monotonic() < deadline and tune.poll() is None:
+            trials = [c for c in psutil.Process(tune.pid).children() if "fit" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert trials, "the trial never started"
+        tune.kill()
+        tune.wait(timeout=30)
+        gone, alive = psutil.wait_procs(trials, timeout=30)  # a bound for a dead machine, not a speed test
+        assert not alive, f"trial {[p.pid for p in alive]} outlived the killed tune"
+    finally:
+        tune.kill()

@@ -56,3 +56,18 @@ class NeverStarts(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         time.sleep(3600)
+
+
+class Faulty(SleepyRegression):
+    """Fails as ``fault.txt`` in the working directory says: ``crash`` (a bug), ``disk full`` (ENOSPC), else trains."""
+
+    def training_step(self, batch, batch_idx):
+        import errno
+        from pathlib import Path
+
+        fault = Path("fault.txt").read_text().strip() if Path("fault.txt").is_file() else ""
+        if fault == "crash":
+            raise RuntimeError("a bug in the model")
+        if fault == "disk full":
+            raise OSError(errno.ENOSPC, "No space left on device", "checkpoint.ckpt")
+        return super().training_step(batch, batch_idx)
