@@ -35,6 +35,8 @@ _WHERE = {
     "DeviceMonitor": "lit_compute.monitoring",
     "PrometheusLogger": "lit_compute.monitoring",
     "StepTimeMonitor": "lit_compute.monitoring",
+    "MemoryMonitor": "lit_compute.memory",
+    "StorageTracker": "lit_compute.memory",
     "FlopsLogger": "lit_compute.flops",
     "SafeFlopCounterMode": "lit_compute.flops",
     "count_flops": "lit_compute.flops",

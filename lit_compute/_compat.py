@@ -247,3 +247,20 @@ def forget_keyboard_interrupt() -> None:
     caught, and at exit kills the process with SIGINT instead of returning the status (``python -m`` and console
     scripts alike: the tune test saw -2 for 130 on a loaded machine). Every string ``exec`` resets that mark first."""
     exec("pass")  # noqa: S102 - a constant: resets the interpreter's unhandled-KeyboardInterrupt mark
+
+
+def ddp_bucket_bytes(model: Any) -> int:
+    """Bytes of DDP's gradient buckets when they are allocated apart from the gradients (torch's default,
+    ``gradient_as_bucket_view=False``: every gradient also has a copy in a bucket); 0 for a model that is not DDP,
+    or whose gradients are views of its buckets (then the gradients are the buckets)."""
+    import re
+
+    if type(model).__name__ != "DistributedDataParallel" or not hasattr(model, "_get_ddp_logging_data"):
+        return 0
+    try:
+        data = model._get_ddp_logging_data()
+    except Exception:  # noqa: BLE001 - a torch without the logging data: the buckets are not counted
+        return 0
+    if data.get("gradient_as_bucket_view"):
+        return 0
+    return sum(int(n) for n in re.findall(r"\d+", str(data.get("bucket_sizes", ""))))

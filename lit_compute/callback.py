@@ -247,6 +247,7 @@ class MeasuringCallback(Callback):
     @override
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._timeline(trainer).exit_batch_modes()
         self._guard(self._eval_batch_end, trainer, pl_module, "validate", batch)
 
     @override
@@ -265,6 +266,7 @@ class MeasuringCallback(Callback):
     @override
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._timeline(trainer).exit_batch_modes()
         self._guard(self._eval_batch_end, trainer, pl_module, "test", batch)
 
     @override
@@ -292,6 +294,10 @@ class MeasuringCallback(Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        try:
+            self._timeline(trainer).exit_batch_modes()
+        except Exception:  # noqa: BLE001 - clean-up after an exception must not raise a second one
+            pass
         self._safe_teardown()
 
     @override

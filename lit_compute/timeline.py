@@ -183,6 +183,7 @@ class Timeline:
         self.device: torch.device | None = None
         self.event: LogEvent | None = None
         self.token_spec: TokenSpec | None = None  # None: auto-detect input_ids/attention_mask
+        self._modes: contextlib.ExitStack | None = None
         self._reset_loop()
 
     def _reset_loop(self) -> None:
@@ -277,6 +278,21 @@ class Timeline:
         """Mark the batch in progress as holding instrument work that cannot be cut out (see the module docstring)."""
         self._batch_taints.add(label)
 
+    # -- dispatch modes over one batch -----------------------------------------------------------------
+    def enter_for_batch(self, mode: contextlib.AbstractContextManager[Any]) -> None:
+        """Enter ``mode`` (a FLOP counter, a memory tracker, any context) until the batch's end mark. Every mode
+        entered for a batch is exited there, in reverse order, before any callback reads its result: torch's
+        dispatch-mode stack is last in, first out, so two callbacks must not exit their own modes in hook order."""
+        if self._modes is None:
+            self._modes = contextlib.ExitStack()
+        self._modes.enter_context(mode)
+
+    def exit_batch_modes(self) -> None:
+        """Exit the modes entered for this batch (innermost first); nothing when none is open."""
+        stack, self._modes = self._modes, None
+        if stack is not None:
+            stack.close()
+
     # -- the training loop ------------------------------------------------------------------------------
     def train_start(self, trainer: pl.Trainer) -> None:
         """Fit or training (re)starts: forget marks of an earlier run (one that raised mid-batch included).
@@ -346,6 +362,7 @@ class Timeline:
             serial, record = self._last_result
             return record if serial == self._serial else None
         self._in_batch = False
+        self.exit_batch_modes()
         now = self.now()
         step = self._step
         if step is None:  # pragma: no cover - batch_end without batch_start

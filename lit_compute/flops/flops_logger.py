@@ -7,7 +7,6 @@ The hooks live here; the bookkeeping apart from them: counts by signature in
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -21,7 +20,7 @@ from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops, is_sharded
-from lit_compute.flops.model_state import ModelState
+from lit_compute.model_state import ModelState
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
 from lit_compute.timeline import LogEvent, StepRecord
@@ -85,7 +84,7 @@ class FlopsLogger(MeasuringCallback):
 
     **The model as it changes.** A count's key is the batch signature and the model's state: its module
     structure, each module's train/eval mode and which parameters require gradients
-    (:class:`~lit_compute.flops.model_state.ModelState`), so unfreezing a backbone (``BackboneFinetuning``), a
+    (:class:`~lit_compute.model_state.ModelState`), so unfreezing a backbone (``BackboneFinetuning``), a
     mode switch inside ``training_step`` or a model grown between epochs is counted again.
 
     **Value-dependent FLOPs.** Where a batch's FLOPs depend on its values, not only its shapes (the nested
@@ -195,7 +194,7 @@ class FlopsLogger(MeasuringCallback):
         self.book = CountBook(predict_shapes=predict_shapes, max_failures=_MAX_FAILED_COUNTS)
         self.peaks = PeakPolicy(peak, peak_flops)
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
-        self._counting: tuple[tuple, SafeFlopCounterMode, contextlib.ExitStack, float] | None = None
+        self._counting: tuple[tuple, SafeFlopCounterMode, float] | None = None
         self._model_state = ModelState()
         self._train_key: tuple[str, str, str, int] | None = None  # the model state of the last training batch
         self._reset_run()
@@ -311,19 +310,18 @@ class FlopsLogger(MeasuringCallback):
         if not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
-        stack = contextlib.ExitStack()
         counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pl_module, hookless=True)
-        stack.enter_context(_compat.eager_compiled_code())
-        stack.enter_context(counter)
-        self._counting = (sig, counter, stack, self.timeline.raw())
+        self.timeline.enter_for_batch(_compat.eager_compiled_code())
+        self.timeline.enter_for_batch(counter)  # exited at the batch's end mark, with every other mode of the batch
+        self._counting = (sig, counter, self.timeline.raw())
 
     def _end_batch(self, trainer: pl.Trainer) -> Values | None:
         """Close a count started for this batch; the batch's values (None when unknown)."""
         if self._counting is None:
             return self._batch_values
-        sig, counter, stack, _ = self._counting
+        sig, counter, _ = self._counting
         self._counting = None
-        stack.close()
+        self.timeline.exit_batch_modes()
         count = counter.result()
         booked = self.book.record(sig, count)
         if booked.values is None:
@@ -467,7 +465,7 @@ class FlopsLogger(MeasuringCallback):
         values = self._end_batch(trainer)
         tally = self._eval
         if counting is not None:  # a counted batch's time is instrument time; its FLOPs still count
-            tally.excluded += self.timeline.raw() - counting[3]
+            tally.excluded += self.timeline.raw() - counting[2]
         if values is None:
             tally.valid = False
             return
@@ -500,10 +498,7 @@ class FlopsLogger(MeasuringCallback):
     # -- clean-up -------------------------------------------------------------------------------------
     @override
     def _teardown(self) -> None:
-        if self._counting is not None:
-            stack = self._counting[2]
-            self._counting = None
-            stack.close()
+        self._counting = None  # its counter leaves the mode stack at the batch's end mark (or the exception's clean-up)
 
 
 def _per_sample(trainer: pl.Trainer, flops: float, samples: int) -> float:
