@@ -20,9 +20,9 @@ from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops, is_sharded
-from lit_compute.model_state import ModelState
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.formatting import flops_rate, human, markdown_table
+from lit_compute.model_state import ModelState
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_scalars, log_text, save_hparam, say
 
