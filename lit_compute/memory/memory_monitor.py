@@ -182,8 +182,8 @@ class MemoryMonitor(MeasuringCallback):
         if window is not None:
             event.log(self.metrics(window[0], window[1]))
         values = {"peak": peak}
-        if world > 1:
-            values.update({f"peak_{r}": peak if r == rank else math.nan for r in range(world)})
+        if world > 1:  # this rank's slot holds its peak (NaN when unknown), every other slot 0
+            values.update({f"peak_{r}": peak if r == rank else 0.0 for r in range(world)})
 
         def finish(sums: dict[str, float]) -> dict[str, float]:
             per_rank = [sums.get(f"peak_{r}", math.nan) for r in range(world)]

@@ -1,0 +1,123 @@
+"""MemoryMonitor end to end: what lands in TensorBoard, the parts against what the model holds, the tracker against
+torch.profiler's memory events, the largest of two ranks."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lit_compute import FlopsLogger, MemoryMonitor, StorageTracker
+from lit_compute.memory import PARTS
+
+from ..conftest import SpawnDDP, make_trainer, read_events, scalar_values, tiny_data, tiny_model
+
+GB = 1e9
+
+
+class _MLP(pl.LightningModule):
+    def __init__(self, width: int = 256, extra_mb_on_rank: dict | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
+        self.extra = dict(extra_mb_on_rank or {})
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        extra = self.extra.get(self.global_rank)
+        if extra:  # a temporary this rank alone holds while its loss is alive
+            loss = loss + torch.ones(int(extra * 1e6 / 4)).sum() * 0
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def _loader(n=64, batch=16):
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 64, generator=g), torch.randint(0, 4, (n,), generator=g)),
+                      batch_size=batch)
+
+
+def test_the_parts_are_what_the_model_holds_and_sum_to_the_peak(tmp_path):
+    model = _MLP()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=2,
+                           callbacks=[MemoryMonitor(capacity_gb=2.0)])
+    trainer.fit(model, _loader())
+    acc = read_events(trainer.logger.log_dir)
+    last = {p: scalar_values(acc, f"memory/{p}_gb")[-1][1] * GB for p in PARTS}
+    peak = scalar_values(acc, "memory/peak_gb")[-1][1] * GB
+    assert sum(last.values()) == pytest.approx(peak, rel=1e-6)  # the parts sum to the peak
+    assert last["parameters"] == pytest.approx(param_bytes, rel=1e-6)
+    assert last["gradients"] == pytest.approx(param_bytes, rel=1e-6)
+    # Adam: two moments per parameter, and a 4-byte step counter per parameter tensor
+    assert last["optimizer"] == pytest.approx(2 * param_bytes + 4 * len(list(model.parameters())), rel=1e-6)
+    assert scalar_values(acc, "memory/capacity_gb")[-1][1] == pytest.approx(2.0)
+    assert scalar_values(acc, "memory/headroom_gb")[-1][1] == pytest.approx(2.0 - peak / GB)
+    assert [s for s, _ in scalar_values(acc, "memory/peak_gb")] == [1, 3]
+
+
+def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path):
+    """The cross-check on a CPU: torch.profiler's allocator total ("Total Allocated" of its memory events, counted
+    from the profile's start) over the same ResNet step, plus what was allocated before it (parameters and momentum
+    buffers), peaks within 5% of the tracker's peak (the profiler also sees workspace no tensor holds)."""
+    import json
+
+    import torchvision
+    from torch.profiler import ProfilerActivity, profile
+
+    def step(model, opt):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(8, 3, 64, 64, generator=g), torch.randint(0, 4, (8,), generator=g)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step(model, opt)  # momentum buffers exist: the steady state
+    kept = list(model.parameters()) + list(model.buffers()) + [s["momentum_buffer"] for s in opt.state.values()]
+    tracker = StorageTracker()
+    tracker.register(kept, "parameters")
+    with tracker:
+        step(model, opt)
+    tracked = tracker.breakdown().peak
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(model, opt)
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events
+              if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
+    before = sum(t.untyped_storage().nbytes() for t in kept)
+    assert totals and max(totals) + before == pytest.approx(tracked, rel=0.05), (max(totals) + before, tracked)
+
+
+@pytest.mark.timeout(180)
+def test_the_largest_rank_is_named(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=SpawnDDP(), log_every_n_steps=1,
+                           callbacks=[MemoryMonitor()], limit_val_batches=0)
+    trainer.fit(_MLP(extra_mb_on_rank={1: 40}), _loader())
+    acc = read_events(tmp_path / "logs" / "version_0")
+    own = scalar_values(acc, "memory/peak_gb")[-1][1]  # rank 0's
+    largest = scalar_values(acc, "memory/peak_gb_rank_max")[-1][1]
+    assert scalar_values(acc, "memory/largest_rank")[-1][1] == 1.0
+    assert largest - own == pytest.approx(0.04, rel=0.05)  # rank 1's 40 MB temporary
+    # DDP's gradient buckets (a copy of every gradient) count as gradients
+    assert scalar_values(acc, "memory/gradients_gb")[-1][1] == pytest.approx(
+        2 * sum(p.numel() * 4 for p in _MLP().parameters()) / GB, rel=1e-6)
+
+
+def test_with_flops_logger_in_one_step_both_modes_leave_in_order(tmp_path):
+    """Both callbacks run a dispatch mode over the same batch; the timeline exits them innermost first, whichever
+    order the callbacks come in, and each gets its whole result."""
+    for callbacks in ([FlopsLogger(peak="none"), MemoryMonitor()], [MemoryMonitor(), FlopsLogger(peak="none")]):
+        trainer = make_trainer(tmp_path, max_steps=2, callbacks=callbacks, accumulate_grad_batches=2)
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+        acc = read_events(trainer.logger.log_dir)
+        assert scalar_values(acc, "memory/activations_gb") and scalar_values(acc, "compute/flops_per_step")
+        assert torch._C._len_torch_dispatch_stack() == 0
