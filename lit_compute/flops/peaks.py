@@ -64,6 +64,33 @@ PEAK_TABLE: dict[str, dict[str, float]] = {
              "float8": 4500 * T},
 }
 
+GiB = 2**30
+
+# chip key -> (device memory in bytes, source). The datasheets' "GB" of HBM/GDDR are binary (an "80GB" A100 holds
+# 80 GiB); what a program can allocate is a little less (the CUDA context, ECC and driver reservations: an H200's
+# 141 GB shows as about 139.8 GiB in torch.cuda.get_device_properties).
+MEMORY_TABLE: dict[str, tuple[float, str]] = {
+    "v100-sxm": (32 * GiB, "NVIDIA V100 datasheet: 32 GB HBM2 (16 GB variant too)"),
+    "v100-pcie": (32 * GiB, "NVIDIA V100 datasheet: 32 GB HBM2"),
+    "a100": (80 * GiB, "NVIDIA A100 datasheet: 80 GB HBM2e (40 GB: a100-40gb)"),
+    "a100-40gb": (40 * GiB, "NVIDIA A100 datasheet: 40 GB HBM2"),
+    "a10": (24 * GiB, "NVIDIA A10 datasheet: 24 GB GDDR6"),
+    "a10g": (24 * GiB, "AWS G5 instances: A10G with 24 GB"),
+    "l4": (24 * GiB, "NVIDIA L4 datasheet: 24 GB GDDR6"),
+    "l40": (48 * GiB, "NVIDIA L40 datasheet: 48 GB GDDR6"),
+    "l40s": (48 * GiB, "NVIDIA L40S datasheet: 48 GB GDDR6"),
+    "rtx-3090": (24 * GiB, "NVIDIA GeForce RTX 3090: 24 GB GDDR6X"),
+    "rtx-4090": (24 * GiB, "NVIDIA GeForce RTX 4090: 24 GB GDDR6X"),
+    "h100-sxm": (80 * GiB, "NVIDIA H100 datasheet: SXM 80 GB HBM3"),
+    "h100-pcie": (80 * GiB, "NVIDIA H100 datasheet: PCIe 80 GB HBM2e"),
+    "h100-nvl": (94 * GiB, "NVIDIA H100 datasheet: NVL 94 GB HBM3"),
+    "h200-sxm": (141 * GiB, "NVIDIA H200 datasheet: 141 GB HBM3e"),
+    "h200-nvl": (141 * GiB, "NVIDIA H200 datasheet: 141 GB HBM3e"),
+    "b200": (180 * GiB, "NVIDIA HGX B200 specifications: 1.4 TB HBM3e for 8 GPUs"),
+    "tpu-v3": (32 * GiB, "Google Cloud TPU v3: 32 GiB HBM per chip (16 per core)"),
+    "tpu-v5e": (16 * GiB, "Google Cloud TPU v5e: 16 GiB HBM2 per chip"),
+}
+
 # (required tokens, forbidden tokens, chip key), first match wins. Tokens are the lower-case alphanumeric
 # words of the name torch.cuda.get_device_name() reports ("NVIDIA A100-SXM4-80GB" -> nvidia, a100, sxm4, 80gb),
 # so "L40S" never matches "L4" or "L40".

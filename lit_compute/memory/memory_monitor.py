@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 GB = 1e9
+# steps tracked per batch signature: the first allocates the optimizer's state during its optimizer step (a real
+# step's peak then), the second starts with it (the steady state's peak)
+_TRACKED_STEPS = 2
 
 
 def local(t: Any) -> Any:
@@ -62,8 +65,9 @@ class MemoryMonitor(MeasuringCallback):
     one read per step: no synchronisation). The parts come from
     :class:`~lit_compute.memory.tracker.StorageTracker`, a dispatch mode that follows every storage the step
     allocates and frees, run over the whole step (every micro-batch, the backward and the optimizer step) the first
-    time a batch signature (paths, shapes, dtypes) and model state occurs, and reused for later steps like it; the
-    tracked step is left out of every time figure. On CUDA whatever the allocator holds beyond the tracked parts is
+    first two times a batch signature (paths, shapes, dtypes) and model state occurs (the first step creates the
+    optimizer's state, the second starts with it), the larger kept and reused for later steps like them; tracked
+    steps are left out of every time figure. On CUDA whatever the allocator holds beyond the tracked parts is
     ``other``; on a CPU the tracked peak is the total. Under FSDP2 and tensor parallelism each device's shards at
     their local size (DTensors by their local tensors), gathered parameters and buffers as the collectives
     allocate them. DDP's gradient buckets (allocated at wrap time) count as gradients.
@@ -94,6 +98,7 @@ class MemoryMonitor(MeasuringCallback):
         self.capacity_gb = capacity_gb
         self.reduce_keys = {"train": ("peak",)}
         self.breakdowns: dict[tuple, MemoryBreakdown] = {}
+        self._tracked: dict[tuple, int] = {}
         self._model_state = ModelState()
         self._reset()
 
@@ -128,7 +133,8 @@ class MemoryMonitor(MeasuringCallback):
                 torch.cuda.reset_peak_memory_stats(self._cuda)
             self._step_key = (_batch.signature("train", batch), self._model_state.key(pl_module))
             self._step_best = None
-            self._tracking_key = self._step_key if self._step_key not in self.breakdowns else None
+            wanted = self._tracked.get(self._step_key, 0) < _TRACKED_STEPS
+            self._tracking_key = self._step_key if wanted else None
         if self._tracking_key is None:
             return
         tracker = StorageTracker()
@@ -165,7 +171,10 @@ class MemoryMonitor(MeasuringCallback):
         if record is None:  # gradients still accumulate: the step goes on
             return
         if self._tracking_key is not None and self._step_best is not None:
-            self.breakdowns[self._tracking_key] = self._step_best
+            key, found = self._tracking_key, self._step_best
+            self._tracked[key] = self._tracked.get(key, 0) + 1
+            if key not in self.breakdowns or found.peak > self.breakdowns[key].peak:
+                self.breakdowns[key] = found
         self._tracking_key = None
         parts = self.breakdowns.get(self._step_key) if self._step_key is not None else None
         peak = (torch.cuda.max_memory_allocated(self._cuda) if self._cuda is not None

@@ -1,0 +1,445 @@
+"""``lit-compute estimate`` and :func:`estimate`: will this config fit, with what micro-batch, before any real step.
+
+The config's model is built on fake tensors (``FakeTensorMode``: shapes, dtypes and devices; no memory, no
+arithmetic), one real batch is read from its datamodule and reshaped to each micro-batch size, and one whole
+training step - ``training_step``, backward, the optimizer's step, under the config's precision plugin - runs
+under :class:`~lit_compute.memory.StorageTracker`: the same tracker :class:`~lit_compute.MemoryMonitor` runs on a
+real step, so the prediction has the same parts. The step is traced twice (the first creates the optimizer's state,
+as a real run's first step does) and the larger peak is the prediction. Per rank: under DDP its gradient buckets
+are added (every rank holds the whole model).
+
+The largest micro-batch that fits ``--memory`` (or the ``--device``'s capacity) is found by tracing: peak memory
+grows linearly with the micro-batch, so two traces give the line, and the sizes around its crossing are traced to
+confirm. When it does not fit, the blocks whose activations to recompute (``torch.utils.checkpoint``) are named,
+largest saving first, each with its recompute cost in hardware FLOPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
+
+__all__ = ["EstimateError", "EstimateRow", "Plan", "estimate", "trace_step"]
+
+
+class EstimateError(ValueError):
+    """An estimate that cannot be made (bad config, unknown device): the message names what and the fix."""
+
+
+@dataclass
+class EstimateRow:
+    """The predicted peak of one training step per device at one micro-batch size."""
+
+    micro_batch: int
+    peak_bytes: int
+    parts: dict[str, int]
+    fits: bool | None
+    rank: int = 0
+    at: str = ""
+    method: str = "traced on fake tensors"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"micro_batch": self.micro_batch, "peak_bytes": self.peak_bytes,
+                **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS}, "fits": self.fits, "rank": self.rank}
+
+
+@dataclass
+class Checkpointing:
+    """Recomputing a block's activations in backward (``torch.utils.checkpoint``): what it saves, what it costs."""
+
+    module: str
+    saved_bytes: int
+    recompute_flops: int
+
+
+@dataclass
+class Plan:
+    """What :func:`estimate` found."""
+
+    rows: list[EstimateRow]
+    capacity_bytes: int | None
+    capacity_source: str
+    largest_fitting: int | None = None
+    next_size: EstimateRow | None = None  # the next size up, predicted over the capacity
+    checkpointing: list[Checkpointing] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- building the config's pieces -------------------------------------------------------------------------------
+@dataclass
+class _Pieces:
+    model: Any
+    batch: Any
+    batch_size: int
+    trainer: Any
+    fake_mode: Any
+
+
+def _build(config: str | Path, overrides: list[str]) -> _Pieces:
+    """The config's model (on fake tensors), trainer and one real batch of its training data."""
+    from lightning.pytorch import LightningModule
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lit_compute._lightning_cli import LitComputeCLI, quiet_lightning
+
+    quiet_lightning()
+    path = Path(config)
+    if not path.is_file():
+        raise EstimateError(f"--config {config}: no such file")
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    class FakeModelCLI(LitComputeCLI):
+        """The config's classes as ``fit`` builds them, the LightningModule on fake tensors (no memory)."""
+
+        def before_instantiate_classes(self) -> None:
+            super().before_instantiate_classes()
+
+            def on_fake_tensors(class_type: type, *args: Any, **kwargs: Any) -> Any:
+                with torch.device("meta"):  # built without memory, then given fake tensors on the config's device
+                    return class_type(*args, **kwargs)
+
+            self.parser.add_instantiator(on_fake_tensors, LightningModule, subclasses=True, prepend=True)
+
+    args = ["--config", str(path), "--trainer.logger=false", "--trainer.enable_progress_bar=false", *overrides]
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli = FakeModelCLI(args=args, run=False)
+    model, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
+    fake_tensors(model, fake_mode, trainer.strategy.root_device)
+    loader = _train_loader(model, datamodule)
+    batch = next(iter(loader))
+    size = _batch_size(batch)
+    if size is None:
+        raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
+                            "the batch's first dimension")
+    return _Pieces(model, batch, size, trainer, fake_mode)
+
+
+def fake_tensors(module: nn.Module, fake_mode: Any, device: torch.device) -> nn.Module:
+    """Give every parameter and buffer of ``module`` (built on the meta device) a fake tensor on ``device``, in
+    place; tied parameters stay tied."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    memo: dict[int, torch.Tensor] = {}  # id of the original parameter or buffer (kept alive: ids stay unique)
+    originals: list[torch.Tensor] = []
+
+    def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in memo:
+            originals.append(t)
+            meta = t.detach() if t.device.type == "meta" else t.detach().to("meta")
+            made = FakeTensor(fake_mode, meta, device)
+            memo[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if parameter else made
+        return memo[id(t)]
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = fake(param, True)  # type: ignore[assignment]
+        for name, buf in list(sub._buffers.items()):
+            if buf is not None:
+                sub._buffers[name] = fake(buf, False)
+    return module
+
+
+def _train_loader(model: Any, datamodule: Any) -> Any:
+    source = datamodule if datamodule is not None else model
+    if datamodule is not None:
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    loader = source.train_dataloader()
+    if hasattr(loader, "num_workers") and loader.num_workers:  # one batch: no worker processes
+        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size,
+                                             collate_fn=loader.collate_fn, num_workers=0)
+    return loader
+
+
+def _batch_size(batch: Any) -> int | None:
+    from lit_compute._batch import batch_size
+
+    return batch_size(batch)
+
+
+def resized(batch: Any, old: int, new: int, fake_mode: Any) -> Any:
+    """``batch`` with every tensor whose first dimension is the batch size made ``new`` long, as fake tensors."""
+    from lightning.pytorch.utilities import move_data_to_device  # noqa: F401 - Lightning's collections
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        with fake_mode:
+            if t.dim() > 0 and t.shape[0] == old:
+                return torch.empty((new, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            return torch.empty_like(t)
+
+    return apply_to_collection(batch, torch.Tensor, convert)
+
+
+# -- one step ---------------------------------------------------------------------------------------------------
+def _attach(model: Any, trainer: Any) -> None:
+    """Give the module its trainer (``configure_optimizers`` and steps may read it) and make ``self.log`` a no-op:
+    no loop collects results while a step is only traced (and a fake loss has no value to log)."""
+    model.trainer = trainer
+    model.log = lambda *args, **kwargs: None
+    model.log_dict = lambda *args, **kwargs: None
+
+
+def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+
+    optimizers, _ = _init_optimizers_and_lr_schedulers(model)
+    return optimizers
+
+
+def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], precision: Any,
+               extra_gradient_bytes: int = 0) -> MemoryBreakdown:
+    """Run one training step of ``model`` on ``batch`` as Lightning's automatic optimization does (``training_step``,
+    ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`; the
+    step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
+    backward, ``optimizers()`` the built optimizers)."""
+    from lit_compute.memory.memory_monitor import state_tensors
+
+    tracker = StorageTracker()
+    for part, tensors in state_tensors(model, optimizers).items():
+        tracker.register(tensors, part)
+    tracker.register_bytes(extra_gradient_bytes, "gradients")
+    manual = not model.automatic_optimization
+    if manual:
+        model.manual_backward = lambda loss, *a, **k: (tracker.phase("backward"), loss.backward(*a, **k))[1]
+        model.optimizers = lambda use_pl_optimizer=True: optimizers[0] if len(optimizers) == 1 else optimizers
+    with tracker, precision.forward_context():
+        out = model.training_step(batch, 0)
+        loss = out.get("loss") if isinstance(out, dict) else out
+        if not manual:
+            if not isinstance(loss, torch.Tensor):
+                raise EstimateError(f"{type(model).__name__}.training_step returned {type(loss).__name__}, not a loss "
+                                    "tensor")
+            for optimizer in optimizers:  # as Lightning's closure: the last step's gradients live through forward
+                optimizer.zero_grad(set_to_none=True)
+            tracker.phase("backward")
+            loss.backward()
+            tracker.phase("optimizer")
+            for optimizer in optimizers:
+                optimizer.step()
+    kept = state_tensors(model, optimizers)
+    return tracker.breakdown(gradients=kept["gradients"], optimizer=kept["optimizer"])
+
+
+def _predict(pieces: _Pieces, optimizers: list[Any], micro_batch: int, bucket_bytes: int) -> MemoryBreakdown:
+    batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
+    precision = pieces.trainer.precision_plugin
+    with pieces.fake_mode:
+        first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes)
+        second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes)
+    return max(first, second, key=lambda b: b.peak)
+
+
+def _bucket_bytes(pieces: _Pieces) -> int:
+    """DDP's gradient buckets (a copy of every trainable parameter's gradient) when the strategy is DDP."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = pieces.trainer.strategy
+    if not isinstance(strategy, DDPStrategy) or getattr(strategy, "_ddp_kwargs", {}).get("gradient_as_bucket_view"):
+        return 0
+    return sum(p.numel() * p.element_size() for p in pieces.model.parameters() if p.requires_grad)
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------
+def estimate(config: str | Path, micro_batches: list[int] | None = None, device: str | None = None,
+             memory: str | float | None = None, overrides: list[str] | None = None,
+             checkpoint_advice: bool = True) -> Plan:
+    """Predict the peak memory per device of one training step of ``config`` at each micro-batch size.
+
+    Args:
+        config: A ``lit-compute fit`` YAML.
+        micro_batches: Sizes to predict (default: the config's batch size, half and twice it).
+        device: A device name of :data:`~lit_compute.flops.peaks.MEMORY_TABLE` whose capacity to fit into.
+        memory: A capacity (``"80GB"``, ``"24GiB"`` or bytes); overrides ``device``.
+        overrides: More ``lit-compute fit`` arguments (``--trainer.precision=bf16-mixed``).
+        checkpoint_advice: Name the blocks to recompute when a size does not fit.
+
+    Returns:
+        A :class:`Plan`: a row per size, the largest size that fits, the blocks to checkpoint.
+
+    Raises:
+        EstimateError: a bad argument, an unknown device, a config whose batch has no batch dimension.
+    """
+    capacity, source = capacity_of(device, memory)
+    pieces = _build(config, list(overrides or []))
+    sizes = sorted(set(micro_batches or [max(1, pieces.batch_size // 2), pieces.batch_size, 2 * pieces.batch_size]))
+    if any(s < 1 for s in sizes):
+        raise EstimateError(f"--micro-batch {','.join(map(str, sizes))}: sizes must be >= 1")
+    with pieces.fake_mode:
+        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
+        pieces.model.train()
+        _attach(pieces.model, pieces.trainer)
+        optimizers = _optimizers(pieces.model)
+    buckets = _bucket_bytes(pieces)
+    notes = []
+    if buckets:
+        notes.append(f"DDP: each rank holds the whole model and {buckets / 1e9:.3g} GB of gradient buckets")
+    traced: dict[int, MemoryBreakdown] = {}
+
+    def peak_at(size: int) -> MemoryBreakdown:
+        if size not in traced:
+            traced[size] = _predict(pieces, optimizers, size, buckets)
+        return traced[size]
+
+    rows = [_row(size, peak_at(size), capacity) for size in sizes]
+    plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
+    if capacity is not None:
+        plan.largest_fitting, plan.next_size = _largest_fitting(peak_at, capacity)
+        if plan.largest_fitting is not None and plan.next_size is not None:
+            notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
+                         f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
+                         f"{_gb(plan.next_size.peak_bytes)})")
+        if checkpoint_advice and any(r.fits is False for r in rows):
+            biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
+            plan.checkpointing = checkpoint_candidates(pieces, optimizers, biggest.micro_batch)
+    return plan
+
+
+def _row(size: int, found: MemoryBreakdown, capacity: int | None) -> EstimateRow:
+    return EstimateRow(micro_batch=size, peak_bytes=found.peak, parts=dict(found.parts), at=found.at,
+                       fits=None if capacity is None else found.peak <= capacity)
+
+
+def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None]:
+    """The largest micro-batch whose traced peak fits ``capacity``, and the next size's row: two traces give the
+    line of peak against size, the sizes at its crossing are traced until one fits and the next does not."""
+    one = peak_at(1)
+    if one.peak > capacity:
+        return None, _row(1, one, capacity)
+    two = peak_at(2)
+    slope = max(1, two.peak - one.peak)
+    guess = max(1, 1 + int((capacity - one.peak) // slope))
+    size = guess
+    for _ in range(40):  # walk from the line's guess to the boundary, tracing each size
+        if peak_at(size).peak <= capacity:
+            if peak_at(size + 1).peak > capacity:
+                return size, _row(size + 1, peak_at(size + 1), capacity)
+            size += max(1, int((capacity - peak_at(size).peak) // slope))
+        else:
+            size = max(1, size - max(1, int((peak_at(size).peak - capacity) // slope)))
+    return None, None
+
+
+def checkpoint_candidates(pieces: _Pieces, optimizers: list[Any], micro_batch: int, limit: int = 8) -> list[Checkpointing]:
+    """The blocks (the children of the model's largest ``nn.ModuleList``/``Sequential`` of repeated blocks, or its
+    top-level children) whose recomputation saves the most activation memory at ``micro_batch``: each block's saved
+    activations less its input, which checkpointing keeps; the cost is the block's forward FLOPs again."""
+    from lit_compute.flops.counting import count_flops
+
+    blocks = _repeated_blocks(pieces.model)
+    saved: dict[str, int] = {}
+    inputs: dict[str, int] = {}
+    batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
+    handles = []
+    current: list[str] = []
+
+    def pre(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple) -> None:
+            current.append(name)
+            inputs[name] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+        return hook
+
+    def post(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            if current and current[-1] == name:
+                current.pop()
+        return hook
+
+    for name, block in blocks:
+        handles += [block.register_forward_pre_hook(pre(name)), block.register_forward_hook(post(name))]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if current and isinstance(t, torch.Tensor):
+            saved[current[-1]] = saved.get(current[-1], 0) + t.untyped_storage().nbytes()
+        return t
+
+    try:
+        with pieces.fake_mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                pieces.trainer.precision_plugin.forward_context():
+            out = pieces.model.training_step(batch, 0)
+            del out
+    except Exception:  # noqa: BLE001 - advice is a nicety: no candidates
+        return []
+    finally:
+        for h in handles:
+            h.remove()
+    flops = _block_flops(pieces, blocks, batch)
+    found = [Checkpointing(name, max(0, saved.get(name, 0) - inputs.get(name, 0)), flops.get(name, 0))
+             for name, _ in blocks if saved.get(name)]
+    return sorted(found, key=lambda c: -c.saved_bytes)[:limit]
+
+
+def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    best: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > len(best):
+            kinds = {type(m).__name__ for m in module}
+            if len(kinds) <= 2 and len(module) >= 2:
+                best = [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(module)]
+    if len(best) >= 2:
+        return best
+    return list(model.named_children())
+
+
+def _block_flops(pieces: _Pieces, blocks: list[tuple[str, nn.Module]], batch: Any) -> dict[str, int]:
+    """Each block's forward hardware FLOPs at this batch (its recompute cost), from one counted forward."""
+    from lit_compute.flops.counting import SafeFlopCounterMode
+
+    counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pieces.model, hookless=True)
+    try:
+        with pieces.fake_mode, counter, torch.no_grad(), pieces.trainer.precision_plugin.forward_context():
+            pieces.model.training_step(batch, 0)
+    except Exception:  # noqa: BLE001
+        return {}
+    by_module = counter.result().forward_by_module
+    return {name: by_module.get(name, 0) for name, _ in blocks}
+
+
+# -- capacities -------------------------------------------------------------------------------------------------
+def parse_memory(text: str | float) -> int:
+    """``80GB`` (1e9), ``24GiB`` (2**30), ``512MB``, or bytes, as bytes."""
+    import re
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?[bB])?\s*", str(text))
+        if not match:
+            raise EstimateError(f"--memory {text!r} is not a size; write it as 80GB, 24GiB or 512MB")
+        number, unit = float(match.group(1)), (match.group(2) or "B").lower()
+        scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+                 "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[unit]
+        value = number * scale
+    if not math.isfinite(value) or value <= 0:
+        raise EstimateError(f"--memory {text!r} must be a positive size")
+    return int(value)
+
+
+def capacity_of(device: str | None, memory: str | float | None) -> tuple[int | None, str]:
+    """The capacity to fit into and where it came from."""
+    from lit_compute.flops.peaks import MEMORY_TABLE, chip_for_name
+
+    if memory is not None:
+        return parse_memory(memory), f"--memory {memory}"
+    if device is None:
+        return None, "no capacity given (--device or --memory)"
+    key = device.lower() if device.lower() in MEMORY_TABLE else chip_for_name(device)
+    if key is None or key not in MEMORY_TABLE:
+        raise EstimateError(f"--device {device!r} is not in the table; known: {', '.join(sorted(MEMORY_TABLE))} "
+                            "(or give --memory 80GB)")
+    capacity, source = MEMORY_TABLE[key]
+    return int(capacity), f"{key}: {capacity / 1e9:.0f} GB ({source})"
+
+
+def _gb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1e9:.3g} GB"
