@@ -22,6 +22,8 @@ LIGHTNING_COMMANDS = {
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
+    "estimate": ("lit_compute.planning.estimate_cli", "the peak memory per device of your config before any real step, "
+                 "the largest micro-batch that fits (--config my.yaml --device h100-sxm)"),
     "tune": ("lit_compute.tuning", "the fastest configuration of your config, measured and written out (--config my.yaml --budget 15m)"),
     "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)"),
 }

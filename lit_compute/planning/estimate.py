@@ -92,6 +92,10 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     from lit_compute._lightning_cli import LitComputeCLI, quiet_lightning
 
     quiet_lightning()
+    import logging
+
+    for name in ("lightning.pytorch", "lightning.fabric"):  # seed, accelerator and summary lines: not the estimate's
+        logging.getLogger(name).setLevel(logging.WARNING)
     path = Path(config)
     if not path.is_file():
         raise EstimateError(f"--config {config}: no such file")
@@ -240,6 +244,48 @@ def _predict(pieces: _Pieces, optimizers: list[Any], micro_batch: int, bucket_by
     return max(first, second, key=lambda b: b.peak)
 
 
+def untraceable_module(err: BaseException, model: nn.Module) -> str:
+    """The innermost module whose ``forward`` was running when tracing failed (its path in the model)."""
+    names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+    found = type(model).__name__
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names and tb.tb_frame.f_code.co_name == "forward":
+            found = names[id(owner)]
+        tb = tb.tb_next
+    return found
+
+
+def _measure(config: str | Path, overrides: list[str], micro_batch: int, bucket_bytes: int) -> MemoryBreakdown:
+    """The fallback for a model fake tensors cannot run (data-dependent shapes, custom C++ ops): two real steps on
+    the real model at ``micro_batch`` (the real batch repeated to that size), under the same tracker."""
+    from lit_compute._lightning_cli import LitComputeCLI
+
+    args = ["--config", str(config), "--trainer.logger=false", "--trainer.enable_progress_bar=false", *overrides]
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli = LitComputeCLI(args=args, run=False)
+    model, trainer = cli.model, cli.trainer
+    batch = next(iter(_train_loader(model, cli.datamodule)))
+    size = _batch_size(batch) or 1
+
+    def repeat(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() > 0 and t.shape[0] == size:
+            return torch.cat([t] * (micro_batch // size + 1))[:micro_batch]
+        return t
+
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    batch = apply_to_collection(batch, torch.Tensor, repeat)
+    model = trainer.precision_plugin.convert_module(model)
+    model.train()
+    _attach(model, trainer)
+    optimizers = _optimizers(model)
+    first = trace_step(model, batch, optimizers, trainer.precision_plugin, bucket_bytes)
+    second = trace_step(model, batch, optimizers, trainer.precision_plugin, bucket_bytes)
+    return max(first, second, key=lambda b: b.peak)
+
+
 def _bucket_bytes(pieces: _Pieces) -> int:
     """DDP's gradient buckets (a copy of every trainable parameter's gradient) when the strategy is DDP."""
     from lightning.pytorch.strategies import DDPStrategy
@@ -285,13 +331,26 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     if buckets:
         notes.append(f"DDP: each rank holds the whole model and {buckets / 1e9:.3g} GB of gradient buckets")
     traced: dict[int, MemoryBreakdown] = {}
+    method = ["traced on fake tensors"]
 
     def peak_at(size: int) -> MemoryBreakdown:
         if size not in traced:
-            traced[size] = _predict(pieces, optimizers, size, buckets)
+            if method[0] == "traced on fake tensors":
+                try:
+                    traced[size] = _predict(pieces, optimizers, size, buckets)
+                    return traced[size]
+                except EstimateError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - data-dependent shapes, custom ops: measure instead
+                    where = untraceable_module(err, pieces.model)
+                    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+                    notes.append(f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
+                                 f"{first}); each size is measured on a real step instead")
+                    method[0] = "measured on a real step"
+            traced[size] = _measure(config, list(overrides or []), size, buckets)
         return traced[size]
 
-    rows = [_row(size, peak_at(size), capacity) for size in sizes]
+    rows = [_row(size, peak_at(size), capacity, method[0]) for size in sizes]
     plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
     if capacity is not None:
         plan.largest_fitting, plan.next_size = _largest_fitting(peak_at, capacity)
@@ -299,15 +358,15 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
             notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
                          f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
                          f"{_gb(plan.next_size.peak_bytes)})")
-        if checkpoint_advice and any(r.fits is False for r in rows):
+        if checkpoint_advice and any(r.fits is False for r in rows) and method[0] == "traced on fake tensors":
             biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
             plan.checkpointing = checkpoint_candidates(pieces, optimizers, biggest.micro_batch)
     return plan
 
 
-def _row(size: int, found: MemoryBreakdown, capacity: int | None) -> EstimateRow:
+def _row(size: int, found: MemoryBreakdown, capacity: int | None, method: str = "traced on fake tensors") -> EstimateRow:
     return EstimateRow(micro_batch=size, peak_bytes=found.peak, parts=dict(found.parts), at=found.at,
-                       fits=None if capacity is None else found.peak <= capacity)
+                       fits=None if capacity is None else found.peak <= capacity, method=method)
 
 
 def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None]:
@@ -380,15 +439,20 @@ def checkpoint_candidates(pieces: _Pieces, optimizers: list[Any], micro_batch: i
 
 
 def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    best: list[tuple[str, nn.Module]] = []
+    """The model's repeated blocks: members of every ``nn.ModuleList``/``nn.Sequential`` whose two or more members
+    are modules of one class with modules inside (a GPT's ``blocks.N``, a ResNet's ``layerK.N``), the outermost
+    ones; the model's top-level children when it has none."""
+    found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > len(best):
-            kinds = {type(m).__name__ for m in module}
-            if len(kinds) <= 2 and len(module) >= 2:
-                best = [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(module)]
-    if len(best) >= 2:
-        return best
-    return list(model.named_children())
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
+            continue
+        members = list(module)
+        if len({type(m) for m in members}) != 1 or not any(True for _ in members[0].children()):
+            continue
+        if any(name == f or name.startswith(f + ".") for f, _ in found):
+            continue  # inside a block already chosen
+        found += [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(members)]
+    return found or list(model.named_children())
 
 
 def _block_flops(pieces: _Pieces, blocks: list[tuple[str, nn.Module]], batch: Any) -> dict[str, int]:
@@ -438,7 +502,7 @@ def capacity_of(device: str | None, memory: str | float | None) -> tuple[int | N
         raise EstimateError(f"--device {device!r} is not in the table; known: {', '.join(sorted(MEMORY_TABLE))} "
                             "(or give --memory 80GB)")
     capacity, source = MEMORY_TABLE[key]
-    return int(capacity), f"{key}: {capacity / 1e9:.0f} GB ({source})"
+    return int(capacity), f"{key}: {capacity / 2**30:.0f} GiB = {capacity / 1e9:.1f} GB ({source})"
 
 
 def _gb(n: int | None) -> str:
