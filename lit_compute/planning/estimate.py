@@ -195,9 +195,12 @@ def _attach(model: Any, trainer: Any) -> None:
 
 
 def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
+    """The module's optimizers as Lightning builds them, given to its trainer (``self.trainer.optimizers``)."""
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 
     optimizers, _ = _init_optimizers_and_lr_schedulers(model)
+    model.trainer.strategy.connect(model)
+    model.trainer.optimizers = optimizers
     return optimizers
 
 
@@ -343,11 +346,19 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                     raise
                 except Exception as err:  # noqa: BLE001 - data-dependent shapes, custom ops: measure instead
                     where = untraceable_module(err, pieces.model)
+                    if traced:  # other sizes traced: this size's own failure, never a real step of it
+                        raise EstimateError(f"tracing micro-batch {size} failed in {where} ({type(err).__name__}: "
+                                            f"{str(err).strip()[:200]})") from None
                     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
                     notes.append(f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
                                  f"{first}); each size is measured on a real step instead")
                     method[0] = "measured on a real step"
-            traced[size] = _measure(config, list(overrides or []), size, buckets)
+            try:
+                traced[size] = _measure(config, list(overrides or []), size, buckets)
+            except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
+                text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+                raise EstimateError(f"a real training step of micro-batch {size} failed too ({type(err).__name__}: "
+                                    f"{text}); `lit-compute fit --config {config}` must train first") from None
         return traced[size]
 
     rows = [_row(size, peak_at(size), capacity, method[0]) for size in sizes]

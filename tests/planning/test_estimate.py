@@ -1,0 +1,115 @@
+"""``lit-compute estimate``: the peak predicted on fake tensors against the peak measured on a real step (the
+MemoryMonitor's tracker) at three micro-batch sizes for a ResNet-50, the GPT and a Hugging Face GPT-2; the largest
+micro-batch that fits; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lit_compute import MemoryMonitor
+from lit_compute._lightning_cli import LitComputeCLI
+from lit_compute.planning import estimate
+from lit_compute.planning.estimate_cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = {  # config, arguments that keep it small, micro-batch sizes
+    "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=64", "--data.init_args.num_workers=0"],
+                 [2, 4, 8]),
+    "gpt": ("configs/gpt.yaml", ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000",
+                                 "--data.init_args.mode=packed"], [4, 8, 16]),
+    "hf_gpt2": ("examples/hf_gpt2.yaml", ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"],
+                [2, 4, 8]),
+}
+
+
+def measured_peak(config: str, overrides: list[str], micro_batch: int, root: Path) -> int:
+    """The peak MemoryMonitor measures on real training steps of ``config`` at ``micro_batch``."""
+    args = ["fit", "--config", config, *overrides, f"--data.init_args.batch_size={micro_batch}",
+            "--trainer.max_steps=2", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
+            "--trainer.num_sanity_val_steps=0", f"--trainer.default_root_dir={root}",
+            "--trainer.callbacks+=lit_compute.MemoryMonitor"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cli = LitComputeCLI(args=args)
+    monitor = [c for c in cli.trainer.callbacks if isinstance(c, MemoryMonitor)][-1]
+    return max(b.peak for b in monitor.breakdowns.values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_predicted_peak_is_within_10_percent_of_the_measured_one(case, tmp_path, monkeypatch):
+    config, overrides, sizes = CASES[case]
+    monkeypatch.chdir(ROOT)  # the Hugging Face example's class path imports from the repository root
+    monkeypatch.syspath_prepend(str(ROOT))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(config, micro_batches=sizes, overrides=overrides)
+    assert [r.micro_batch for r in plan.rows] == sizes and all(r.method == "traced on fake tensors" for r in plan.rows)
+    for row in plan.rows:
+        real = measured_peak(config, overrides, row.micro_batch, tmp_path)
+        assert row.peak_bytes == pytest.approx(real, rel=0.10), (case, row.micro_batch, row.peak_bytes, real)
+        assert sum(row.parts.values()) == row.peak_bytes
+    peaks = [r.peak_bytes for r in plan.rows]
+    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]  # more samples, more activations
+
+
+@pytest.mark.timeout(300)
+def test_the_largest_micro_batch_that_fits_trains_under_the_cap_and_the_next_does_not(tmp_path, monkeypatch):
+    config, overrides, _ = CASES["gpt"]
+    monkeypatch.chdir(ROOT)
+    cap = measured_peak(config, overrides, 6, tmp_path) + 1_000_000  # about 6 samples' worth
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(config, micro_batches=[4, 8], memory=cap, overrides=overrides)
+    assert [r.fits for r in plan.rows] == [True, False]
+    largest, over = plan.largest_fitting, plan.next_size
+    assert largest is not None and largest >= 6 and over.micro_batch == largest + 1 and over.peak_bytes > cap
+    assert measured_peak(config, overrides, largest, tmp_path) <= cap  # one real step under the cap
+    assert plan.checkpointing and plan.checkpointing[0].module.startswith("blocks.")
+    assert all(c.saved_bytes > 0 and c.recompute_flops > 0 for c in plan.checkpointing)
+
+
+def _small_config(tmp_path: Path, model: str) -> Path:
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
+              "model": {"class_path": model, "init_args": {"coef": 0.0} if "Sleepy" in model else {}},
+              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}}}
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_model_fake_tensors_cannot_run_is_named_in_one_line_and_measured(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(path, micro_batches=[4, 8])
+    (note,) = [n for n in plan.notes if "cannot be traced" in n]
+    assert note.startswith("the model cannot be traced on fake tensors (selector: ") and "\n" not in note
+    assert all(r.method == "measured on a real step" and r.peak_bytes > 0 for r in plan.rows)
+
+
+def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    path = _small_config(tmp_path, "tests.tuning.tune_models.SleepyRegression")
+    assert main(["--config", str(path), "--micro-batch", "4,8", "--memory", "1GB", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["micro_batch"] for r in rows] == [4, 8] and all(r["fits"] for r in rows)
+    assert set(rows[0]) == {"micro_batch", "peak_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes",
+                            "activations_bytes", "other_bytes", "fits", "rank"}
+    for args, phrase in ((["--device", "h900"], "--device 'h900' is not in the table; known: "),
+                         (["--memory", "lots"], "--memory 'lots' is not a size"),
+                         (["--micro-batch", "eight"], "--micro-batch 'eight': give whole numbers")):
+        assert main(["--config", str(path), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and phrase in err, err
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert os.getcwd() == str(ROOT)
