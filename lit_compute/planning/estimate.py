@@ -173,8 +173,8 @@ def _batch_size(batch: Any) -> int | None:
 
 def resized(batch: Any, old: int, new: int, fake_mode: Any) -> Any:
     """``batch`` with every tensor whose first dimension is the batch size made ``new`` long, as fake tensors."""
-    from lightning.pytorch.utilities import move_data_to_device  # noqa: F401 - Lightning's collections
     from lightning.fabric.utilities.apply_func import apply_to_collection
+    from lightning.pytorch.utilities import move_data_to_device  # noqa: F401 - Lightning's collections
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         with fake_mode:
@@ -404,7 +404,6 @@ def checkpoint_candidates(pieces: _Pieces, optimizers: list[Any], micro_batch: i
     """The blocks (the children of the model's largest ``nn.ModuleList``/``Sequential`` of repeated blocks, or its
     top-level children) whose recomputation saves the most activation memory at ``micro_batch``: each block's saved
     activations less its input, which checkpointing keeps; the cost is the block's forward FLOPs again."""
-    from lit_compute.flops.counting import count_flops
 
     blocks = _repeated_blocks(pieces.model)
     saved: dict[str, int] = {}

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
