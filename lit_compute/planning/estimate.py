@@ -479,6 +479,25 @@ def _block_flops(pieces: _Pieces, blocks: list[tuple[str, nn.Module]], batch: An
     return {name: by_module.get(name, 0) for name, _ in blocks}
 
 
+def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> MemoryBreakdown:
+    """The predicted peak of one training step of ``config`` at its own micro-batch, traced on fake tensors only
+    (no real step: a model that cannot be traced raises :class:`EstimateError`). ``lit-compute tune
+    --device-memory`` asks this before starting a trial."""
+    pieces = _build(config, list(overrides or []))
+    with pieces.fake_mode:
+        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
+        pieces.model.train()
+        _attach(pieces.model, pieces.trainer)
+        optimizers = _optimizers(pieces.model)
+    try:
+        return _predict(pieces, optimizers, pieces.batch_size, _bucket_bytes(pieces))
+    except EstimateError:
+        raise
+    except Exception as err:  # noqa: BLE001 - one line naming the module
+        raise EstimateError(f"cannot be traced on fake tensors ({untraceable_module(err, pieces.model)}: "
+                            f"{type(err).__name__})") from None
+
+
 # -- capacities -------------------------------------------------------------------------------------------------
 def parse_memory(text: str | float) -> int:
     """``80GB`` (1e9), ``24GiB`` (2**30), ``512MB``, or bytes, as bytes."""

@@ -256,9 +256,12 @@ def _micro_batch(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         return NotApplicable("micro_batch", f"batch size {batch} cannot be halved evenly")
     accumulate = int(facts.get("accumulate_grad_batches") or 1)
     note = " (BatchNorm statistics over the smaller batch)" if any("BatchNorm" in n for n in facts.get("norms") or []) else ""
-    return Knob("micro_batch", [batch // 2], _micro_batch_edit(_data_class(facts), batch, accumulate),
+    # half the micro-batch with twice the accumulation; with accumulation, twice the micro-batch with half of it
+    # (fewer, larger steps where memory allows: `--device-memory` leaves out what is predicted not to fit)
+    values = [batch // 2] + ([batch * 2] if accumulate % 2 == 0 else [])
+    return Knob("micro_batch", values, _micro_batch_edit(_data_class(facts), batch, accumulate),
                 lambda v: f"micro-batch {v} x {accumulate * batch // v} accumulated (same global batch {batch * accumulate})",
-                changes_results=f"the same global batch in two halves{note}" if note else "")
+                changes_results=f"the same global batch in other micro-batches{note}" if note else "")
 
 
 def _ddp(facts: Facts, machine: Machine) -> list[Knob | NotApplicable]:

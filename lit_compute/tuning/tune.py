@@ -182,6 +182,7 @@ class _Tuner:
             echo(f"resuming from {journal}: {len(self.journal.results)} trial(s) done, "
                  f"{self.journal.spent_s:.0f} s of the budget spent")
         self.budget = Budget(budget_s, self.journal.spent_s)
+        self.device_memory: int | None = None
         self.knobs: list[Knob] = []
         self.index = 0
         self.startup_s = 60.0
@@ -203,6 +204,11 @@ class _Tuner:
         # a hang is a trial past twice its estimate; never past what the search (or the budget) has left
         timeout = max(10.0, min(max(60.0, 2 * estimate + 30), limit))
         config = apply_settings(self.config, self.knobs, spec.settings)
+        too_big = self.predicted_over(config, spec, index)
+        if too_big is not None:
+            self.journal.add(too_big)
+            self._progress(too_big)
+            return too_big
         try:
             result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
             self.journal.add(result)
@@ -210,6 +216,32 @@ class _Tuner:
             raise TuneError(err.strerror) from None
         self._progress(result)
         return result
+
+    def predicted_over(self, config: dict[str, Any], spec: TrialSpec, index: int) -> TrialResult | None:
+        """With ``--device-memory``: a trial predicted (:func:`lit_compute.planning.estimate.predicted_peak`) to
+        need more than the target device holds is not started; its result says so. None: run it."""
+        if self.device_memory is None:
+            return None
+        from lit_compute.planning.estimate import EstimateError, predicted_peak
+        from lit_compute.tuning.config_yaml import dump_yaml
+
+        path = self.log_dir / "trials" / f"{spec.slug(index)}.predict.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_yaml(config))
+        start = time.monotonic()
+        try:
+            peak = predicted_peak(path).peak
+        except EstimateError as err:
+            self.echo(f"  {spec.slug(index)}: no memory prediction ({err}); the trial runs")
+            return None
+        finally:
+            self.journal.add_overhead("memory prediction", time.monotonic() - start)
+        if peak <= self.device_memory:
+            return None
+        return TrialResult(key=spec.key, slug=spec.slug(index), settings=spec.settings, rung=spec.rung,
+                           repeat=spec.repeat, status="skipped",
+                           reason=f"predicted peak {peak / 1e9:.3g} GB > --device-memory {self.device_memory / 1e9:.3g} GB "
+                                  "(not started)")
 
     def _progress(self, result: TrialResult, cached: bool = False) -> None:
         what = ", ".join(f"{k}={v}" for k, v in result.settings.items()) or "baseline"
@@ -259,7 +291,7 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
          log_dir: str | Path = "tune_logs", knobs: list[str] | None = None, skip: list[str] | None = None,
          min_gain: float = 0.03, loss_tolerance: float = 0.05, trajectory_tolerance: float = 0.35, loss_steps: int = 8, warmup_steps: int = 3,
          short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 3, fresh: bool = False,
-         echo: Any = None) -> TuneResult:
+         echo: Any = None, device_memory: str | float | None = None) -> TuneResult:
     """Tune ``config`` (a ``lit-compute fit`` YAML) within ``budget`` and write the fastest configuration to ``out``.
 
     Args:
@@ -282,6 +314,8 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         side_by_side: Pairs of final trials (baseline, tuned, alternating) the speed-up is measured from.
         fresh: Start anew (the old journal is kept under a dated name) instead of resuming.
         echo: Where progress lines go (default: standard output).
+        device_memory: Tune for a device of this much memory (``"24GB"``, bytes): a trial whose step is predicted
+            (:func:`lit_compute.estimate`, on fake tensors) to need more is not started, and the table says so.
 
     Returns:
         A :class:`TuneResult` (the speed-up, the settings, the table, the summary line).
@@ -310,6 +344,14 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
                       min_gain=min_gain, loss_tolerance=loss_tolerance, trajectory_tolerance=trajectory_tolerance, final_pairs=max(1, side_by_side))
     recorder = {"warmup_steps": warmup_steps, "loss_steps": loss_steps}
     check_paths(out_path, Path(log_dir))
+    capacity = None
+    if device_memory is not None:
+        from lit_compute.planning.estimate import EstimateError, parse_memory
+
+        try:
+            capacity = parse_memory(device_memory)
+        except EstimateError as err:
+            raise TuneError(str(err).replace("--memory", "--device-memory")) from None
     try:
         user_config = load_config(config_path)
     except ConfigError as err:
@@ -318,6 +360,7 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
     folder = tune_folder(Path(log_dir), config_path, digest)
     with locked(folder):
         tuner = _Tuner(config_path, user_config, digest, budget_s, folder, options, recorder, fresh, echo)
+        tuner.device_memory = capacity
         try:
             return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo)
         except KeyboardInterrupt:
@@ -382,6 +425,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--side-by-side", type=int, default=3,
                         help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from")
     parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
+    parser.add_argument("--device-memory", default=None,
+                        help="tune for a device of this memory (24GB): trials predicted not to fit are not started")
     args = parser.parse_args(argv)
 
     def split(text: str | None) -> list[str] | None:
@@ -392,7 +437,7 @@ def main(argv: list[str]) -> int:
              min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
              trajectory_tolerance=args.trajectory_tolerance, loss_steps=args.loss_steps,
              short_seconds=args.short_seconds, long_seconds=args.long_seconds, side_by_side=args.side_by_side,
-             fresh=args.fresh)
+             fresh=args.fresh, device_memory=args.device_memory)
     except TuneError as err:
         sys.stderr.write(f"lit-compute tune: error: {err}\n")
         return 2

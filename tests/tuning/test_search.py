@@ -338,3 +338,41 @@ def test_a_short_trial_is_compared_with_the_incumbents_first_steps():
     long = _result({"fused_optimizer": True}, "long", 21.0)
     long.measured["step_rates"] = [17.0] * 25
     assert reference_rate(incumbent, long) == 20.0  # as long or longer: the incumbent's whole figure
+
+
+def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_starting_it(tmp_path, monkeypatch):
+    """Twice the micro-batch (half the accumulation) is a knob value under accumulation; with --device-memory the
+    one predicted not to fit is recorded as skipped, with its predicted peak, and no trial process starts."""
+    from lit_compute.planning.estimate import predicted_peak
+    from lit_compute.tuning.knobs import find_knobs
+    from lit_compute.tuning.tune import Options, _Tuner
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2, "accumulate_grad_batches": 2},
+              "model": {"class_path": "tests.tuning.tune_models.WideRegression"},
+              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 16}}}
+    path = tmp_path / "wide.yaml"
+    path.write_text(yaml.safe_dump(config))
+    facts = {**RESNET_FACTS, "model_class": "tests.tuning.tune_models.WideRegression", "conv2d": False, "norms": [],
+             "datamodule_class": "tests.tuning.tune_models.RandomRegressionData",
+             "datamodule_args": ["batch_size", "num_workers", "samples"], "loader": {"batch_size": 16, "num_workers": 0},
+             "accumulate_grad_batches": 2}
+    (knob,) = [k for k in find_knobs(facts, CPU_BF16, only=["micro_batch"])[0]]
+    assert knob.values == [8, 32]
+    peaks = {}
+    for size in (16, 32):
+        (tmp_path / f"b{size}.yaml").write_text(yaml.safe_dump(apply_settings(config, [knob], {"micro_batch": size})
+                                                               if size != 16 else config))
+        peaks[size] = predicted_peak(tmp_path / f"b{size}.yaml").peak
+    assert peaks[32] > peaks[16]
+    lines = []
+    tuner = _Tuner(path, config, "abc", 600, tmp_path / "logs", Options(), {"warmup_steps": 1, "loss_steps": 2},
+                   False, lines.append)
+    tuner.knobs, tuner.device_memory = [knob], (peaks[16] + peaks[32]) // 2
+    spec = TrialSpec({"micro_batch": 32}, "short", 0, 1.0)
+    result = tuner.measure(spec, 10.0, 60.0)
+    assert result.status == "skipped" and result.reason.startswith(f"predicted peak {peaks[32] / 1e9:.3g} GB > "
+                                                                  "--device-memory")
+    assert not (tmp_path / "logs" / "trials" / f"{spec.slug(0)}.log").exists()  # never started
+    assert "skipped: predicted peak" in lines[-1]
+    assert tuner.journal.results[spec.key].status == "skipped"

@@ -71,3 +71,11 @@ class Faulty(SleepyRegression):
         if fault == "disk full":
             raise OSError(errno.ENOSPC, "No space left on device", "checkpoint.ckpt")
         return super().training_step(batch, batch_idx)
+
+
+class WideRegression(SleepyRegression):
+    """A hidden layer of 4096: activations of 16 KB per sample, so the micro-batch decides the memory."""
+
+    def __init__(self, coef: float = 0.0, lr: float = 0.01) -> None:
+        super().__init__(coef, lr)
+        self.lin = torch.nn.Sequential(torch.nn.Linear(8, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
