@@ -264,3 +264,30 @@ def ddp_bucket_bytes(model: Any) -> int:
     if data.get("gradient_as_bucket_view"):
         return 0
     return sum(int(n) for n in re.findall(r"\d+", str(data.get("bucket_sizes", ""))))
+
+
+def model_parallel_sizes(strategy: Any) -> tuple[int, int] | None:
+    """``(data parallel, tensor parallel)`` sizes of Lightning's ``ModelParallelStrategy`` before it set up its mesh
+    (``"auto"`` as Lightning resolves it: nodes x processes per node); None for any other strategy."""
+    if type(strategy).__name__ != "ModelParallelStrategy":
+        return None
+    nodes, processes = int(getattr(strategy, "num_nodes", 1) or 1), int(getattr(strategy, "num_processes", 1) or 1)
+    dp, tp = getattr(strategy, "_data_parallel_size", "auto"), getattr(strategy, "_tensor_parallel_size", "auto")
+    return (nodes if dp == "auto" else int(dp)), (processes if tp == "auto" else int(tp))
+
+
+@contextlib.contextmanager
+def simulated_rank(rank: int, world_size: int) -> Iterator[None]:
+    """This process plays ``rank`` of ``world_size`` in a fake process group (torch's ``fake`` backend: every
+    collective returns at once and moves nothing), so a sharded model can be built and traced rank by rank in one
+    process, without launching the job."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed import fake_pg  # registers the "fake" backend
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process; simulate ranks in a fresh one")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -129,11 +129,12 @@ def _where(entry: Mapping[str, Any]) -> str:
     return f"node {entry['node']} rank {entry['rank']}"
 
 
-def describe_mismatch(entries: Sequence[Mapping[str, Any]]) -> str:
-    """One line naming the first setting the ranks disagree on and each distinct value with where it is
-    (``log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1``). ``entries``: per rank, ``node``, ``rank``
-    and ``settings``."""
+def describe_mismatch(entries: Sequence[Mapping[str, Any]], most: int = 3) -> str:
+    """One line naming the settings the ranks disagree on (the first ``most``, trainer settings first) and each
+    distinct value with where it is (``log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1``). ``entries``:
+    per rank, ``node``, ``rank`` and ``settings``."""
     keys = sorted({k for e in entries for k in e["settings"]}, key=_order)
+    found = []
     for key in keys:
         groups: dict[str, list[Mapping[str, Any]]] = {}
         for entry in entries:
@@ -144,10 +145,13 @@ def describe_mismatch(entries: Sequence[Mapping[str, Any]]) -> str:
         for value, members in sorted(groups.items(), key=lambda g: g[1][0]["rank"]):
             others = f" (and {len(members) - 1} other ranks)" if len(members) > 1 else ""
             parts.append(f"{_shown(value)} on {_where(members[0])}{others}")
-        return (f"the ranks of this job were started with different settings: {key}: {', '.join(parts)}. Start every "
-                "node with the same config (lit_compute checks this once at set-up; different settings would make "
-                "the ranks wait for each other forever)")
-    return "the ranks of this job were started with different settings"
+        found.append(f"{key}: {', '.join(parts)}")
+    if not found:
+        return "the ranks of this job were started with different settings"
+    more = f"; and {len(found) - most} more" if len(found) > most else ""
+    return (f"the ranks of this job were started with different settings: {'; '.join(found[:most])}{more}. Start every "
+            "node with the same config (lit_compute checks this once at set-up; different settings would make the "
+            "ranks wait for each other forever)")
 
 
 def _shown(value: str) -> str:

@@ -43,6 +43,13 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
         "rank skew (own work of the slowest / the others' median)": _tags("time/rank_skew"),
         "lit_compute's own instrument time (ms per step)": _tags("time/instrument_ms"),
     },
+    "Memory": {
+        "step peak and its parts (GB per device)": _tags("memory/peak_gb", "memory/parameters_gb",
+                                                         "memory/gradients_gb", "memory/optimizer_gb",
+                                                         "memory/activations_gb", "memory/other_gb"),
+        "headroom and capacity (GB)": _tags("memory/headroom_gb", "memory/capacity_gb"),
+        "largest rank's peak vs rank 0's (GB)": _tags("memory/peak_gb_rank_max", "memory/peak_gb"),
+    },
     "Precision": {
         "loss scale": _tags("amp/loss_scale"),
         "skipped optimizer steps": _tags("amp/skipped_steps"),

@@ -147,15 +147,15 @@ def test_version_and_unknown_commands(capsys):
     assert "unknown command 'fitt'" in err and "report" in err and "bench" in err
 
 
+GPT_SMALL = ["--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
+             "--model.init_args.block_size=64", "--model.init_args.n_layer=2", "--model.init_args.lr=0.0001"]
 GPT_MODEL_PARALLEL = r"""
 import sys
 from lit_compute.cli import main
 
 if __name__ == "__main__":
     main(["fit", "--config", sys.argv[1], "--trainer.max_steps=10", "--trainer.val_check_interval=5",
-          "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
-          "--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
-          "--model.init_args.block_size=64", "--model.init_args.n_layer=2", "--model.init_args.lr=0.0001"])
+          "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2", *sys.argv[2:]])
 """
 
 
@@ -176,8 +176,9 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
                                                       tensor_parallel_size=tensor_parallel)
     config["trainer"]["callbacks"][3]["init_args"].update(start_step=6, warmup=1, active=2)  # the profiler window
     config["trainer"]["logger"][1]["init_args"]["port"] = 0  # PrometheusLogger on a free port
+    config["data"]["init_args"]["mode"] = "packed"  # one shape: the memory prediction is of that shape
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = run_script(tmp_path, GPT_MODEL_PARALLEL, str(tmp_path / "config.yaml"), timeout=400)
+    result = run_script(tmp_path, GPT_MODEL_PARALLEL, str(tmp_path / "config.yaml"), *GPT_SMALL, timeout=400)
     assert result.returncode == 0, result.stdout[-4000:]
     (version,) = tmp_path.glob("lightning_logs/version_*")
     acc = read_events(version)
@@ -185,18 +186,25 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     assert (f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
             and "ModelParallelStrategy" in run)
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
-    if tensor_parallel == 2:
-        assert total == 2 * local  # two peers, each its shards of the same batch
-    else:  # each rank the whole model on its own batch (token batches: their lengths may differ)
-        assert local < total == pytest.approx(2 * local, rel=0.05)
+    assert total == 2 * local  # two peers: TP each its shards of one batch, FSDP2 each the whole model on its own
     tags = set(acc.Tags()["scalars"])
     assert {"val/loss", "time/global_tokens_per_sec", "time/rank_skew", "rank/1/step_ms", "compute/mfu",
-            "compute/padding_fraction"} <= tags
+            "memory/peak_gb_rank_max"} <= tags
     assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
     traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
     assert [t.split("_")[-1] for t in traces] == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
     if data_parallel == 2:  # the example's forward GFLOPs per sample comes with the first counted batch instead
         assert scalar_values(acc, "compute/forward_gflops_per_sample")
+    # each rank's peak memory, predicted before any step (each rank simulated in this process), within 10% of what
+    # MemoryMonitor measured on the two processes (rank 0's own, and the largest of any rank)
+    from lit_compute.planning import estimate
+
+    plan = estimate(tmp_path / "config.yaml", micro_batches=[4], overrides=GPT_SMALL)
+    assert [r.rank for r in plan.rows] == [0, 1]
+    measured = scalar_values(acc, "memory/peak_gb")[-1][1] * 1e9
+    largest = scalar_values(acc, "memory/peak_gb_rank_max")[-1][1] * 1e9
+    assert plan.rows[0].peak_bytes == pytest.approx(measured, rel=0.10)
+    assert max(r.peak_bytes for r in plan.rows) == pytest.approx(largest, rel=0.10)
 
 
 BAD_CONFIGS = {

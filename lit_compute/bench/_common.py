@@ -95,3 +95,19 @@ def low_precision(device: str) -> str:
     fp32 = measure_peak_flops("cpu", torch.float32, size=1024, seconds=0.3)
     bf16 = measure_peak_flops("cpu", torch.bfloat16, size=1024, seconds=0.3)
     return "bf16-mixed" if bf16 > 1.2 * fp32 else "32-true"
+
+
+def figure_header(command: str, machine: str) -> str:
+    """The header every figure file in the docs carries: the command that wrote it, the commit, the date, the
+    machine (a figure without it is not quoted)."""
+    import datetime
+    import subprocess as sp
+
+    try:
+        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except (OSError, sp.SubprocessError):
+        commit = "unknown"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
+            f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n")

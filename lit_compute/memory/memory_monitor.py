@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 GB = 1e9
-# steps tracked per batch signature: the first allocates the optimizer's state during its optimizer step (a real
-# step's peak then), the second starts with it (the steady state's peak)
-_TRACKED_STEPS = 2
 
 
 def local(t: Any) -> Any:
@@ -98,7 +95,8 @@ class MemoryMonitor(MeasuringCallback):
         self.capacity_gb = capacity_gb
         self.reduce_keys = {"train": ("peak",)}
         self.breakdowns: dict[tuple, MemoryBreakdown] = {}
-        self._tracked: dict[tuple, int] = {}
+        self._tracked: dict[tuple, tuple[int, bool]] = {}  # structure -> (elements of its largest batch, had state)
+        self._tracking_facts: tuple[int, bool] = (0, False)
         self._model_state = ModelState()
         self._reset()
 
@@ -131,10 +129,17 @@ class MemoryMonitor(MeasuringCallback):
         if first:
             if self._cuda is not None:
                 torch.cuda.reset_peak_memory_stats(self._cuda)
-            self._step_key = (_batch.signature("train", batch), self._model_state.key(pl_module))
+            leaves = _batch.signature("train", batch)[1]
+            self._step_key = (tuple((path, dtype) for path, _, dtype in leaves), self._model_state.key(pl_module))
             self._step_best = None
-            wanted = self._tracked.get(self._step_key, 0) < _TRACKED_STEPS
+            size = sum(math.prod(shape) for _, shape, _ in leaves)
+            with_state = any(getattr(o, "state", None) for o in trainer.optimizers)
+            largest = self._tracked.get(self._step_key)
+            # the largest batch of a structure sets its peak: track a larger one, and the first again once the
+            # optimizer's state exists (its first step allocated it after the forward's peak)
+            wanted = largest is None or size > largest[0] or (size == largest[0] and with_state and not largest[1])
             self._tracking_key = self._step_key if wanted else None
+            self._tracking_facts = (size, with_state)
         if self._tracking_key is None:
             return
         tracker = StorageTracker()
@@ -172,7 +177,7 @@ class MemoryMonitor(MeasuringCallback):
             return
         if self._tracking_key is not None and self._step_best is not None:
             key, found = self._tracking_key, self._step_best
-            self._tracked[key] = self._tracked.get(key, 0) + 1
+            self._tracked[key] = self._tracking_facts
             if key not in self.breakdowns or found.peak > self.breakdowns[key].peak:
                 self.breakdowns[key] = found
         self._tracking_key = None

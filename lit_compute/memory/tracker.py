@@ -14,7 +14,7 @@ allocations. Each storage gets one of the parts of :data:`PARTS` when the run en
 - ``other``: everything else (temporaries, the batch, kernel outputs freed soon after).
 
 The same code on fake tensors (``FakeTensorMode``: shapes, dtypes and devices, no memory) gives the same log, which
-is how :mod:`lit_compute.memory.estimate` predicts a step's peak before any real step. Limits: memory a kernel
+is how :mod:`lit_compute.planning.estimate` predicts a step's peak before any real step. Limits: memory a kernel
 allocates for itself without a tensor (a cuBLAS or oneDNN workspace) is not seen; the caching allocator's
 rounding and fragmentation are not modelled (CUDA: ``max_memory_allocated`` is the measured total).
 """
@@ -56,7 +56,17 @@ class MemoryBreakdown:
         return {"peak_bytes": self.peak, **{f"{p}_bytes": self.parts[p] for p in PARTS}, "at": self.at}
 
 
+def _has_dtensor(args: Any, kwargs: Any) -> bool:
+    import sys
+
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return dtensor is not None and any(isinstance(t, dtensor) for t in tree_leaves((args, kwargs)))
+
+
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    inner = getattr(t, "_local_tensor", None)  # a DTensor holds its local shard
+    if isinstance(inner, torch.Tensor):
+        t = inner
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse and nested layouts have no single storage
@@ -85,6 +95,7 @@ class StorageTracker(TorchDispatchMode):
         self._fixed: dict[int, str] = {}  # record -> part, for registered storages
         self._phase = "forward"
         self._hooks: Any = None
+        self._in_dtensor = False
 
     # -- recording ----------------------------------------------------------------------------------
     def _note(self, st: torch.UntypedStorage, part: str | None = None) -> int:
@@ -154,7 +165,17 @@ class StorageTracker(TorchDispatchMode):
                 self._hooks = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if _has_dtensor(args, kwargs):  # DTensor runs it on the local shards: through this mode, so they are seen
+            if self._in_dtensor:
+                return NotImplemented
+            self._in_dtensor = True
+            try:
+                with self:
+                    return func(*args, **kwargs)
+            finally:
+                self._in_dtensor = False
+        out = func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = _storage(t)

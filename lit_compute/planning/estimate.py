@@ -300,10 +300,37 @@ def _bucket_bytes(pieces: _Pieces) -> int:
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
+def _prepare(pieces: _Pieces) -> list[Any]:
+    """The model as the strategy sets it up before a step (precision conversion, training mode, its trainer) and
+    its optimizers."""
+    with pieces.fake_mode:
+        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
+        pieces.model.train()
+        _attach(pieces.model, pieces.trainer)
+        return _optimizers(pieces.model)
+
+
+def _shard(pieces: _Pieces, data_parallel: int, tensor_parallel: int) -> None:
+    """What ``ModelParallelStrategy`` does before the first step: the device mesh, then the module's own
+    ``configure_model`` (FSDP2, tensor parallelism) on it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(pieces.trainer.strategy.root_device.type, (data_parallel, tensor_parallel),
+                            mesh_dim_names=("data_parallel", "tensor_parallel"))
+    pieces.model._device_mesh = mesh
+    with pieces.fake_mode:
+        pieces.model.configure_model()
+
+
 def estimate(config: str | Path, micro_batches: list[int] | None = None, device: str | None = None,
              memory: str | float | None = None, overrides: list[str] | None = None,
              checkpoint_advice: bool = True) -> Plan:
     """Predict the peak memory per device of one training step of ``config`` at each micro-batch size.
+
+    Under Lightning's ``ModelParallelStrategy`` (FSDP2, tensor parallelism) each rank is simulated in this process
+    with a fake process group (every collective returns at once): the model is built, the module's
+    ``configure_model`` shards it over the same mesh, and the rank's step is traced with its local shards and the
+    buffers its collectives allocate; a row per rank.
 
     Args:
         config: A ``lit-compute fit`` YAML.
@@ -314,21 +341,23 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
         checkpoint_advice: Name the blocks to recompute when a size does not fit.
 
     Returns:
-        A :class:`Plan`: a row per size, the largest size that fits, the blocks to checkpoint.
+        A :class:`Plan`: a row per size (and rank), the largest size that fits, the blocks to checkpoint.
 
     Raises:
         EstimateError: a bad argument, an unknown device, a config whose batch has no batch dimension.
     """
+    from lit_compute import _compat
+
     capacity, source = capacity_of(device, memory)
-    pieces = _build(config, list(overrides or []))
+    overrides = list(overrides or [])
+    pieces = _build(config, overrides)
     sizes = sorted(set(micro_batches or [max(1, pieces.batch_size // 2), pieces.batch_size, 2 * pieces.batch_size]))
     if any(s < 1 for s in sizes):
         raise EstimateError(f"--micro-batch {','.join(map(str, sizes))}: sizes must be >= 1")
-    with pieces.fake_mode:
-        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
-        pieces.model.train()
-        _attach(pieces.model, pieces.trainer)
-        optimizers = _optimizers(pieces.model)
+    layout = _compat.model_parallel_sizes(pieces.trainer.strategy)
+    if layout is not None:
+        return _estimate_ranks(config, overrides, sizes, layout, capacity, source)
+    optimizers = _prepare(pieces)
     buckets = _bucket_bytes(pieces)
     notes = []
     if buckets:
@@ -354,7 +383,7 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                                  f"{first}); each size is measured on a real step instead")
                     method[0] = "measured on a real step"
             try:
-                traced[size] = _measure(config, list(overrides or []), size, buckets)
+                traced[size] = _measure(config, overrides, size, buckets)
             except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
                 text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
                 raise EstimateError(f"a real training step of micro-batch {size} failed too ({type(err).__name__}: "
@@ -363,15 +392,61 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
 
     rows = [_row(size, peak_at(size), capacity, method[0]) for size in sizes]
     plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
+    _fit(plan, peak_at, capacity)
+    if (capacity is not None and checkpoint_advice and any(r.fits is False for r in rows)
+            and method[0] == "traced on fake tensors"):
+        biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
+        plan.checkpointing = checkpoint_candidates(pieces, optimizers, biggest.micro_batch)
+    return plan
+
+
+def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
+    """The largest micro-batch that fits, and a note saying so."""
+    if capacity is None:
+        return
+    plan.largest_fitting, plan.next_size = _largest_fitting(peak_at, capacity)
+    if plan.largest_fitting is not None and plan.next_size is not None:
+        plan.notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
+                          f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
+                          f"{_gb(plan.next_size.peak_bytes)})")
+
+
+def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], layout: tuple[int, int],
+                    capacity: int | None, source: str) -> Plan:
+    """Each rank of a ``ModelParallelStrategy`` job simulated in this process (see :func:`estimate`)."""
+    from lit_compute import _compat
+
+    data_parallel, tensor_parallel = layout
+    world = data_parallel * tensor_parallel
+    ranks = list(range(world)) if world <= 8 else [0, world - 1]
+    rows: list[EstimateRow] = []
+    first_rank: dict[int, MemoryBreakdown] = {}
+    plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source,
+                notes=[f"ModelParallelStrategy: data parallel {data_parallel} x tensor parallel {tensor_parallel}; "
+                       f"each rank traced with a fake process group (local shards, collective buffers)"])
+    for rank in ranks:
+        with _compat.simulated_rank(rank, world):
+            pieces = _build(config, overrides)
+            try:
+                _shard(pieces, data_parallel, tensor_parallel)
+                optimizers = _prepare(pieces)
+                for size in sizes:
+                    found = _predict(pieces, optimizers, size, 0)
+                    rows.append(_row(size, found, capacity))
+                    rows[-1].rank = rank
+                    if rank == ranks[0]:
+                        first_rank[size] = found
+            except EstimateError:
+                raise
+            except Exception as err:  # noqa: BLE001 - one line naming where
+                raise EstimateError(f"rank {rank} of the {data_parallel} x {tensor_parallel} layout cannot be traced "
+                                    f"({untraceable_module(err, pieces.model)}: {type(err).__name__}: "
+                                    f"{str(err).strip()[:200]})") from None
     if capacity is not None:
-        plan.largest_fitting, plan.next_size = _largest_fitting(peak_at, capacity)
-        if plan.largest_fitting is not None and plan.next_size is not None:
-            notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
-                         f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
-                         f"{_gb(plan.next_size.peak_bytes)})")
-        if checkpoint_advice and any(r.fits is False for r in rows) and method[0] == "traced on fake tensors":
-            biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
-            plan.checkpointing = checkpoint_candidates(pieces, optimizers, biggest.micro_batch)
+        over = [r for r in rows if r.fits is False]
+        plan.notes.append(f"every rank fits {_gb(capacity)}" if not over else
+                          f"ranks {sorted({r.rank for r in over})} do not fit at micro-batch "
+                          f"{sorted({r.micro_batch for r in over})}")
     return plan
 
 
@@ -484,11 +559,7 @@ def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> Me
     (no real step: a model that cannot be traced raises :class:`EstimateError`). ``lit-compute tune
     --device-memory`` asks this before starting a trial."""
     pieces = _build(config, list(overrides or []))
-    with pieces.fake_mode:
-        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
-        pieces.model.train()
-        _attach(pieces.model, pieces.trainer)
-        optimizers = _optimizers(pieces.model)
+    optimizers = _prepare(pieces)
     try:
         return _predict(pieces, optimizers, pieces.batch_size, _bucket_bytes(pieces))
     except EstimateError:

@@ -46,6 +46,7 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         ("HFU", percent(run.total("compute/hfu"))),
         ("data-wait fraction", percent(run.total("time/data_wait_fraction"))),
         (f"peak memory ({memory_label}, GB)", human(memory)),
+        ("step peak memory per device (GB): parameters, gradients, optimizer, activations, other", _memory_parts(run)),
         ("precision", f"{run.info('precision') or 'n/a'} ({run.info('precision plugin') or 'n/a'})"),
         ("skipped optimizer steps", human(run.last("amp/skipped_steps"))),
         ("device", f"{run.info('device') or 'n/a'} x {run.info('world size') or '?'} ({run.info('strategy') or 'n/a'})"),
@@ -70,6 +71,19 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         rel = p.relative_to(report_dir) if p.is_relative_to(report_dir) else p
         lines += [f"![{p.stem}]({rel.as_posix()})", ""]
     return lines
+
+
+def _memory_parts(run: Run) -> str:
+    """MemoryMonitor's largest step peak and its parts (at the logging step of that peak), the headroom."""
+    peaks = run.scalars.get("memory/peak_gb", [])
+    if not peaks:
+        return "n/a (add MemoryMonitor)"
+    step, peak = max(peaks, key=lambda p: p[1])
+    parts = [dict(run.scalars.get(f"memory/{p}_gb", [])).get(step) for p in
+             ("parameters", "gradients", "optimizer", "activations", "other")]
+    text = f"{human(peak)}: " + ", ".join(human(v) for v in parts)
+    headroom = dict(run.scalars.get("memory/headroom_gb", [])).get(step)
+    return text + (f" ({human(headroom)} left)" if headroom is not None else "")
 
 
 def rank_section(run: Run) -> list[str]:

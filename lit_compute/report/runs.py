@@ -14,7 +14,7 @@ from lit_compute.formatting import read_key_value_table
 
 __all__ = ["OUR_PREFIXES", "ReportError", "Run", "find_runs", "load_run", "name_runs"]
 
-OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/", "tune/")
+OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/", "tune/", "memory/")
 # a tune trial's steady-state measurement (TrialRecorder) read as the run's one timed window
 _TRIAL_FIGURES = {"tune/samples_per_sec": "time/samples_per_sec", "tune/tokens_per_sec": "time/tokens_per_sec",
                   "tune/step_ms": "time/step_ms", "tune/timed_steps": "time/timed_steps",

@@ -77,28 +77,44 @@ def launch_nodes(tmp_path: Path, configs: list[Path], timeout: float, extra_path
     c10d rendezvous on 127.0.0.1), each node with its own file, as a job whose nodes were started by hand (or by
     srun) is. Returns each launcher's exit code and output (also in ``launcher<i>.log``); a launch past ``timeout``
     seconds is killed with every process and fails the test (a hang)."""
+    return launch_jobs(tmp_path, [configs], timeout, extra_path)[0]
+
+
+def launch_jobs(tmp_path: Path, jobs: list[list[Path]], timeout: float,
+                extra_path: Path | None = None) -> list[list[tuple[int, str]]]:
+    """Several such jobs at once (each its own rendezvous port): their exit codes and outputs, job by job."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "RANK", "NCCL_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(extra_path or tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    nodes = []
-    for config in configs:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(configs)), "--nproc-per-node", "1",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lit-compute-test",
-                   "-m", "lit_compute.cli", "fit", "--config", str(config)]
-        nodes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
-    outputs = []
+    launched: list[list[subprocess.Popen]] = []
+    for j, configs in enumerate(jobs):
+        port = _free_port()
+        nodes = []
+        for config in configs:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(configs)),
+                       "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                       "--rdzv-id", f"lit-compute-test-{j}", "-m", "lit_compute.cli", "fit", "--config", str(config)]
+            nodes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        launched.append(nodes)
+    everyone = [n for nodes in launched for n in nodes]
+    outputs: dict[int, str] = {}
     try:
-        for node in nodes:
-            outputs.append(node.communicate(timeout=timeout)[0])
+        import time
+
+        deadline = time.monotonic() + timeout
+        for node in everyone:
+            outputs[node.pid] = node.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
     except subprocess.TimeoutExpired:
-        for node in nodes:
+        for node in everyone:
             os.killpg(node.pid, signal.SIGKILL)
-        pytest.fail(f"the {len(configs)}-node torchrun job did not finish within {timeout:g} s (a hang?)")
-    for i, out in enumerate(outputs):
-        (tmp_path / f"launcher{i}.log").write_text(out)
-    return [(node.returncode, out) for node, out in zip(nodes, outputs)]
+        pytest.fail(f"{len(jobs)} torchrun job(s) did not finish within {timeout:g} s (a hang?)")
+    results = []
+    for j, nodes in enumerate(launched):
+        for i, node in enumerate(nodes):
+            (tmp_path / f"job{j}_launcher{i}.log").write_text(outputs[node.pid])
+        results.append([(node.returncode, outputs[node.pid]) for node in nodes])
+    return results
 
 
 def failure_lines(index: int, returncode: int, output: str) -> str:

@@ -15,7 +15,7 @@ from lit_compute import FlopsLogger, StepTimeMonitor
 from lit_compute.agreement import describe_mismatch, flatten, settings
 
 from ..conftest import make_trainer
-from .conftest import launch_nodes
+from .conftest import launch_jobs
 
 BASE = {
     "trainer": {"accelerator": "cpu", "devices": 1, "num_nodes": 2, "strategy": "ddp_tuned", "max_steps": 4,
@@ -28,48 +28,52 @@ BASE = {
 }
 
 
-def _log_every(c):
-    c["trainer"]["log_every_n_steps"] = 3
+def _loop_settings(c):
+    c["trainer"].update(log_every_n_steps=3, max_steps=6)
+    c["data"]["init_args"]["batch_size"] = 16
 
 
 def _one_callback(c):
     c["trainer"]["callbacks"] = c["trainer"]["callbacks"][1:]
 
 
-def _max_steps(c):
-    c["trainer"]["max_steps"] = 6
-
-
-def _batch_size(c):
-    c["data"]["init_args"]["batch_size"] = 16
-
-
-CASES = {  # what node 1's file changes -> the line every rank prints
-    "log_every_n_steps": (_log_every, "log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1"),
-    "callback_on_one_node": (_one_callback, "callbacks[0]: FlopsLogger on node 0 rank 0, StepTimeMonitor on node 1 rank 1"),
-    "max_steps": (_max_steps, "max_steps: 4 on node 0 rank 0, 6 on node 1 rank 1"),
-    "batch_size": (_batch_size, "config.data.init_args.batch_size: 8 on node 0 rank 0, 16 on node 1 rank 1"),
+JOBS = {  # what node 1's file changes -> the settings every rank's one line names, in order
+    "loop": (_loop_settings, ["log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1",
+                              "max_steps: 4 on node 0 rank 0, 6 on node 1 rank 1",
+                              "config.data.init_args.batch_size: 8 on node 0 rank 0, 16 on node 1 rank 1"]),
+    "callback_on_one_node": (_one_callback, ["callbacks[0]: FlopsLogger on node 0 rank 0, StepTimeMonitor on node 1 "
+                                             "rank 1"]),
 }
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_two_nodes_with_different_settings_stop_at_setup_naming_it(tmp_path, case):
-    change, expected = CASES[case]
-    other = copy.deepcopy(BASE)
-    change(other)
-    files = [tmp_path / "node0.yaml", tmp_path / "node1.yaml"]
-    files[0].write_text(yaml.safe_dump(BASE))
-    files[1].write_text(yaml.safe_dump(other))
-    results = launch_nodes(tmp_path, files, timeout=60)  # ends within 60 s or fails the test as a hang
-    for rc, out in results:
-        errors = [line for line in out.splitlines() if line.startswith("lit-compute: error:")]
-        assert rc != 0 and len(errors) == 1, out[-3000:]
-        # rank numbers follow the rendezvous, not the launch order: name the two values, on two ranks
-        line = re.sub(r"node (\d) rank \1", "node N rank N", errors[0])
-        assert re.sub(r"node (\d) rank \1", "node N rank N", expected).split(": ", 1)[0] in line
-        values = sorted(re.findall(r"(\S+) on node N rank N", line))
-        assert values == sorted(re.findall(r"(\S+) on node \d rank \d", expected)), line
+def _normalised(text: str) -> list[tuple[str, list[str]]]:
+    """(setting, sorted values) per named setting: ranks follow the rendezvous, not the launch order."""
+    out = []
+    for part in text.split("; "):
+        key, _, values = part.partition(": ")
+        out.append((key, sorted(re.findall(r"(\S+) on node \d rank \d", values))))
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_two_nodes_with_different_settings_stop_at_setup_naming_them(tmp_path):
+    """Two-node jobs at once: node 1's file differs in the logging interval, the steps and the batch size (one
+    job), or lacks a measuring callback (the other). Each ends within 90 s (a hang fails the test) with the one
+    line on both nodes naming what differs."""
+    jobs = []
+    for name, (change, _) in JOBS.items():
+        other = copy.deepcopy(BASE)
+        change(other)
+        files = [tmp_path / f"{name}_node0.yaml", tmp_path / f"{name}_node1.yaml"]
+        files[0].write_text(yaml.safe_dump(BASE))
+        files[1].write_text(yaml.safe_dump(other))
+        jobs.append(files)
+    for (name, (_, expected)), results in zip(JOBS.items(), launch_jobs(tmp_path, jobs, timeout=90)):
+        for rc, out in results:
+            errors = [line for line in out.splitlines() if line.startswith("lit-compute: error:")]
+            assert rc != 0 and len(errors) == 1, (name, out[-3000:])
+            named = errors[0].split("different settings: ", 1)[1].split(". Start every node")[0]
+            assert _normalised(named)[:len(expected)] == _normalised("; ".join(expected)), (name, errors[0])
 
 
 def _entries(*per_rank):
@@ -82,9 +86,11 @@ def test_the_mismatch_names_the_first_setting_that_differs_and_where():
                                       {**same, "log_every_n_steps": "2"})).startswith(
         "the ranks of this job were started with different settings: log_every_n_steps: 2 on node 0 rank 0 (and 1 "
         "other ranks), 3 on node 1 rank 1. Start every node with the same config")
+    five = describe_mismatch(_entries({f"config.k{i}": "1" for i in range(5)}, {f"config.k{i}": "2" for i in range(5)}))
+    assert "config.k2: 1 on node 0 rank 0, 2 on node 1 rank 1; and 2 more." in five and "k3" not in five
     # trainer settings come before the rest; a setting only one rank has is "(not set)" elsewhere
     line = describe_mismatch(_entries({"config.a": "1", "max_steps": "4"}, {"config.a": "2", "max_steps": "5"}))
-    assert ": max_steps: 4 on node 0 rank 0, 5 on node 1 rank 1." in line
+    assert ": max_steps: 4 on node 0 rank 0, 5 on node 1 rank 1; config.a: 1 on node 0 rank 0, 2 on node 1 rank 1." in line
     line = describe_mismatch(_entries({"callbacks[1]": '"StepTimeMonitor"'}, {}))
     assert "callbacks[1]: StepTimeMonitor on node 0 rank 0, (not set) on node 1 rank 1" in line
 

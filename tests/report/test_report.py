@@ -25,6 +25,7 @@ from lit_compute import (
     FlopsLogger,
     FP32BatchNormPrecision,
     LossScaleMonitor,
+    MemoryMonitor,
     ProfilerWindow,
     StepTimeMonitor,
 )
@@ -46,7 +47,7 @@ from ..conftest import (
 def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Path:
     callbacks = [FlopsLogger(peak_flops=1e11, log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2, window=4),
                  DeviceMonitor(log_every_n_steps=2), LossScaleMonitor(log_every_n_steps=2),
-                 ProfilerWindow(start_step=3, warmup=1, active=2)]
+                 ProfilerWindow(start_step=3, warmup=1, active=2), MemoryMonitor(log_every_n_steps=2)]
     logger = pl.loggers.TensorBoardLogger(str(root), name=name, version=0)
     clock = DrivenClock()
     trainer = clocked_trainer(root, clock, max_steps=steps, limit_train_batches=steps, callbacks=callbacks,
@@ -78,6 +79,10 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     acc = read_events(fast)
     steps = [v for _, v in scalar_values(acc, "time/step_ms")]
     assert f"| mean step time (ms) | {human(sum(steps) / len(steps))} |" in text
+    step, peak = max(scalar_values(acc, "memory/peak_gb"), key=lambda p: p[1])
+    activations = dict(scalar_values(acc, "memory/activations_gb"))[step]
+    assert f"| step peak memory per device (GB): parameters, gradients, optimizer, activations, other | {human(peak)}: " \
+           in text and human(activations) in text
     gflops = scalar_values(acc, "compute/forward_gflops_per_sample")[0][1]
     assert f"| model forward GFLOPs per sample | {human(gflops, 4)} |" in text
     assert "of 100 GFLOP/s peak per device" in text  # 0.1 TFLOP/s in the unit that fits
@@ -311,7 +316,7 @@ def test_tensorboard_serves_our_tags_text_and_layout(tensorboard):
     assert {"compute/flops_by_module", "profiler/top_ops", "lit_compute/run"} <= served
     layout = _get(port, "/data/plugin/custom_scalars/layout")
     titles = {c["title"] for c in layout["category"]}
-    assert {"Compute", "Time", "Precision", "Device"} <= titles
+    assert {"Compute", "Time", "Precision", "Device", "Memory"} <= titles
     assert "Communication" not in titles  # only charts whose tags exist
     assert "Profiler windows" not in titles  # one window: one point per tag, no line to draw
 
