@@ -39,7 +39,7 @@ def _measured(config: str, overrides: list[str], micro_batch: int, processes: in
     second rank by re-running the command)."""
     with tempfile.TemporaryDirectory() as out:
         logger = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: "
-                  f"{out}, name: runs}}}]")
+                  f"{out}, name: runs" "}}]")
         command = [sys.executable, "-m", "lit_compute.cli", "fit", "--config", config, *overrides,
                    f"--data.init_args.batch_size={micro_batch}", "--trainer.max_steps=3", "--trainer.limit_val_batches=0",
                    "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
