@@ -33,8 +33,8 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, lightning {l
 PY
 status=0
 timeout 480 "$py" -m lit_compute.cli bench gpu 2>&1 | tee "$out/bench_gpu.txt" || status=1
-tests="tests/test_gpu.py tests/test_precision.py"
-"$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/test_dali.py"
+tests="tests/test_gpu.py tests/precision"
+"$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/data/test_dali_datamodule.py"
 # shellcheck disable=SC2086
 timeout 240 "$py" -m pytest -q -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
 exit $status

@@ -185,3 +185,43 @@ def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
     local = scalar_values(acc, "compute/flops_per_step")[-1][1]
     # forward, then backward: both grads of the last layer, only the weight grad of the first (its input needs none)
     assert scalar_values(acc, "compute/global_flops_per_step")[-1][1] == local == 2 * 32 * (2 * 64 * 256 + 3 * 256 * 4)
+
+
+def test_memory_monitor_on_cuda_totals_the_allocators_peak_and_its_parts_sum_to_it(tmp_path):
+    from lit_compute import MemoryMonitor
+
+    trainer = _gpu_trainer(tmp_path, max_steps=4, callbacks=[MemoryMonitor(log_every_n_steps=1)])
+    trainer.fit(tiny_model(), train_dataloaders=_loader())
+    acc = read_events(trainer.logger.log_dir)
+    peak = scalar_values(acc, "memory/peak_gb")[-1][1]
+    parts = sum(scalar_values(acc, f"memory/{p}_gb")[-1][1]
+                for p in ("parameters", "gradients", "optimizer", "activations", "other"))
+    assert parts == pytest.approx(peak, rel=0.02)
+    assert 0 < peak * 1e9 <= torch.cuda.max_memory_allocated() * 1.001
+    capacity = scalar_values(acc, "memory/capacity_gb")[-1][1]
+    assert capacity == pytest.approx(torch.cuda.get_device_properties(0).total_memory / 1e9, rel=1e-6)
+
+
+def test_estimate_on_cuda_is_within_10_percent_of_the_allocators_peak(tmp_path, monkeypatch):
+    """lit-compute estimate on fake CUDA tensors against max_memory_allocated of real steps, three micro-batches."""
+    import yaml
+
+    from lit_compute._lightning_cli import LitComputeCLI
+    from lit_compute.planning import estimate
+
+    monkeypatch.chdir(tmp_path)
+    config = {"trainer": {"accelerator": "gpu", "devices": 1, "logger": False, "enable_checkpointing": False},
+              "model": {"class_path": "lit_compute.models.ImageClassifier",
+                        "init_args": {"arch": "resnet50", "num_classes": 10}},
+              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
+                       "init_args": {"image_size": 128, "num_workers": 0, "batch_size": 16}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    plan = estimate(tmp_path / "c.yaml", micro_batches=[8, 16, 32])
+    for row in plan.rows:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        LitComputeCLI(args=["fit", "--config", "c.yaml", f"--data.init_args.batch_size={row.micro_batch}",
+                            "--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
+                            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
+        measured = torch.cuda.max_memory_allocated()
+        assert row.peak_bytes == pytest.approx(measured, rel=0.10), (row.micro_batch, row.peak_bytes, measured)
