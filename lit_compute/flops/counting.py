@@ -42,6 +42,30 @@ _HEAVY_TOKENS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "einsum", 
 _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 
 
+#: The op classes bytes and FLOPs are kept by (``FlopCount.by_class``): what a roofline needs to price a step on
+#: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound).
+OP_CLASSES = ("matmul", "attention", "norm", "elementwise", "optimizer")
+_NORM_TOKENS = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "instance_norm")
+
+
+def op_class(name: str, optimizer: bool = False) -> str:
+    """The class of an op (``aten.addmm`` -> ``matmul``); ``optimizer`` for every op of an optimizer's step."""
+    lowered = name.lower()
+    if optimizer or lowered.split(".")[-1].startswith(("_foreach", "_fused_adam", "_fused_sgd")):
+        return "optimizer"
+    if "attention" in lowered or "sdpa" in lowered:
+        return "attention"
+    if any(t in lowered for t in _NORM_TOKENS):
+        return "norm"
+    if is_heavy_op(name):
+        return "matmul"
+    return "elementwise"
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) and not t.is_nested else 0
+
+
 def is_heavy_op(name: str) -> bool:
     """True for ops whose name says matmul/convolution/attention/RNN (``aten._grouped_mm``, ``aten.mkldnn_rnn_layer``),
     false for elementwise look-alikes (``lgamma``, ``upsample_bilinear2d``, ``_thnn_fused_lstm_cell``)."""
@@ -73,6 +97,10 @@ class FlopCount:
         value_dependent: ops whose FLOPs depend on the values of their inputs, not only on shapes (a nested tensor
             built from a padding mask, a packed sequence) -> the module paths they ran in: this count holds for
             this batch's values only.
+        by_class: op class (:data:`OP_CLASSES`) -> ``(hardware FLOPs, bytes read and written)``: every op counts
+            its operands' and results' bytes (a view none), elementwise ops included; the arithmetic intensity of a
+            class is its FLOPs over its bytes.
+        bytes_by_module: module path -> bytes its ops read and wrote, forward and backward.
     """
 
     forward: int = 0
@@ -86,6 +114,13 @@ class FlopCount:
     errors: list[str] = field(default_factory=list)
     value_dependent: dict[str, list[str]] = field(default_factory=dict)
     unnamed_modules: dict[str, str] = field(default_factory=dict)
+    by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
+    bytes_by_module: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes every op of the count read and wrote (views move nothing)."""
+        return sum(b for _, b in self.by_class.values())
 
     @property
     def total(self) -> int:
@@ -173,6 +208,11 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
         self._recompute = 0
         self._value_dependent: dict[str, set[str]] = {}  # op -> module paths it ran in
+        self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written]
+        self._bytes_by_module: dict[str, int] = {}
+        self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
+        #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step)
+        self.in_optimizer_step = False
 
     def __enter__(self) -> SafeFlopCounterMode:
         self._reset_counts()
@@ -185,6 +225,15 @@ class SafeFlopCounterMode(FlopCounterMode):
             seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
 
+    def _op_bytes(self, args: Any, kwargs: Any, out: Any) -> int:
+        """Bytes an op reads and writes: its tensor operands and results; 0 for a view (its result aliases an
+        operand: nothing moves)."""
+        schema = getattr(self._overload, "_schema", None)
+        if schema is not None and schema.returns and all(
+                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            return 0
+        return (sum(_nbytes(t) for t in tree_leaves((args, kwargs))) + sum(_nbytes(t) for t in tree_leaves(out)))
+
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         try:
             phase = _phase()
@@ -192,17 +241,25 @@ class SafeFlopCounterMode(FlopCounterMode):
                 self.mod_tracker.note_forward_op(args)
             if str(func_packet) in VALUE_DEPENDENT_OPS:
                 self._value_dependent.setdefault(str(func_packet), set()).update(set(self.mod_tracker.parents))
+            moved = self._op_bytes(args, kwargs, out)
+            kind = op_class(str(func_packet), self.in_optimizer_step)
+            parents = set(self.mod_tracker.parents)
+            if moved:
+                self._by_class.setdefault(kind, [0, 0])[1] += moved
+                for parent in parents:
+                    self._bytes_by_module[parent] = self._bytes_by_module.get(parent, 0) + moved
             formula = self.flop_registry.get(func_packet)
             if formula is None:
                 if is_heavy_op(str(func_packet)):
                     self.uncounted.add(str(func_packet))
                 return out
             hardware = int(formula(*args, **kwargs, out_val=out))
+            self._by_class.setdefault(kind, [0, 0])[0] += hardware
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
             self._recompute += recompute
             column = 0 if phase == "forward" else 1
-            for parent in set(self.mod_tracker.parents):
+            for parent in parents:
                 self.flop_counts[parent][func_packet] += hardware
                 self._model.setdefault(parent, [0, 0])[column] += model
         except Exception as err:  # noqa: BLE001 - counting must never break the computation
@@ -240,6 +297,9 @@ class SafeFlopCounterMode(FlopCounterMode):
             value_dependent={op: _deepest(names, self._module_paths is not None)
                              for op, names in self._value_dependent.items()},
             unnamed_modules=dict(getattr(self.mod_tracker, "unnamed", {})),
+            by_class={k: (v[0], v[1]) for k, v in self._by_class.items()},
+            bytes_by_module={path: n for name, n in self._bytes_by_module.items()
+                             if (path := (_module_path(name) if self._module_paths is not None else name))},
         )
 
 
@@ -306,6 +366,7 @@ if _InnerMode is not None:
                 return func(*args, **kwargs)  # DTensor's sharding propagation: nothing is executed
             if isinstance(func, torch._ops.OpOverload) and _has_nested(args, kwargs):
                 return self._run_and_count(func, args, kwargs)
+            self.counter._overload = func  # its schema tells a view (no bytes moved) from a copy
             try:
                 return super().__torch_dispatch__(func, types, args, kwargs)
             except Exception as err:  # noqa: BLE001 - the counting path must not break the user's step

@@ -17,11 +17,12 @@ from typing_extensions import override
 from lit_compute import _batch, _compat
 from lit_compute._batch import TokenSpec
 from lit_compute._validate import Check, validated
-from lit_compute.callback import MeasuringCallback, use_token_spec
+from lit_compute.callback import MeasuringCallback, guarded, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
 from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops, is_sharded
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
-from lit_compute.formatting import flops_rate, human, markdown_table
+from lit_compute.flops.tables import module_table, op_class_table
+from lit_compute.formatting import flops_rate, human
 from lit_compute.model_state import ModelState
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_scalars, log_text, save_hparam, say
@@ -148,7 +149,12 @@ class FlopsLogger(MeasuringCallback):
         - ``compute/forward_gflops_per_sample``: the model's forward GFLOPs per sample, once (at step 0); also an
           hparam: with an ``example_input_array`` counted at fit start (TensorBoard's HParams tab and
           ``hparams.yaml``), otherwise added to ``hparams.yaml`` at the first counted batch.
-        - text ``compute/flops_by_module`` (model FLOPs per module, TensorBoard only).
+        - text ``compute/flops_by_module`` (model FLOPs per module, with the bytes its ops move and their FLOPs per
+          byte; TensorBoard only).
+        - ``compute/bytes_per_batch`` and text ``compute/op_classes``: at each training batch counted for real, the
+          bytes its ops read and wrote (forward, backward, the optimizer's step), and its hardware FLOPs and bytes by
+          op class (matmul, attention, norm, elementwise, optimizer) with their arithmetic intensity: what
+          ``lit-compute whatif`` prices on other hardware.
 
     Args:
         log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
@@ -351,6 +357,7 @@ class FlopsLogger(MeasuringCallback):
                             "real count; their shapes are counted for real from now on.")
         if sig[0] == "train":
             self.peaks.refine(count.by_op)
+            self._log_op_classes(trainer, count, sig)
         return booked.values
 
     # -- training -------------------------------------------------------------------------------------
@@ -431,21 +438,36 @@ class FlopsLogger(MeasuringCallback):
             return
         self._table_logged = True
         samples = _batch.batch_size(batch)
-        rows = [[f"`{path}`", f"{fwd / 1e9:.4f}", f"{tot / 1e9:.4f}", f"{100 * tot / count.total:.1f}%"]
-                for path, fwd, tot in count.table(self.module_depth)]
-        table = markdown_table(["module", "forward GFLOPs", "fwd+bwd GFLOPs", "share"], rows)
         peers = _compat.parallel_layout(trainer).tensor_parallel
         share = f", this device's share of {peers} tensor-parallel devices" if peers > 1 else ""
-        head = (f"Model FLOPs of one training batch of {samples or '?'} samples{share}: forward "
-                f"{count.forward / 1e9:.4f} GFLOPs, backward {count.backward / 1e9:.4f} GFLOPs, total "
-                f"{count.total / 1e9:.4f} GFLOPs (1 multiply-add = 2 FLOPs; no recomputation).\n\n")
-        log_text(trainer, "compute/flops_by_module", head + table, step=0)
+        log_text(trainer, "compute/flops_by_module", module_table(count, self.module_depth, samples, share), step=0)
         if samples:
             per_sample = _per_sample(trainer, count.forward, samples) / 1e9
             log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
             save_hparam(trainer, "compute/forward_gflops_per_sample", per_sample)  # no example_input_array: now known
             say(trainer, f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
                 "GFLOPs per training batch (forward + backward, model FLOPs)")
+
+    def _log_op_classes(self, trainer: pl.Trainer, count: FlopCount, sig: tuple) -> None:
+        """A counted training batch's FLOPs and bytes by op class (``compute/op_classes``, what ``lit-compute whatif``
+        prices) and ``compute/bytes_per_batch``, at the step it ran in."""
+        if not trainer.is_global_zero or not count.by_class:
+            return
+        module = trainer.lightning_module
+        params = list(module.parameters()) if module is not None else []
+        samples = next((s[0] for _, s, _ in sig[1] if s), None)
+        facts = {"parameters": sum(p.numel() for p in params),
+                 "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+                 "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+                 "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches}
+        step = _compat.batches_that_stepped(trainer)
+        log_text(trainer, "compute/op_classes", op_class_table(count, samples, facts), step=step)
+        log_scalars(trainer, {"compute/bytes_per_batch": float(count.bytes)}, step=step)
+
+    @guarded
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self._counting is not None:
+            self._counting[1].in_optimizer_step = True  # the optimizer's ops are their own op class
 
     # -- validation and test --------------------------------------------------------------------------
     @override

@@ -143,3 +143,23 @@ def test_by_module_paths_and_compiled_module_unwrapped():
     assert {"conv1", "layer1", "layer4.1.conv2", "fc"} <= set(count.by_module)
     assert sum(v for k, v in count.by_module.items() if "." not in k) == count.forward
     assert count.table(depth=1)[0][0] == "conv1"
+
+
+def test_bytes_are_counted_per_op_class_and_views_move_nothing():
+    from lit_compute.flops.counting import op_class
+
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    count = count_flops(lin, x, backward=False, count_on="real")
+    flops, moved = count.by_class["matmul"]
+    assert flops == 2 * 8 * 64 * 32
+    # addmm reads the bias, the input and the weight, writes the output (the transpose of the weight is a view)
+    assert moved == 4 * (32 + 8 * 64 + 64 * 32 + 8 * 32)
+    assert count.bytes == moved and count.bytes_by_module == {}
+    with_view = count_flops(torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False,
+                            count_on="real")
+    assert with_view.by_class == {"elementwise": (0, 2 * 4 * 8 * 64)}  # the flatten moved nothing; relu read and wrote
+    assert [op_class(n) for n in ("aten.addmm", "aten._scaled_dot_product_flash_attention_for_cpu",
+                                  "aten.native_layer_norm", "aten.add", "aten._foreach_mul_")] == [
+        "matmul", "attention", "norm", "elementwise", "optimizer"]
+    assert op_class("aten.mul", optimizer=True) == "optimizer"

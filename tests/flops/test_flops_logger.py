@@ -381,3 +381,20 @@ def test_nested_tensors_in_the_users_model_never_end_the_run(tmp_path, precision
         assert torch.equal(plain[key], counted[key]), key
     acc = read_events(trainer.logger.log_dir)
     assert scalar_values(acc, "compute/flops_per_step") and scalar_values(acc, "val/loss")
+
+
+def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
+    from lit_compute.flops.tables import read_op_class_table
+
+    trainer = make_trainer(tmp_path, max_steps=2, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    model = tiny_model()
+    trainer.fit(model, datamodule=tiny_data())
+    acc = read_events(trainer.logger.log_dir)
+    (text,) = text_values(acc, "compute/op_classes")
+    data = read_op_class_table(text)
+    assert data["samples"] == 8 and data["parameters"] == sum(p.numel() for p in model.parameters())
+    assert set(data["by_class"]) >= {"matmul", "norm", "elementwise", "optimizer"}  # Adam's step its own class
+    assert data["by_class"]["matmul"][0] == data["hardware_flops"]
+    assert scalar_values(acc, "compute/bytes_per_batch")[0][1] == pytest.approx(sum(b for _, b in data["by_class"].values()), rel=1e-6)
+    (table,) = text_values(acc, "compute/flops_by_module")
+    assert "| MB moved | FLOP/byte |" in table.replace("  ", " ")

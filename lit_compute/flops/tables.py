@@ -1,0 +1,63 @@
+"""The text tables FlopsLogger writes to TensorBoard: model FLOPs by module (with the bytes they move and their
+arithmetic intensity) and FLOPs and bytes by op class, which ``lit-compute whatif`` reads back.
+
+Pure formatting of a :class:`~lit_compute.flops.counting.FlopCount`; no Lightning here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from lit_compute.flops.counting import OP_CLASSES, FlopCount
+from lit_compute.formatting import markdown_table
+
+__all__ = ["module_table", "op_class_table", "read_op_class_table"]
+
+_DATA = re.compile(r"<!-- lit_compute op classes: (\{.*?\}) -->", re.S)
+
+
+def _intensity(flops: float, moved: float) -> str:
+    return f"{flops / moved:.3g}" if moved else "n/a"
+
+
+def module_table(count: FlopCount, depth: int, samples: int | None, share: str) -> str:
+    """Model FLOPs of one training batch by module (forward, forward + backward, share), with the bytes each
+    module's ops read and wrote and their FLOPs per byte."""
+    rows = [[f"`{path}`", f"{fwd / 1e9:.4f}", f"{tot / 1e9:.4f}", f"{100 * tot / count.total:.1f}%",
+             f"{count.bytes_by_module.get(path, 0) / 1e6:.3g}", _intensity(tot, count.bytes_by_module.get(path, 0))]
+            for path, fwd, tot in count.table(depth)]
+    table = markdown_table(["module", "forward GFLOPs", "fwd+bwd GFLOPs", "share", "MB moved", "FLOP/byte"], rows)
+    head = (f"Model FLOPs of one training batch of {samples or '?'} samples{share}: forward "
+            f"{count.forward / 1e9:.4f} GFLOPs, backward {count.backward / 1e9:.4f} GFLOPs, total "
+            f"{count.total / 1e9:.4f} GFLOPs (1 multiply-add = 2 FLOPs; no recomputation). Bytes: what each module's "
+            "ops read and wrote, forward and backward.\n\n")
+    return head + table
+
+
+def op_class_table(count: FlopCount, samples: int | None, facts: dict[str, Any]) -> str:
+    """Hardware FLOPs and bytes of one training batch (forward, backward and the optimizer's step) by op class, as
+    Markdown, with the same figures and ``facts`` (samples, parameters, dtype, ...) as JSON in an HTML comment for
+    :func:`read_op_class_table`."""
+    rows = [[kind, f"{f / 1e9:.4g}", f"{b / 1e6:.4g}", _intensity(f, b)]
+            for kind in OP_CLASSES if (f := count.by_class.get(kind, (0, 0))[0]) or count.by_class.get(kind, (0, 0))[1]
+            for b in [count.by_class.get(kind, (0, 0))[1]]]
+    data = {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
+            "model_flops": count.total, "hardware_flops": count.hardware, **facts}
+    return (f"Hardware FLOPs and bytes read and written by one training batch of {samples or '?'} samples (forward, "
+            "backward, optimizer step), by op class; FLOP/byte is the arithmetic intensity a roofline prices.\n\n"
+            + markdown_table(["op class", "GFLOPs", "MB moved", "FLOP/byte"], rows)
+            + f"\n\n<!-- lit_compute op classes: {json.dumps(data, sort_keys=True)} -->")
+
+
+def read_op_class_table(text: str) -> dict[str, Any] | None:
+    """The figures :func:`op_class_table` wrote (None when the text holds none)."""
+    found = _DATA.search(text)
+    if not found:
+        return None
+    try:
+        data = json.loads(found.group(1))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
