@@ -291,3 +291,12 @@ def simulated_rank(rank: int, world_size: int) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def train_loader_workers(trainer: Any) -> str:
+    """The training DataLoader's worker processes as the fit loop holds them (0: loading runs in the training
+    process); ``n/a`` when unknown."""
+    loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
+    workers = [getattr(d, "num_workers", None) for d in (getattr(loader, "flattened", None) or [])]
+    workers = [w for w in workers if isinstance(w, int)]
+    return str(max(workers)) if workers else "n/a"

@@ -24,6 +24,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
     "estimate": ("lit_compute.planning.estimate_cli", "the peak memory per device of your config before any real step, "
                  "the largest micro-batch that fits (--config my.yaml --device h100-sxm)"),
+    "whatif": ("lit_compute.planning.whatif_cli", "your run's step on other chips, node counts and networks: time, "
+               "MFU, bottleneck, memory, cost (RUN --hardware h100-sxm,a100 --nodes 1,8)"),
     "tune": ("lit_compute.tuning", "the fastest configuration of your config, measured and written out (--config my.yaml --budget 15m)"),
     "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)"),
 }

@@ -247,7 +247,7 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
 
 #: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
 RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "nodes x devices", "parallel layout",
-                 "strategy", "data", "cpu cores", "torch", "lightning", "planned")
+                 "strategy", "data", "cpu cores", "torch", "lightning", "planned", "loader workers")
 
 
 def run_info(trainer: pl.Trainer) -> str:
@@ -270,6 +270,7 @@ def run_info(trainer: pl.Trainer) -> str:
         torch.__version__,
         lightning.__version__,
         _planned(trainer),
+        _compat.train_loader_workers(trainer),
     ]
     return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
 

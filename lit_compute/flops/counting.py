@@ -97,9 +97,9 @@ class FlopCount:
         value_dependent: ops whose FLOPs depend on the values of their inputs, not only on shapes (a nested tensor
             built from a padding mask, a packed sequence) -> the module paths they ran in: this count holds for
             this batch's values only.
-        by_class: op class (:data:`OP_CLASSES`) -> ``(hardware FLOPs, bytes read and written)``: every op counts
-            its operands' and results' bytes (a view none), elementwise ops included; the arithmetic intensity of a
-            class is its FLOPs over its bytes.
+        by_class: op class (:data:`OP_CLASSES`) -> ``(hardware FLOPs, bytes read and written, ops)``: every op
+            counts its operands' and results' bytes (a view none), elementwise ops included, and is one kernel; the
+            arithmetic intensity of a class is its FLOPs over its bytes.
         bytes_by_module: module path -> bytes its ops read and wrote, forward and backward.
     """
 
@@ -114,13 +114,13 @@ class FlopCount:
     errors: list[str] = field(default_factory=list)
     value_dependent: dict[str, list[str]] = field(default_factory=dict)
     unnamed_modules: dict[str, str] = field(default_factory=dict)
-    by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
+    by_class: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     bytes_by_module: dict[str, int] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
         """Bytes every op of the count read and wrote (views move nothing)."""
-        return sum(b for _, b in self.by_class.values())
+        return sum(v[1] for v in self.by_class.values())
 
     @property
     def total(self) -> int:
@@ -208,7 +208,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
         self._recompute = 0
         self._value_dependent: dict[str, set[str]] = {}  # op -> module paths it ran in
-        self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written]
+        self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written, ops]
         self._bytes_by_module: dict[str, int] = {}
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step)
@@ -245,7 +245,9 @@ class SafeFlopCounterMode(FlopCounterMode):
             kind = op_class(str(func_packet), self.in_optimizer_step)
             parents = set(self.mod_tracker.parents)
             if moved:
-                self._by_class.setdefault(kind, [0, 0])[1] += moved
+                book = self._by_class.setdefault(kind, [0, 0, 0])
+                book[1] += moved
+                book[2] += 1  # a kernel that moves data (views launch none)
                 for parent in parents:
                     self._bytes_by_module[parent] = self._bytes_by_module.get(parent, 0) + moved
             formula = self.flop_registry.get(func_packet)
@@ -254,7 +256,7 @@ class SafeFlopCounterMode(FlopCounterMode):
                     self.uncounted.add(str(func_packet))
                 return out
             hardware = int(formula(*args, **kwargs, out_val=out))
-            self._by_class.setdefault(kind, [0, 0])[0] += hardware
+            self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
             self._recompute += recompute
@@ -297,7 +299,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             value_dependent={op: _deepest(names, self._module_paths is not None)
                              for op, names in self._value_dependent.items()},
             unnamed_modules=dict(getattr(self.mod_tracker, "unnamed", {})),
-            by_class={k: (v[0], v[1]) for k, v in self._by_class.items()},
+            by_class={k: (v[0], v[1], v[2]) for k, v in self._by_class.items()},
             bytes_by_module={path: n for name, n in self._bytes_by_module.items()
                              if (path := (_module_path(name) if self._module_paths is not None else name))},
         )

@@ -40,14 +40,13 @@ def op_class_table(count: FlopCount, samples: int | None, facts: dict[str, Any])
     """Hardware FLOPs and bytes of one training batch (forward, backward and the optimizer's step) by op class, as
     Markdown, with the same figures and ``facts`` (samples, parameters, dtype, ...) as JSON in an HTML comment for
     :func:`read_op_class_table`."""
-    rows = [[kind, f"{f / 1e9:.4g}", f"{b / 1e6:.4g}", _intensity(f, b)]
-            for kind in OP_CLASSES if (f := count.by_class.get(kind, (0, 0))[0]) or count.by_class.get(kind, (0, 0))[1]
-            for b in [count.by_class.get(kind, (0, 0))[1]]]
+    rows = [[kind, f"{f / 1e9:.4g}", f"{b / 1e6:.4g}", _intensity(f, b), n]
+            for kind in OP_CLASSES if kind in count.by_class for f, b, n in [count.by_class[kind]]]
     data = {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
             "model_flops": count.total, "hardware_flops": count.hardware, **facts}
     return (f"Hardware FLOPs and bytes read and written by one training batch of {samples or '?'} samples (forward, "
             "backward, optimizer step), by op class; FLOP/byte is the arithmetic intensity a roofline prices.\n\n"
-            + markdown_table(["op class", "GFLOPs", "MB moved", "FLOP/byte"], rows)
+            + markdown_table(["op class", "GFLOPs", "MB moved", "FLOP/byte", "ops"], rows)
             + f"\n\n<!-- lit_compute op classes: {json.dumps(data, sort_keys=True)} -->")
 
 

@@ -194,3 +194,61 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Chip], dict[str, Lin
         chips[str(name).lower()] = Chip(str(name).lower(), peaks, _number(where, "bandwidth", row.get("bandwidth")),
                                         _number(where, "memory", row.get("memory")), link, str(row.get("source", path)))
     return chips, links
+
+
+def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """This machine's memory bandwidth in bytes/s: the best of a few copies of a ``megabytes`` tensor (a read and a
+    write of every byte), with torch's threads, as training runs."""
+    import time
+
+    import torch
+
+    n = megabytes * 2**20 // 4
+    a, b = torch.ones(n), torch.empty(n)
+    b.copy_(a)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n * 4 / best
+
+
+def this_machine() -> Chip:
+    """This machine as a chip: its CPU's measured GEMM peaks (float32 and bfloat16, the cached ones FlopsLogger uses)
+    and measured memory bandwidth (cached beside them), its memory, and the loopback between its processes."""
+    import json
+    import os
+
+    import psutil
+    import torch
+
+    from lit_compute._compat import default_cache_dir
+    from lit_compute.flops.peaks import _peak_key, cached_peak_flops
+
+    fp32, bf16 = (cached_peak_flops("cpu", dtype) for dtype in (torch.float32, torch.bfloat16))
+    name, key = _peak_key(torch.device("cpu"), torch.float32)
+    path = default_cache_dir() / "bandwidth.json"
+    entries: dict[str, Any] = {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    bandwidth = entries.get(key) if isinstance(entries, dict) else None
+    if not isinstance(bandwidth, (int, float)):
+        bandwidth = measure_bandwidth()
+        if fp32.quiet:  # cached like the peak: only when measured on a quiet machine
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f"bandwidth.json.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**(entries if isinstance(entries, dict) else {}), key: bandwidth}))
+                os.replace(tmp, path)
+            except OSError:
+                pass
+    return Chip("this", {"float32": fp32.flops, "bfloat16": bf16.flops, "float16": bf16.flops}, float(bandwidth),
+                float(psutil.virtual_memory().total), "loopback",
+                f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()})", measured=True)
+
+
+LINKS["loopback"] = Link("loopback", 5 * G, 20e-6, "processes of one machine over gloo (the run's CommBenchmark "
+                         "bandwidth is used where it measured one)")

@@ -151,14 +151,15 @@ def test_bytes_are_counted_per_op_class_and_views_move_nothing():
     lin = torch.nn.Linear(64, 32)
     x = torch.randn(8, 64)
     count = count_flops(lin, x, backward=False, count_on="real")
-    flops, moved = count.by_class["matmul"]
+    flops, moved, ops = count.by_class["matmul"]
+    assert ops == 1
     assert flops == 2 * 8 * 64 * 32
     # addmm reads the bias, the input and the weight, writes the output (the transpose of the weight is a view)
     assert moved == 4 * (32 + 8 * 64 + 64 * 32 + 8 * 32)
     assert count.bytes == moved and count.bytes_by_module == {}
     with_view = count_flops(torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False,
                             count_on="real")
-    assert with_view.by_class == {"elementwise": (0, 2 * 4 * 8 * 64)}  # the flatten moved nothing; relu read and wrote
+    assert with_view.by_class == {"elementwise": (0, 2 * 4 * 8 * 64, 1)}  # the flatten moved nothing; relu one kernel
     assert [op_class(n) for n in ("aten.addmm", "aten._scaled_dot_product_flash_attention_for_cpu",
                                   "aten.native_layer_norm", "aten.add", "aten._foreach_mul_")] == [
         "matmul", "attention", "norm", "elementwise", "optimizer"]

@@ -1,0 +1,374 @@
+"""``lit_compute.whatif``: the step time, throughput, MFU, memory fit and cost of a measured run on other hardware,
+node counts and networks.
+
+The run brings what a FLOP ratio lacks (:class:`RunFacts`, read from its TensorBoard folder): the FLOPs, bytes and
+kernels of one training batch by op class (FlopsLogger's ``compute/op_classes``), the step split into data wait
+and compute (StepTimeMonitor), the collectives' share and overlap (ProfilerWindow), the measured all-reduce
+bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step is then priced part by part:
+
+- **compute**: per op class, the larger of its FLOPs over the chip's peak and its bytes over the chip's memory
+  bandwidth (a roofline), at efficiencies (fractions of those peaks) plus a launch cost per kernel. On the run's own
+  hardware the efficiency is *measured*: the one factor that makes the roofline of the run equal its measured
+  compute time. Elsewhere it is :data:`DEFAULT_EFFICIENCY` (docs/whatif.md names the results it was set on). The
+  micro-batch scales every class but the optimizer's step (and the matmuls' weight traffic); the precision scales
+  the bytes (two per value in bf16/fp16) and picks the peak of the compute dtype.
+- **input**: the data wait a faster chip does not shorten. A loader in the training process (no workers) costs its
+  measured time per sample; a loader with workers prefetches, and the rate it fed at when the run waited for it is
+  a ceiling on the throughput.
+- **communication**: the gradients' all-reduce (DDP: ``2(N-1)/N`` of the gradient bytes per rank, ring) or FSDP2's
+  gathers and reduce-scatter (``(N-1)/N`` of twice the parameters and once the gradients) over the slowest link
+  (the chip's own within a node, the network across nodes), less the overlap with compute the run measured (none
+  assumed when it measured none).
+- **memory**: MemoryMonitor's parts scaled by precision, sharding and micro-batch against the chip's capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_compute.planning.hardware import Chip, Link
+
+__all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError", "calibrate",
+           "predict", "read_run"]
+
+#: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
+#: run did not run on. Set on the published ResNet-50 v1.5 V100 results (FP32 367, mixed 1,200 images/s, NVIDIA
+#: DeepLearningExamples, pytorch-21.03), *not* the results docs/whatif.md validates against; bandwidth from
+#: BabelStream-class copies reaching about 85% of HBM; 5 microseconds a kernel launch.
+DEFAULT_EFFICIENCY = {"tensor": 0.36, "vector": 0.59, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
+_DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
+
+
+class WhatifError(ValueError):
+    """A run folder without what a prediction needs, or a bad argument: the message names what to add or fix."""
+
+
+@dataclass
+class RunFacts:
+    """What a measured run says (per device, per training batch unless said otherwise)."""
+
+    path: Path
+    by_class: dict[str, tuple[float, float, float]]  # op class -> (hardware FLOPs, bytes, kernels) per batch
+    samples: int  # per batch (micro-batch)
+    model_flops: float  # per batch
+    accumulate: int = 1
+    parameters: int = 0
+    trainable: int = 0
+    parameter_bytes: int = 0
+    precision: str = "32-true"
+    device: str = "cpu"
+    world_size: int = 1
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    strategy: str = ""
+    step_s: float | None = None  # measured mean step time
+    wait_s: float | None = None  # measured data wait per step
+    tokens_per_sample: float | None = None
+    comm_fraction: float | None = None
+    comm_overlap: float | None = None
+    busbw: float | None = None  # bytes/s, CommBenchmark's all-reduce bus bandwidth
+    memory: dict[str, float] | None = None  # MemoryMonitor's parts at the peak, bytes
+    loader_workers: int | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.samples * self.accumulate
+
+    @property
+    def sharded(self) -> bool:
+        return "ModelParallel" in self.strategy and self.data_parallel > 1
+
+
+@dataclass
+class Scenario:
+    """A target: chip, precision, micro-batch, nodes x devices per node, the network between nodes, a price."""
+
+    chip: Chip
+    precision: str
+    micro_batch: int
+    nodes: int = 1
+    devices_per_node: int = 1
+    network: Link | None = None
+    price_per_hour: float | None = None  # per device
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass
+class Calibration:
+    """Fractions of the peaks: measured on the run's own hardware (one factor for FLOPs and bytes alike), or the
+    defaults."""
+
+    tensor: float
+    vector: float
+    bandwidth: float
+    launch_s: float
+    network: float
+    source: str
+
+
+@dataclass
+class Prediction:
+    """One target's predicted step: its parts, throughput, MFU, bottleneck, memory fit and cost."""
+
+    hardware: str
+    nodes: int
+    devices_per_node: int
+    network: str
+    precision: str
+    micro_batch: int
+    step_time_s: float
+    compute_s: float
+    input_s: float
+    comm_s: float  # exposed (not overlapped)
+    samples_per_s: float
+    tokens_per_s: float | None
+    mfu: float | None
+    bottleneck: str
+    fits: bool | None
+    peak_memory_bytes: float | None
+    cost_per_million: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"hardware": self.hardware, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
+                "network": self.network, "precision": self.precision, "micro_batch": self.micro_batch,
+                "step_time_s": self.step_time_s, "compute_s": self.compute_s, "input_s": self.input_s,
+                "comm_s": self.comm_s, "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "bottleneck": self.bottleneck, "fits": self.fits,
+                "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million}
+
+
+# -- reading a run ---------------------------------------------------------------------------------------------
+def read_run(path: str | Path) -> RunFacts:
+    """The facts of a run folder (a TensorBoard version folder). Raises :class:`WhatifError` naming the component to
+    add when the counted table is missing."""
+    from lit_compute.flops.tables import read_op_class_table
+    from lit_compute.report.runs import ReportError, find_runs, load_run
+
+    folder = Path(path)
+    try:
+        runs = find_runs(folder)
+        run = load_run(runs[-1])
+    except ReportError as err:
+        raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
+    tables = [read_op_class_table(t) for t in run.texts.get("compute/op_classes", [])]
+    tables = [t for t in tables if t and t.get("by_class") and t.get("samples")]
+    if not tables:
+        raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
+                          "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
+                          "lit-compute whatif at that run")
+    table = tables[-1]
+    layout = re.search(r"data parallel (\d+) x tensor parallel (\d+)", run.info("parallel layout") or "")
+    step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
+    samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
+    busbw = run.last("comm/allreduce_busbw_gbps")
+    workers = run.info("loader workers")
+    memory = None
+    if "memory/peak_gb" in run.scalars:
+        step, _ = max(run.scalars["memory/peak_gb"], key=lambda p: p[1])
+        memory = {p: dict(run.scalars.get(f"memory/{p}_gb", [])).get(step, 0.0) * 1e9
+                  for p in ("parameters", "gradients", "optimizer", "activations", "other")}
+    return RunFacts(
+        path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
+                                 for k, v in table["by_class"].items()},
+        samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
+        accumulate=int(table.get("accumulate_grad_batches") or 1), parameters=int(table.get("parameters", 0)),
+        trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
+        precision=str(table.get("precision") or run.info("precision") or "32-true"), device=run.info("device") or "cpu",
+        world_size=int(run.info("world size") or 1), data_parallel=int(layout.group(1)) if layout else 1,
+        tensor_parallel=int(layout.group(2)) if layout else 1, strategy=run.info("strategy") or "",
+        step_s=step_ms / 1e3 if step_ms else None, wait_s=wait_ms / 1e3 if wait_ms is not None else None,
+        tokens_per_sample=token_rate / samples_rate if token_rate and samples_rate else None,
+        comm_fraction=run.mean("profiler/comm_fraction"), comm_overlap=run.mean("profiler/comm_overlap_fraction"),
+        busbw=busbw * 1e9 if busbw else None, memory=memory,
+        loader_workers=int(workers) if workers and workers.isdigit() else None)
+
+
+# -- the model -------------------------------------------------------------------------------------------------
+def compute_dtype(precision: str) -> str:
+    """The peak a precision's matmuls run at: ``tf32`` (float32 with TF32 tensor cores), ``float32``, ``bfloat16``,
+    ``float16``."""
+    p = precision.lower()
+    if p == "tf32":
+        return "tf32"
+    if p.startswith("bf16"):
+        return "bfloat16"
+    if p.startswith("16"):
+        return "float16"
+    return "float32"
+
+
+def half_weights(precision: str) -> bool:
+    """True when the parameters themselves are 2 bytes (``bf16-true``, ``16-true``)."""
+    return precision.lower() in ("bf16-true", "16-true", "bf16", "16", "half")
+
+
+def _value_bytes(precision: str, kind: str) -> float:
+    """Bytes per value an op class moves under a precision: activations in the compute dtype under mixed precision,
+    the optimizer's step in float32 unless the weights themselves are half (``-true``)."""
+    p = precision.lower()
+    if p in ("32", "32-true", "tf32", "float32"):
+        return 4.0
+    if half_weights(p):
+        return 2.0
+    return 4.0 if kind == "optimizer" else (3.0 if kind == "norm" else 2.0)
+
+
+def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float, float, float]]:
+    """The run's per-batch FLOPs, bytes and kernels by class at the scenario's micro-batch and precision (per
+    device; a tensor-parallel run's shares stay shares)."""
+    ratio = scenario.micro_batch / run.samples
+    out = {}
+    weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul") / max(1, run.tensor_parallel)
+    for kind, (flops, moved, kernels) in run.by_class.items():
+        if kind == "optimizer":
+            f, b = flops, moved
+        elif kind == "matmul":
+            fixed = min(moved, weight_bytes)
+            f, b = flops * ratio, fixed + (moved - fixed) * ratio
+        else:
+            f, b = flops * ratio, moved * ratio
+        b *= _value_bytes(scenario.precision, kind) / _value_bytes(run.precision, kind)
+        out[kind] = (f, b, kernels)
+    return out
+
+
+def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str,
+              cal: Calibration) -> tuple[float, float, float]:
+    """(seconds, of which compute-bound, of which bandwidth-bound) of one batch on ``chip``."""
+    dtype = compute_dtype(precision)
+    tensor_peak = chip.peak(dtype) or chip.peak("float32")
+    vector_peak = chip.peak("float32") or tensor_peak
+    if not tensor_peak:
+        raise WhatifError(f"{chip.name} has no {dtype} peak in the table ({', '.join(sorted(chip.peaks))}); choose "
+                          "another --precision or add the peak with --hardware-file")
+    total = flops_bound = bytes_bound = 0.0
+    for kind, (flops, moved, kernels) in classes.items():
+        heavy = kind in ("matmul", "attention")
+        peak = tensor_peak * cal.tensor if heavy and dtype != "float32" else (
+            (tensor_peak if heavy else vector_peak) * cal.vector)
+        t_flops = flops / peak if flops else 0.0
+        t_bytes = moved / (chip.bandwidth * cal.bandwidth) if moved else 0.0
+        seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
+        total += seconds
+        if t_flops >= t_bytes:
+            flops_bound += seconds
+        else:
+            bytes_bound += seconds
+    return total, flops_bound, bytes_bound
+
+
+def calibrate(run: RunFacts, chip: Chip) -> Calibration:
+    """The efficiency of the run on its own hardware: the one fraction of the peaks (FLOPs and bytes alike, no launch
+    cost) that makes the roofline of one measured step equal its measured compute time (step minus data wait, minus
+    the collectives the profiler saw not overlapped)."""
+    if run.step_s is None:
+        raise WhatifError(f"{run.path} has no measured step time (time/step_ms): train with lit_compute.StepTimeMonitor "
+                          "to calibrate on this hardware")
+    exposed = 0.0
+    if run.comm_fraction is not None:
+        exposed = run.comm_fraction * (1.0 - (run.comm_overlap or 0.0)) * run.step_s
+    measured = run.step_s - (run.wait_s or 0.0) - exposed
+    unit = Calibration(1.0, 1.0, 1.0, 0.0, DEFAULT_EFFICIENCY["network"], "")
+    ideal = _roofline(run.by_class, chip, run.precision, unit)[0] * run.accumulate
+    if measured <= 0 or ideal <= 0:
+        raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
+    factor = ideal / measured
+    return Calibration(factor, factor, factor, 0.0, DEFAULT_EFFICIENCY["network"],
+                       f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks")
+
+
+def default_calibration() -> Calibration:
+    d = DEFAULT_EFFICIENCY
+    return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
+                       "defaults (docs/whatif.md: set on published V100 results)")
+
+
+def _comm_seconds(run: RunFacts, scenario: Scenario, link: Link, cal: Calibration, busbw: float | None) -> float:
+    """Seconds of collectives per optimizer step per rank, before overlap."""
+    ranks = scenario.devices // max(1, run.tensor_parallel)
+    if ranks <= 1:
+        return 0.0
+    grad_bytes = run.trainable * (2.0 if half_weights(scenario.precision) else 4.0) / max(1, run.tensor_parallel)
+    bandwidth = busbw if busbw else link.bandwidth * cal.network
+    hops = ranks - 1
+    if run.sharded:
+        param_bytes = run.trainable * (_value_bytes(scenario.precision, "matmul")) / max(1, run.tensor_parallel)
+        moved = hops / ranks * (2 * param_bytes + grad_bytes)
+        return moved / bandwidth + 3 * hops * link.latency
+    factor = 1.0 if busbw else 2.0 * hops / ranks  # a bus bandwidth already counts the ring's 2(N-1)/N
+    return factor * grad_bytes / bandwidth + 2 * hops * link.latency
+
+
+def predict(run: RunFacts, scenario: Scenario, cal: Calibration, busbw: float | None = None) -> Prediction:
+    """The target step of ``scenario`` for ``run`` at efficiencies ``cal`` (see the module docstring). ``busbw``:
+    a measured bus bandwidth to use for the collectives instead of the link's (the run's own, on its own machine)."""
+    chip, notes = scenario.chip, []
+    classes = _scaled_classes(run, scenario)
+    per_batch, flops_bound, bytes_bound = _roofline(classes, chip, scenario.precision, cal)
+    compute = per_batch * run.accumulate
+    samples_per_step = scenario.micro_batch * run.accumulate
+    # input: what a faster chip does not shorten
+    input_serial, loader_rate = 0.0, None
+    if run.wait_s is not None and run.step_s:
+        if run.loader_workers == 0:
+            input_serial = run.wait_s / run.samples_per_step * samples_per_step
+        elif run.wait_s > 0.05 * run.step_s:
+            loader_rate = run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
+    link = scenario.network if scenario.nodes > 1 and scenario.network is not None else _node_link(chip)
+    comm = _comm_seconds(run, scenario, link, cal, busbw)
+    overlap = run.comm_overlap if run.comm_overlap is not None else 0.0
+    if comm and run.comm_overlap is None:
+        notes.append("no overlap of collectives with compute assumed (the run measured none: add ProfilerWindow)")
+    exposed = comm * (1.0 - overlap)
+    step = compute + exposed + input_serial
+    bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"
+    if input_serial > max(compute, exposed):
+        bottleneck = "input"
+    if loader_rate is not None and samples_per_step / loader_rate > step:
+        step, bottleneck = samples_per_step / loader_rate, "input"
+    elif exposed > compute and exposed > input_serial:
+        bottleneck = "communication"
+    replicas = scenario.devices // max(1, run.tensor_parallel)
+    samples_per_s = replicas * samples_per_step / step
+    peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
+    model_flops = run.model_flops * scenario.micro_batch / run.samples * run.accumulate
+    mfu = model_flops / step / peak if peak else None
+    fits, peak_memory = _memory(run, scenario)
+    cost = None
+    if scenario.price_per_hour is not None:
+        cost = 1e6 / samples_per_s / 3600 * scenario.devices * scenario.price_per_hour
+    return Prediction(hardware=chip.name, nodes=scenario.nodes, devices_per_node=scenario.devices_per_node,
+                      network=link.name, precision=scenario.precision, micro_batch=scenario.micro_batch,
+                      step_time_s=step, compute_s=compute, input_s=max(input_serial, step - compute - exposed),
+                      comm_s=exposed, samples_per_s=samples_per_s,
+                      tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
+                      mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,
+                      cost_per_million=cost, notes=notes)
+
+
+def _node_link(chip: Chip) -> Link:
+    from lit_compute.planning.hardware import LINKS
+
+    return LINKS.get(chip.link) or LINKS["pcie4"]
+
+
+def _memory(run: RunFacts, scenario: Scenario) -> tuple[bool | None, float | None]:
+    """MemoryMonitor's parts of the run scaled to the scenario, against the chip's memory (None without them)."""
+    if not run.memory or not math.isfinite(scenario.chip.memory):
+        return None, None
+    ratio = scenario.micro_batch / run.samples
+    value = _value_bytes(scenario.precision, "elementwise") / _value_bytes(run.precision, "elementwise")
+    weights = (2.0 if half_weights(scenario.precision) else 4.0) / (2.0 if half_weights(run.precision) else 4.0)
+    shards = max(1, scenario.devices // max(1, run.tensor_parallel)) if run.sharded else 1
+    run_shards = run.data_parallel if run.sharded else 1
+    kept = (run.memory["parameters"] + run.memory["gradients"] + run.memory["optimizer"]) * weights * run_shards / shards
+    peak = kept + (run.memory["activations"] + run.memory["other"]) * ratio * value
+    return peak <= scenario.chip.memory, peak

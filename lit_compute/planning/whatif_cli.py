@@ -1,0 +1,163 @@
+"""``lit-compute whatif RUN [--hardware h100-sxm,a100,this] [--precision bf16-mixed] [--micro-batch 256]
+[--nodes 1,8,64] [--devices-per-node 8] [--network 25gbps,100gbps] [--prices FILE] [--hardware-file FILE]
+[--calibration RUN] [--json]``: the run's step on other hardware, node counts and networks (lit_compute.whatif)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lit_compute.formatting import human, markdown_table, percent
+from lit_compute.planning.hardware import (
+    CHIPS,
+    LINKS,
+    Chip,
+    HardwareError,
+    find_chip,
+    find_link,
+    load_hardware_file,
+)
+from lit_compute.planning.whatif import (
+    Prediction,
+    RunFacts,
+    Scenario,
+    WhatifError,
+    calibrate,
+    default_calibration,
+    predict,
+    read_run,
+)
+
+__all__ = ["main", "load_prices", "sweep"]
+
+
+def load_prices(path: str | Path, chips: dict[str, Chip]) -> dict[str, float]:
+    """``{chip: price per device-hour}`` from a YAML file (``prices: {h100-sxm: 2.99, ...}``); a row naming an
+    unknown chip or a price that is not a positive number is refused with its name."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise WhatifError(f"--prices {path}: {getattr(err, 'strerror', None) or str(err).splitlines()[0]}") from None
+    prices = data.get("prices") if isinstance(data, dict) else None
+    if not isinstance(prices, dict):
+        raise WhatifError(f"--prices {path}: expected a prices: section of chip: price per device-hour")
+    out = {}
+    for chip, price in prices.items():
+        if str(chip).lower() not in chips and str(chip).lower() != "this":
+            raise WhatifError(f"--prices {path}: prices.{chip}: no such chip ({', '.join(sorted(chips))})")
+        try:
+            value = float(price)
+        except (TypeError, ValueError):
+            value = math_nan()
+        if not value > 0:
+            raise WhatifError(f"--prices {path}: prices.{chip} is {price!r}; give a positive price per device-hour")
+        out[str(chip).lower()] = value
+    return out
+
+
+def math_nan() -> float:
+    return float("nan")
+
+
+def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, nodes: list[int], devices: int,
+          networks: list[Any], prices: dict[str, float], calibration_run: RunFacts | None = None) -> list[Prediction]:
+    """A prediction per chip x node count x network (one node: the chip's own link)."""
+    rows = []
+    for chip in chips:
+        own = chip.name == "this" or chip.name == run.device.lower()
+        source = calibration_run or run
+        cal = calibrate(source, chip) if own else default_calibration()
+        busbw = source.busbw if own else None
+        for n in nodes:
+            for network in (networks if n > 1 else [None]):
+                scenario = Scenario(chip, precision, micro_batch, n, devices, network, prices.get(chip.name))
+                rows.append(predict(run, scenario, cal, busbw))
+    return rows
+
+
+def enough_up_to(run: RunFacts, chip: Chip, precision: str, micro_batch: int, devices: int, network: Any,
+                 calibration_run: RunFacts | None = None) -> int:
+    """The largest node count (doubling up to 1024) at which ``network`` is not the bottleneck."""
+    own = chip.name == "this"
+    cal = calibrate(calibration_run or run, chip) if own else default_calibration()
+    best, n = 1, 2
+    while n <= 1024:
+        p = predict(run, Scenario(chip, precision, micro_batch, n, devices, network), cal)
+        if p.bottleneck == "communication":
+            break
+        best, n = n, n * 2
+    return best
+
+
+def _table(rows: list[Prediction], run: RunFacts) -> str:
+    unit = "tokens/s" if run.tokens_per_sample else "samples/s"
+    body = [[r.hardware, f"{r.nodes} x {r.devices_per_node}", r.network, r.precision, r.micro_batch,
+             human(r.step_time_s * 1e3), human(r.tokens_per_s if run.tokens_per_sample else r.samples_per_s),
+             percent(r.mfu), r.bottleneck, "-" if r.fits is None else ("yes" if r.fits else "NO"),
+             human(r.peak_memory_bytes / 1e9) if r.peak_memory_bytes else "n/a",
+             f"${r.cost_per_million:,.2f}" if r.cost_per_million is not None else "n/a"]
+            for r in rows]
+    return markdown_table(["hardware", "nodes x devices", "link", "precision", "micro-batch", "step (ms)", unit, "MFU",
+                           "bottleneck", "fits", "peak memory GB", f"cost per 1M {unit.split('/')[0]}"], body)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute whatif", description=__doc__)
+    parser.add_argument("run", help="a TensorBoard run folder (lightning_logs/version_N) trained with FlopsLogger")
+    parser.add_argument("--hardware", default="this", help="chips, comma-separated (this = this machine)")
+    parser.add_argument("--precision", default=None, help="32-true, tf32, bf16-mixed, 16-mixed, bf16-true (default: the run's)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="samples per device per batch (default: the run's)")
+    parser.add_argument("--nodes", default="1", help="node counts, comma-separated (1,8,64)")
+    parser.add_argument("--devices-per-node", type=int, default=1, help="devices per node (default 1)")
+    parser.add_argument("--network", default="25gbps", help="networks between nodes, comma-separated (25gbps,100gbps)")
+    parser.add_argument("--prices", default=None, help="YAML: prices: {chip: dollars per device-hour}")
+    parser.add_argument("--hardware-file", default=None, help="YAML rows of your own (chips:, links:)")
+    parser.add_argument("--calibration", default=None, help="another run of this machine to measure efficiency on")
+    parser.add_argument("--json", action="store_true", help="one JSON row per prediction")
+    args = parser.parse_args(argv)
+    try:
+        chips, links = (load_hardware_file(args.hardware_file) if args.hardware_file else (dict(CHIPS), dict(LINKS)))
+        names = [n.strip() for n in args.hardware.split(",") if n.strip()]
+        if "this" in names:
+            from lit_compute.planning.hardware import this_machine
+
+            chips["this"] = this_machine()
+        targets = [find_chip(n, chips) for n in names]
+        networks = [find_link(n, links) for n in args.network.split(",") if n.strip()]
+        try:
+            nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
+        except ValueError:
+            raise WhatifError(f"--nodes {args.nodes!r}: give whole numbers, comma-separated (1,8,64)") from None
+        if any(n < 1 for n in nodes) or args.devices_per_node < 1 or (args.micro_batch is not None and args.micro_batch < 1):
+            raise WhatifError("--nodes, --devices-per-node and --micro-batch must be >= 1")
+        prices = load_prices(args.prices, chips) if args.prices else {}
+        run = read_run(args.run)
+        calibration_run = read_run(args.calibration) if args.calibration else None
+        precision = args.precision or run.precision
+        micro_batch = args.micro_batch or run.samples
+        rows = sweep(run, targets, precision, micro_batch, nodes, args.devices_per_node, networks, prices,
+                     calibration_run)
+    except (WhatifError, HardwareError) as err:
+        sys.stderr.write(f"lit-compute whatif: error: {err}\n")
+        return 2
+    if args.json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row.as_json()) + "\n")
+        return 0
+    lines = [f"What {run.path} ({run.samples} samples per device per batch, {run.precision}, "
+             f"{run.world_size} device(s)) would do elsewhere:", "", _table(rows, run), ""]
+    if max(nodes) > 1:
+        for chip in targets:
+            for network in networks:
+                up_to = enough_up_to(run, chip, precision, micro_batch, args.devices_per_node, network, calibration_run)
+                lines.append(f"- {network.name} is enough up to {up_to} node(s) of {args.devices_per_node} {chip.name} "
+                             f"for this model (beyond, the gradient exchange takes longer than the compute)")
+    notes = sorted({n for r in rows for n in r.notes})
+    lines += [f"- {n}" for n in notes]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,165 @@
+"""``lit-compute whatif``: the pricing of a run's step on other hardware (pure, on made-up run facts), and the
+command on a real run folder (bad input in one line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lit_compute.planning.hardware import (
+    CHIPS,
+    LINKS,
+    Chip,
+    HardwareError,
+    find_chip,
+    find_link,
+    load_hardware_file,
+)
+from lit_compute.planning.whatif import (
+    Calibration,
+    RunFacts,
+    Scenario,
+    WhatifError,
+    calibrate,
+    default_calibration,
+    predict,
+    read_run,
+)
+from lit_compute.planning.whatif_cli import main
+
+from ..conftest import make_trainer, tiny_data, tiny_model
+
+G = 1e9
+UNIT = Calibration(1.0, 1.0, 1.0, 0.0, 1.0, "test")
+CHIP = Chip("made-up", {"float32": 100 * G, "bfloat16": 400 * G}, 10 * G, 32 * G, "pcie4", "test")
+
+
+def _run(**kwargs) -> RunFacts:
+    facts = dict(path=Path("run"), by_class={"matmul": (100 * G, 1 * G, 0), "elementwise": (0, 5 * G, 0),
+                                             "optimizer": (0, 2 * G, 0)},
+                 samples=16, model_flops=100 * G, trainable=10_000_000, precision="32-true", step_s=3.0, wait_s=0.0,
+                 loader_workers=2)
+    facts.update(kwargs)
+    return RunFacts(**facts)
+
+
+def test_a_step_is_priced_class_by_class_on_the_roofline():
+    # matmul: max(100 GFLOP / 100 GFLOP/s, 1 GB / 10 GB/s) = 1 s; elementwise 0.5 s; optimizer 0.2 s
+    p = predict(_run(), Scenario(CHIP, "32-true", 16), UNIT)
+    assert p.compute_s == pytest.approx(1.7) and p.step_time_s == pytest.approx(1.7)
+    assert p.samples_per_s == pytest.approx(16 / 1.7) and p.bottleneck == "compute"
+    assert p.mfu == pytest.approx(100 / 1.7 / 100)
+    # twice the micro-batch: everything doubles but the optimizer's step and the matmul's weight traffic
+    two = predict(_run(), Scenario(CHIP, "32-true", 32), UNIT)
+    weights = 3 * 10_000_000 * 4
+    assert two.compute_s == pytest.approx(2.0 + 1.0 + 0.2) and two.compute_s > 0
+    assert (weights + (1 * G - weights) * 2) / (10 * G) < 2.0  # the matmul stays compute-bound
+    # bf16-mixed: the matmuls at the bf16 peak, activations two bytes a value, the optimizer still float32
+    mixed = predict(_run(), Scenario(CHIP, "bf16-mixed", 16), UNIT)
+    assert mixed.compute_s == pytest.approx(0.25 + 0.25 + 0.2)
+    assert mixed.bottleneck == "memory bandwidth"
+
+
+def test_the_efficiency_on_the_runs_own_hardware_is_measured():
+    run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
+    cal = calibrate(run, CHIP)
+    assert cal.tensor == pytest.approx(0.5) and "50% of the peaks" in cal.source
+    assert predict(run, Scenario(CHIP, "32-true", 16), cal).step_time_s == pytest.approx(3.4)
+    with pytest.raises(WhatifError, match="StepTimeMonitor"):
+        calibrate(_run(step_s=None), CHIP)
+
+
+def test_an_input_bound_run_stays_input_bound_on_a_faster_chip():
+    """A loader with workers that the run waited for: its rate is a ceiling no chip lifts."""
+    run = _run(step_s=2.0, wait_s=1.5, loader_workers=1)  # 16 samples per 2 s: the loader feeds 8 samples/s
+    p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", 16), default_calibration())
+    assert p.bottleneck == "input" and p.samples_per_s == pytest.approx(8.0)
+    serial = predict(_run(step_s=2.0, wait_s=1.5, loader_workers=0), Scenario(find_chip("h100-sxm"), "bf16-mixed", 32),
+                     default_calibration())
+    assert serial.input_s == pytest.approx(3.0) and serial.bottleneck == "input"  # 1.5 s per 16 samples, in-process
+
+
+def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
+    run = _run(step_s=1.7, world_size=1)
+    net = find_link("25gbps")
+    one = predict(run, Scenario(CHIP, "32-true", 16, nodes=1, devices_per_node=1), UNIT)
+    assert one.comm_s == 0.0
+    four = predict(run, Scenario(CHIP, "32-true", 16, nodes=4, devices_per_node=1, network=net), UNIT)
+    ring = 2 * 3 / 4 * 10_000_000 * 4 / net.bandwidth + 2 * 3 * net.latency  # DDP's ring all-reduce, no overlap
+    assert four.comm_s == pytest.approx(ring) and four.network == "25gbps"
+    assert "no overlap of collectives" in four.notes[0]
+    overlapped = predict(_run(comm_overlap=0.75), Scenario(CHIP, "32-true", 16, 4, 1, net), UNIT)
+    assert overlapped.comm_s == pytest.approx(ring / 4)
+    fsdp = predict(_run(strategy="ModelParallelStrategy", data_parallel=2), Scenario(CHIP, "32-true", 16, 4, 1, net),
+                   UNIT)
+    assert fsdp.comm_s == pytest.approx(3 / 4 * (2 * 40e6 + 40e6) / net.bandwidth + 9 * net.latency)
+
+
+def test_memory_fit_follows_precision_sharding_and_micro_batch():
+    parts = {"parameters": 4 * G, "gradients": 4 * G, "optimizer": 8 * G, "activations": 10 * G, "other": 2 * G}
+    run = _run(memory=parts)
+    same = predict(run, Scenario(CHIP, "32-true", 16), UNIT)
+    assert same.peak_memory_bytes == pytest.approx(28 * G) and same.fits
+    bigger = predict(run, Scenario(CHIP, "32-true", 32), UNIT)
+    assert bigger.peak_memory_bytes == pytest.approx(40 * G) and not bigger.fits
+    half = predict(run, Scenario(CHIP, "bf16-true", 16), UNIT)
+    assert half.peak_memory_bytes == pytest.approx(8 * G + 6 * G)
+
+
+def test_hardware_tables_cite_their_rows_and_bad_rows_are_named(tmp_path):
+    for chip in CHIPS.values():
+        assert chip.source and chip.bandwidth > 0 and chip.peaks, chip.name
+    assert all(link.source and link.bandwidth > 0 for link in LINKS.values())
+    assert find_chip("NVIDIA H100 80GB HBM3").name == "h100-sxm"
+    with pytest.raises(HardwareError, match="--hardware 'h900' is not in the table; known: .*h100-sxm"):
+        find_chip("h900")
+    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: fast\n"
+                                      "    memory: 48e9\n")
+    with pytest.raises(HardwareError, match=r"hw.yaml: chips.my-gpu: bandwidth is 'fast', not a number"):
+        load_hardware_file(tmp_path / "hw.yaml")
+    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n"
+                                      "    memory: 48e9\n    link: warp\n")
+    with pytest.raises(HardwareError, match="chips.my-gpu: link 'warp' is not a known link"):
+        load_hardware_file(tmp_path / "hw.yaml")
+    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n"
+                                      "    memory: 48e9\n")
+    chips, _ = load_hardware_file(tmp_path / "hw.yaml")
+    assert chips["my-gpu"].peak("float32") == 60e12
+
+
+def test_the_command_on_a_real_run(tmp_path, capsys):
+    from lit_compute import FlopsLogger, MemoryMonitor, StepTimeMonitor
+
+    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, log_every_n_steps=2,
+                           callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=2), MemoryMonitor()])
+    trainer.fit(tiny_model(), datamodule=tiny_data())
+    run_dir = trainer.logger.log_dir
+    facts = read_run(run_dir)
+    assert facts.samples == 8 and facts.step_s and facts.loader_workers == 0 and facts.memory
+    assert set(facts.by_class) >= {"matmul", "norm", "elementwise", "optimizer"}
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("prices:\n  h100-sxm: 3.0\n")
+    assert main([run_dir, "--hardware", "h100-sxm,a100", "--nodes", "1,4", "--devices-per-node", "8",
+                 "--network", "25gbps", "--prices", str(prices), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["hardware"], r["nodes"]) for r in rows] == [("h100-sxm", 1), ("h100-sxm", 4), ("a100", 1), ("a100", 4)]
+    assert set(rows[0]) >= {"hardware", "nodes", "network", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
+                            "bottleneck", "fits", "peak_memory_bytes", "cost"}
+    assert rows[0]["cost"] > 0 and rows[2]["cost"] is None and rows[0]["fits"] is True
+    # bad input: one line each
+    plain = make_trainer(tmp_path / "plain", max_steps=2, callbacks=[StepTimeMonitor(log_every_n_steps=1)])
+    plain.fit(tiny_model(), datamodule=tiny_data())
+    for args, phrase in (([plain.logger.log_dir], "no counted op-class table (compute/op_classes): train with "
+                                                   "lit_compute.FlopsLogger"),
+                         ([run_dir, "--hardware", "h900"], "--hardware 'h900' is not in the table; known:"),
+                         ([run_dir, "--network", "carrier-pigeon"], "--network 'carrier-pigeon' is not in the table"),
+                         ([run_dir, "--prices", str(tmp_path / "nope.yaml")], "--prices"),
+                         ([str(tmp_path / "missing")], "does not exist")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and phrase in err, err
+    prices.write_text("prices:\n  h100-sxm: cheap\n")
+    assert main([run_dir, "--hardware", "h100-sxm", "--prices", str(prices)]) == 2
+    assert "prices.h100-sxm is 'cheap'" in capsys.readouterr().err
