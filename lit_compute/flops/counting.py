@@ -227,12 +227,15 @@ class SafeFlopCounterMode(FlopCounterMode):
 
     def _op_bytes(self, args: Any, kwargs: Any, out: Any) -> int:
         """Bytes an op reads and writes: its tensor operands and results; 0 for a view (its result aliases an
-        operand: nothing moves)."""
+        operand: nothing moves) and for a metadata query (no tensor result)."""
+        results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not results:  # a metadata query (prim.device, sizes): no kernel, nothing moved
+            return 0
         schema = getattr(self._overload, "_schema", None)
         if schema is not None and schema.returns and all(
                 r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
             return 0
-        return (sum(_nbytes(t) for t in tree_leaves((args, kwargs))) + sum(_nbytes(t) for t in tree_leaves(out)))
+        return sum(_nbytes(t) for t in tree_leaves((args, kwargs))) + sum(_nbytes(t) for t in results)
 
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         try:

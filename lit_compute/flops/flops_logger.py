@@ -151,9 +151,10 @@ class FlopsLogger(MeasuringCallback):
           ``hparams.yaml``), otherwise added to ``hparams.yaml`` at the first counted batch.
         - text ``compute/flops_by_module`` (model FLOPs per module, with the bytes its ops move and their FLOPs per
           byte; TensorBoard only).
-        - ``compute/bytes_per_batch`` and text ``compute/op_classes``: at each training batch counted for real, the
-          bytes its ops read and wrote (forward, backward, the optimizer's step), and its hardware FLOPs and bytes by
-          op class (matmul, attention, norm, elementwise, optimizer) with their arithmetic intensity: what
+        - ``compute/bytes_per_step``: the bytes the logging step's ops read and wrote (forward, backward, the
+          optimizer's step; views none), when every batch of it was counted for real (none for predicted shapes).
+        - text ``compute/op_classes``: at each training batch counted for real, its hardware FLOPs, bytes and kernels
+          by op class (matmul, attention, norm, elementwise, optimizer) with their arithmetic intensity: what
           ``lit-compute whatif`` prices on other hardware.
 
     Args:
@@ -199,6 +200,7 @@ class FlopsLogger(MeasuringCallback):
         self.predict_shapes = predict_shapes
         self.book = CountBook(predict_shapes=predict_shapes, max_failures=_MAX_FAILED_COUNTS)
         self.peaks = PeakPolicy(peak, peak_flops)
+        self._bytes: dict[tuple, int] = {}  # bytes of each exactly counted training signature
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
         self._counting: tuple[tuple, SafeFlopCounterMode, float] | None = None
         self._model_state = ModelState()
@@ -211,6 +213,9 @@ class FlopsLogger(MeasuringCallback):
         self._batch_estimated = False  # the batch's values are an estimate (a value-dependent signature)
         self._step = [0, 0, 0]  # model forward, model backward, hardware FLOPs of the step in progress
         self._step_known = True
+        self._step_bytes: int | None = 0  # bytes of the step in progress (None: a batch of unknown bytes)
+        self._last_bytes: int | None = None
+        self._batch_sig: tuple | None = None
         self._step_estimated = False
         self._last_estimated = False
         self._window: list[tuple[StepRecord, int, int]] = []
@@ -310,6 +315,7 @@ class FlopsLogger(MeasuringCallback):
                     "its FLOPs are counted again")
             self._train_key = key
         sig = (*batch_signature(stage, batch), key)
+        self._batch_sig = sig
         self._batch_values = self.book.values(sig)
         known = self._batch_values is not None
         self._batch_estimated = known and bool(self.book.estimated(sig))
@@ -357,6 +363,7 @@ class FlopsLogger(MeasuringCallback):
                             "real count; their shapes are counted for real from now on.")
         if sig[0] == "train":
             self.peaks.refine(count.by_op)
+            self._bytes[sig] = count.bytes
             self._log_op_classes(trainer, count, sig)
         return booked.values
 
@@ -379,6 +386,8 @@ class FlopsLogger(MeasuringCallback):
             self._step_known = False
         else:
             self._step = [a + b for a, b in zip(self._step, values)]
+        moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
+        self._step_bytes = self._step_bytes + moved if self._step_bytes is not None and moved is not None else None
         self._step_estimated |= self._batch_estimated
         self._log_table_once(trainer, batch)
 
@@ -386,6 +395,7 @@ class FlopsLogger(MeasuringCallback):
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
         model, hardware = self._step[0] + self._step[1], self._step[2]
         known, self._step, self._step_known = self._step_known, [0, 0, 0], True
+        self._last_bytes, self._step_bytes = self._step_bytes, 0
         self._last = (model, hardware, record.samples) if known else None
         self._last_estimated, self._step_estimated = self._step_estimated, False
         if known and record.clean:
@@ -413,6 +423,8 @@ class FlopsLogger(MeasuringCallback):
         if self._last is not None:
             step_model, step_hw, samples = self._last
             event.log({"compute/flops_per_step": step_model, "compute/hardware_flops_per_step": step_hw})
+            if self._last_bytes:
+                event.log({"compute/bytes_per_step": float(self._last_bytes)})
             if samples:
                 event.log({"compute/flops_per_sample": _per_sample(trainer, step_model, samples)})
             if self.book.any_estimated:
@@ -450,7 +462,7 @@ class FlopsLogger(MeasuringCallback):
 
     def _log_op_classes(self, trainer: pl.Trainer, count: FlopCount, sig: tuple) -> None:
         """A counted training batch's FLOPs and bytes by op class (``compute/op_classes``, what ``lit-compute whatif``
-        prices) and ``compute/bytes_per_batch``, at the step it ran in."""
+        prices), at the step it ran in."""
         if not trainer.is_global_zero or not count.by_class:
             return
         module = trainer.lightning_module
@@ -460,9 +472,8 @@ class FlopsLogger(MeasuringCallback):
                  "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
                  "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
                  "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches}
-        step = _compat.batches_that_stepped(trainer)
-        log_text(trainer, "compute/op_classes", op_class_table(count, samples, facts), step=step)
-        log_scalars(trainer, {"compute/bytes_per_batch": float(count.bytes)}, step=step)
+        log_text(trainer, "compute/op_classes", op_class_table(count, samples, facts),
+                 step=_compat.batches_that_stepped(trainer))
 
     @guarded
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:

@@ -36,10 +36,12 @@ __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scena
            "predict", "read_run"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
-#: run did not run on. Set on the published ResNet-50 v1.5 V100 results (FP32 367, mixed 1,200 images/s, NVIDIA
-#: DeepLearningExamples, pytorch-21.03), *not* the results docs/whatif.md validates against; bandwidth from
-#: BabelStream-class copies reaching about 85% of HBM; 5 microseconds a kernel launch.
-DEFAULT_EFFICIENCY = {"tensor": 0.36, "vector": 0.59, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
+#: run did not run on. ``vector`` and ``tensor`` were set by ``lit-compute bench whatif --fit-defaults`` on two published
+#: results - ResNet-50 v1.5 on one V100 (FP32 367 and mixed 1,200 images/s, NVIDIA DeepLearningExamples, pytorch-21.03)
+#: - which the docs page names as such and never quotes as validation; ``bandwidth`` is what BabelStream-class copies
+#: reach of HBM (about 85%); ``network`` what a ring all-reduce reaches of a link (NCCL's tests: about 80%); a
+#: kernel launch costs about 5 microseconds.
+DEFAULT_EFFICIENCY = {"tensor": 0.51, "vector": 0.78, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
 

@@ -395,6 +395,7 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
     assert data["samples"] == 8 and data["parameters"] == sum(p.numel() for p in model.parameters())
     assert set(data["by_class"]) >= {"matmul", "norm", "elementwise", "optimizer"}  # Adam's step its own class
     assert data["by_class"]["matmul"][0] == data["hardware_flops"]
-    assert scalar_values(acc, "compute/bytes_per_batch")[0][1] == pytest.approx(sum(v[1] for v in data["by_class"].values()), rel=1e-6)
+    assert scalar_values(acc, "compute/bytes_per_step")[0][1] == pytest.approx(
+        sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its
     (table,) = text_values(acc, "compute/flops_by_module")
     assert "| MB moved | FLOP/byte |" in table.replace("  ", " ")

@@ -1,0 +1,284 @@
+"""``lit-compute bench whatif [--markdown FILE] [--only PART]``: lit-compute whatif's predictions beside measurements.
+
+Four parts, each a table of predicted vs measured with the error:
+
+- ``cpu``: calibrated on one measured run of this CPU, the runs at twice the micro-batch, in bf16-mixed instead of
+  float32, both, and a deeper model of the same family, each trained and measured here (an image model and the GPT);
+- ``comm``: two gloo ranks (DDP, and FSDP2 under ModelParallelStrategy) - the collectives' time per step predicted
+  from the model's gradient (or parameter) bytes and the run's CommBenchmark bandwidth against the time the
+  profiler measured in collectives;
+- ``gpu``: published GPU training throughputs (NVIDIA DeepLearningExamples, cited in each row) against the
+  prediction from this model's step counted on fake tensors at the published batch, at the default efficiencies;
+  the rows the defaults were set on are marked as such, the others are the check;
+- ``input``: an input-bound run (a loader with one worker and a heavy decode) priced on an H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lit_compute.bench._common import emit, figure_header, machine_line, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+_LOGGER = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: %s, "
+           "name: runs}}]")
+_IMAGE = ["--config", "configs/baseline.yaml", "--trainer.max_steps=30", "--trainer.max_epochs=null",
+          "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
+          "--trainer.enable_progress_bar=false", "--data.init_args.image_size=64", "--data.init_args.num_workers=0",
+          "--model.init_args.arch=resnet18", "--data.init_args.batch_size=16"]
+_GPT = ["--config", "configs/gpt_baseline.yaml", "--trainer.max_steps=30", "--trainer.max_epochs=null",
+        "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false", "--data.init_args.mode=packed", "--data.init_args.seq_len=128",
+        "--data.init_args.max_tokens=300000", "--model.init_args.block_size=128", "--model.init_args.n_layer=2",
+        "--data.init_args.batch_size=8"]
+_CALLBACKS = ("--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: measure}}, "
+              "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 10}}, "
+              "{class_path: lit_compute.MemoryMonitor}]")
+
+
+def _fit(args: list[str], out: str, timeout: float = 900) -> Path:
+    """Train with ``lit-compute fit`` in a fresh process; the run's TensorBoard folder."""
+    command = [sys.executable, "-m", "lit_compute.cli", "fit", *args, _LOGGER % out]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"lit-compute fit {' '.join(args[:2])} failed: {done.stderr[-1500:]}")
+    return max(Path(out, "runs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def _error(predicted: float, measured: float) -> str:
+    return f"{100 * (predicted / measured - 1):+.1f}%"
+
+
+# -- this CPU ---------------------------------------------------------------------------------------------------
+def cpu_part(out: str) -> list[list[Any]]:
+    from lit_compute.planning.hardware import this_machine
+    from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run
+
+    chip = this_machine()
+    rows = []
+    for family, base, deeper in (("ResNet-18 64 px", _IMAGE, ["--model.init_args.arch=resnet34"]),
+                                 ("GPT 2 layers", _GPT, ["--model.init_args.n_layer=4"])):
+        size = int(next(a for a in base if "batch_size" in a).split("=")[1])
+        emit(f"  {family}: the calibration run ...")
+        base_run = read_run(_fit([*base, _CALLBACKS], out))
+        cal = calibrate(base_run, chip)
+        targets = [(f"micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}"], 2 * size, "32-true"),
+                   ("bf16-mixed", ["--trainer.precision=bf16-mixed"], size, "bf16-mixed"),
+                   (f"bf16-mixed, micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}",
+                                                             "--trainer.precision=bf16-mixed"], 2 * size, "bf16-mixed"),
+                   ("deeper model (its own counts)", deeper, size, "32-true")]
+        for name, extra, micro, precision in targets:
+            emit(f"  {family}: {name} ...")
+            measured = read_run(_fit([*base, *extra, _CALLBACKS], out))
+            source = measured if "deeper" in name else base_run
+            p = predict(source, Scenario(chip, precision, micro), cal)
+            rows.append([family, f"calibrated on micro-batch {size}, 32-true; predicts {name}",
+                         f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}",
+                         _error(p.step_time_s, measured.step_s)])
+    return rows
+
+
+# -- collectives on two gloo ranks ------------------------------------------------------------------------------
+def comm_part(out: str) -> list[list[Any]]:
+    from lit_compute.planning.hardware import this_machine
+    from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run
+
+    chip = this_machine()
+    profiler = ("{class_path: lit_compute.ProfilerWindow, init_args: {start_step: 12, warmup: 2, active: 6}}, "
+                "{class_path: lit_compute.CommBenchmark, init_args: {max_mb: 16, seconds: 4}}")
+    callbacks = _CALLBACKS[:-1] + ", " + profiler + "]"
+    rows = []
+    layouts = (("DDP, 2 gloo ranks", [*_IMAGE, "--trainer.devices=2", "--trainer.strategy=ddp",
+                                      "--trainer.accelerator=cpu"]),
+               ("FSDP2, 2 gloo ranks", ["--config", "configs/gpt_model_parallel.yaml", *_GPT[2:],
+                                        "--trainer.strategy.init_args.data_parallel_size=2",
+                                        "--trainer.strategy.init_args.tensor_parallel_size=1",
+                                        "--trainer.accelerator=cpu"]))
+    for name, args in layouts:
+        emit(f"  {name} ...")
+        run = read_run(_fit([*args, callbacks], out))
+        if not (run.comm_fraction and run.busbw and run.step_s):
+            rows.append([name, "the run measured no collective time or bandwidth", "n/a", "n/a", "n/a"])
+            continue
+        p = predict(run, Scenario(chip, run.precision, run.samples, 1, run.world_size), calibrate(run, chip), run.busbw)
+        total = p.comm_s / (1 - (run.comm_overlap or 0.0)) if run.comm_overlap is not None else p.comm_s
+        measured = run.comm_fraction * run.step_s
+        rows.append([name, f"collectives per step ({run.trainable / 1e6:.3g} M parameters, "
+                     f"{run.busbw / 1e9:.3g} GB/s bus bandwidth)", f"{total * 1e3:.1f}", f"{measured * 1e3:.1f}",
+                     _error(total, measured)])
+    return rows
+
+
+# -- published GPU results --------------------------------------------------------------------------------------
+RESNET = "NVIDIA DeepLearningExamples, PyTorch ResNet-50 v1.5 README (pytorch-21.03 container), 1 GPU"
+BERT = "NVIDIA DeepLearningExamples, PyTorch BERT README (pytorch-21.11 container), pre-training phase 1, 1 GPU"
+#: (model, chip, precision, batch, published samples/s, source, role)
+PUBLISHED = [
+    ("resnet50", "v100-sxm", "32-true", 256, 367, RESNET + ", DGX-1 V100 16 GB, FP32", "sets the default"),
+    ("resnet50", "v100-sxm", "16-mixed", 256, 1200, RESNET + ", DGX-1 V100 16 GB, mixed", "sets the default"),
+    ("resnet50", "a100", "tf32", 256, 938, RESNET + ", DGX A100 80 GB, TF32", "check"),
+    ("resnet50", "a100", "16-mixed", 256, 2470, RESNET + ", DGX A100 80 GB, mixed", "check"),
+    ("bert-large", "a100", "tf32", 128, 317, BERT + ", A100 80 GB, TF32, sequence length 128", "check"),
+    ("bert-large", "a100", "16-mixed", 256, 580, BERT + ", A100 80 GB, mixed, sequence length 128", "check"),
+]
+
+
+def traced_facts(model: str, batch: int) -> Any:
+    """The op-class counts of one training step of ``model`` at ``batch``, counted on fake tensors (shapes only)
+    the way FlopsLogger counts a real step: forward, loss, backward, the optimizer's step."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lit_compute.flops.counting import SafeFlopCounterMode
+    from lit_compute.planning.estimate import fake_tensors
+    from lit_compute.planning.whatif import RunFacts
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with torch.device("meta"):
+        net, step = _model(model)
+    fake_tensors(net, fake_mode, torch.device("cpu"))
+    optimizer = (torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.875, foreach=True) if model == "resnet50"
+                 else torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True))
+    counter = SafeFlopCounterMode(display=False, depth=99, module_paths=net, hookless=True)
+    with fake_mode, counter:
+        step(net, batch).backward()
+        counter.in_optimizer_step = True
+        optimizer.step()
+    count = counter.result()
+    trainable = sum(p.numel() for p in net.parameters())
+    return RunFacts(path=Path(f"{model} traced at batch {batch}"), by_class=dict(count.by_class), samples=batch,
+                    model_flops=count.total, trainable=trainable, parameters=trainable, precision="32-true",
+                    device="traced", loader_workers=None)
+
+
+def _model(name: str) -> tuple[Any, Any]:
+    import torch
+
+    if name == "resnet50":
+        import torchvision
+
+        def step(net: Any, batch: int) -> Any:
+            x, y = torch.empty(batch, 3, 224, 224), torch.zeros(batch, dtype=torch.long)
+            return torch.nn.functional.cross_entropy(net(x), y)
+
+        return torchvision.models.resnet50(), step
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                        vocab_size=30528)
+    encoder = BertModel(config, add_pooling_layer=True)
+    heads = torch.nn.ModuleDict({"transform": torch.nn.Linear(1024, 1024), "norm": torch.nn.LayerNorm(1024),
+                                 "decoder": torch.nn.Linear(1024, 30528), "nsp": torch.nn.Linear(1024, 2)})
+    net = torch.nn.ModuleDict({"bert": encoder, "heads": heads})
+
+    def bert_step(model: Any, batch: int) -> Any:
+        # the masked-LM head on the masked positions only (20 of 128, as NVIDIA's pre-training gathers them)
+        ids = torch.zeros(batch, 128, dtype=torch.long)
+        out = model["bert"](input_ids=ids)
+        masked = out.last_hidden_state[:, :20]
+        h = model["heads"]["norm"](torch.nn.functional.gelu(model["heads"]["transform"](masked)))
+        logits = model["heads"]["decoder"](h)
+        mlm = torch.nn.functional.cross_entropy(logits.reshape(-1, 30528), torch.zeros(batch * 20, dtype=torch.long))
+        nsp = torch.nn.functional.cross_entropy(model["heads"]["nsp"](out.pooler_output),
+                                                torch.zeros(batch, dtype=torch.long))
+        return mlm + nsp
+
+    return net, bert_step
+
+
+def gpu_part() -> list[list[Any]]:
+    from lit_compute.planning.hardware import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    rows, facts = [], {}
+    for model, chip, precision, batch, published, source, role in PUBLISHED:
+        key = (model, batch)
+        if key not in facts:
+            emit(f"  counting {model} at batch {batch} on fake tensors ...")
+            facts[key] = traced_facts(model, batch)
+        p = predict(facts[key], Scenario(find_chip(chip), precision, batch), default_calibration())
+        rows.append([f"{model} on {chip}, {precision}, batch {batch}", f"{role}: {source}",
+                     f"{p.samples_per_s:,.0f}", f"{published:,}", _error(p.samples_per_s, published)])
+    return rows
+
+
+def fit_defaults() -> dict[str, float]:
+    """The default efficiencies that make the rows marked "sets the default" come out as published: the vector
+    efficiency from the FP32 row, then the tensor efficiency from the mixed row (bisection; bandwidth, network and
+    launch cost held at their defaults)."""
+    from lit_compute.planning import whatif
+    from lit_compute.planning.hardware import find_chip
+
+    rows = [r for r in PUBLISHED if r[6] == "sets the default"]
+    facts = {(r[0], r[3]): traced_facts(r[0], r[3]) for r in rows}
+    fitted = dict(whatif.DEFAULT_EFFICIENCY)
+    for key in ("vector", "tensor"):
+        model, chip, precision, batch, published, _, _ = next(r for r in rows if (key == "vector") == (r[2] == "32-true"))
+        low, high = 0.01, 1.0
+        for _ in range(40):
+            fitted[key] = (low + high) / 2
+            cal = whatif.Calibration(fitted["tensor"], fitted["vector"], fitted["bandwidth"], fitted["launch_s"],
+                                     fitted["network"], "fit")
+            rate = whatif.predict(facts[(model, batch)], whatif.Scenario(find_chip(chip), precision, batch), cal).samples_per_s
+            low, high = (fitted[key], high) if rate < published else (low, fitted[key])
+    return fitted
+
+
+# -- an input-bound run -----------------------------------------------------------------------------------------
+def input_part(out: str) -> list[list[Any]]:
+    from lit_compute.planning.hardware import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict, read_run
+
+    args = [*_IMAGE, "--data.init_args.num_workers=1", "--data.init_args.image_size=224",
+            "--model.init_args.arch=mobilenet_v3_small", "--data.init_args.batch_size=8", _CALLBACKS]
+    emit("  a loader with one worker decoding 224 px images for a small model ...")
+    run = read_run(_fit(args, out))
+    p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", run.samples), default_calibration())
+    measured = run.samples_per_step / run.step_s
+    return [["MobileNetV3-small, 224 px, 1 loader worker, on h100-sxm bf16-mixed",
+             f"bottleneck predicted: {p.bottleneck}", f"{p.samples_per_s:,.1f}", f"{measured:,.1f}",
+             _error(p.samples_per_s, measured)]]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute bench whatif", description=__doc__)
+    parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
+    parser.add_argument("--only", default=None, choices=["cpu", "comm", "gpu", "input"], help="run one part")
+    parser.add_argument("--fit-defaults", action="store_true",
+                        help="print the default efficiencies fitted on the rows marked 'sets the default' and exit")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    warnings.simplefilter("ignore")
+    if args.fit_defaults:
+        emit(f"fitted defaults: {fit_defaults()}")
+        return 0
+    sections = []
+    with tempfile.TemporaryDirectory() as out:
+        parts = [("cpu", "This CPU: calibrated on one run, predicting others (step time, ms)", cpu_part),
+                 ("comm", "Collectives on two gloo ranks (ms per step)", comm_part),
+                 ("gpu", "Published GPU training throughputs (samples/s)", lambda _: gpu_part()),
+                 ("input", "An input-bound run priced on an H100 (samples/s)", input_part)]
+        for name, title, part in parts:
+            if args.only and args.only != name:
+                continue
+            emit(f"{title} ...")
+            rows = part(out)
+            table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
+            sections.append(f"### {title}\n\n{table}\n")
+            emit(table)
+    text = "\n".join(sections)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        command = "lit-compute bench whatif" + (f" --only {args.only}" if args.only else "")
+        Path(args.markdown).write_text(figure_header(command, machine_line()) + text)
+        emit(f"written: {args.markdown}")
+    return 0
