@@ -300,3 +300,18 @@ def train_loader_workers(trainer: Any) -> str:
     workers = [getattr(d, "num_workers", None) for d in (getattr(loader, "flattened", None) or [])]
     workers = [w for w in workers if isinstance(w, int)]
     return str(max(workers)) if workers else "n/a"
+
+
+def communication_facts(trainer: Any, module: Any) -> dict[str, Any]:
+    """What decides a step's collectives: DDP's bucket cap (MB), FSDP2's units (each gathers its parameters and
+    reduce-scatters its gradients once)."""
+    facts: dict[str, Any] = {}
+    kwargs = getattr(trainer.strategy, "_ddp_kwargs", None)
+    if isinstance(kwargs, dict):
+        facts["ddp_bucket_cap_mb"] = float(kwargs.get("bucket_cap_mb") or 25.0)
+    fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if fsdp_module is not None and module is not None:
+        units = sum(1 for m in module.modules() if isinstance(m, fsdp_module))
+        if units:
+            facts["fsdp_units"] = units
+    return facts

@@ -471,7 +471,8 @@ class FlopsLogger(MeasuringCallback):
         facts = {"parameters": sum(p.numel() for p in params),
                  "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
                  "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-                 "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches}
+                 "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                 **_compat.communication_facts(trainer, module)}
         log_text(trainer, "compute/op_classes", op_class_table(count, samples, facts),
                  step=_compat.batches_that_stepped(trainer))
 

@@ -72,7 +72,10 @@ class RunFacts:
     tokens_per_sample: float | None = None
     comm_fraction: float | None = None
     comm_overlap: float | None = None
-    busbw: float | None = None  # bytes/s, CommBenchmark's all-reduce bus bandwidth
+    busbw: float | None = None  # bytes/s, CommBenchmark's all-reduce bus bandwidth (its largest message)
+    curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # collective -> (bytes, busbw B/s)
+    ddp_bucket_cap_mb: float = 25.0
+    fsdp_units: int = 0
     memory: dict[str, float] | None = None  # MemoryMonitor's parts at the peak, bytes
     loader_workers: int | None = None
 
@@ -129,6 +132,7 @@ class Prediction:
     compute_s: float
     input_s: float
     comm_s: float  # exposed (not overlapped)
+    comm_total_s: float  # before overlap
     samples_per_s: float
     tokens_per_s: float | None
     mfu: float | None
@@ -190,7 +194,10 @@ def read_run(path: str | Path) -> RunFacts:
         tokens_per_sample=token_rate / samples_rate if token_rate and samples_rate else None,
         comm_fraction=run.mean("profiler/comm_fraction"), comm_overlap=run.mean("profiler/comm_overlap_fraction"),
         busbw=busbw * 1e9 if busbw else None, memory=memory,
-        loader_workers=int(workers) if workers and workers.isdigit() else None)
+        loader_workers=int(workers) if workers and workers.isdigit() else None,
+        curves={op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
+                for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
+        ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0))
 
 
 # -- the model -------------------------------------------------------------------------------------------------
@@ -213,14 +220,30 @@ def half_weights(precision: str) -> bool:
 
 
 def _value_bytes(precision: str, kind: str) -> float:
-    """Bytes per value an op class moves under a precision: activations in the compute dtype under mixed precision,
-    the optimizer's step in float32 unless the weights themselves are half (``-true``)."""
+    """Bytes per value an op class moves under a precision: the matmuls' operands and the norms' inputs and outputs
+    in the compute dtype under mixed precision; elementwise ops as in float32 (autocast leaves them in the dtype their
+    inputs come in, and adds the casts: :func:`_autocast_casts`); the optimizer's step in float32 unless the weights
+    themselves are half (``-true``)."""
     p = precision.lower()
     if p in ("32", "32-true", "tf32", "float32"):
         return 4.0
     if half_weights(p):
         return 2.0
-    return 4.0 if kind == "optimizer" else (3.0 if kind == "norm" else 2.0)
+    return {"matmul": 2.0, "attention": 2.0, "norm": 2.0}.get(kind, 4.0)
+
+
+def _autocast_casts(run: RunFacts, precision: str) -> tuple[float, float]:
+    """(bytes, kernels) autocast adds to a step of mixed precision beyond what a float32 step moves: every trainable
+    weight cast to the compute dtype for the forward and its gradient back (4 + 2 bytes each way), and a cast kernel
+    before and after every matmul. Negative from a mixed run to a float32 target."""
+    def mixed(p: str) -> bool:
+        return p.lower().endswith("-mixed")
+
+    sign = (1 if mixed(precision) else 0) - (1 if mixed(run.precision) else 0)
+    if not sign:
+        return 0.0, 0.0
+    kernels = run.by_class.get("matmul", (0, 0, 0))[2] + run.by_class.get("attention", (0, 0, 0))[2]
+    return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * 2.0 * kernels
 
 
 def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float, float, float]]:
@@ -239,6 +262,10 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
             f, b = flops * ratio, moved * ratio
         b *= _value_bytes(scenario.precision, kind) / _value_bytes(run.precision, kind)
         out[kind] = (f, b, kernels)
+    casts, kernels = _autocast_casts(run, scenario.precision)
+    if casts or kernels:
+        f, b, k = out.get("elementwise", (0.0, 0.0, 0.0))
+        out["elementwise"] = (f, max(0.0, b + casts), max(0.0, k + kernels))
     return out
 
 
@@ -293,25 +320,67 @@ def default_calibration() -> Calibration:
                        "defaults (docs/whatif.md: set on published V100 results)")
 
 
-def _comm_seconds(run: RunFacts, scenario: Scenario, link: Link, cal: Calibration, busbw: float | None) -> float:
-    """Seconds of collectives per optimizer step per rank, before overlap."""
+def messages(run: RunFacts, scenario: Scenario) -> dict[str, list[float]]:
+    """The collectives of one optimizer step per rank, by kind, as message sizes in bytes (nccl-tests' sizes: an
+    all-reduce's buffer, an all-gather's and a reduce-scatter's whole output). DDP: the gradients in buckets (a first
+    of 1 MiB, then ``bucket_cap_mb``); FSDP2: every unit's parameters gathered in forward and again in backward, its
+    gradients reduce-scattered once."""
+    tp = max(1, run.tensor_parallel)
+    grad_bytes = run.trainable * (2.0 if half_weights(scenario.precision) else 4.0) / tp
+    if run.sharded:
+        units = max(1, run.fsdp_units)
+        param_bytes = run.trainable * _value_bytes(scenario.precision, "matmul") / tp
+        return {"allgather": [param_bytes / units] * (2 * units), "reducescatter": [grad_bytes / units] * units}
+    first, cap = float(2**20), run.ddp_bucket_cap_mb * 2**20
+    sizes, left = [], grad_bytes
+    for size in [first] + [cap] * int(math.ceil(max(0.0, grad_bytes - first) / cap)):
+        if left <= 0:
+            break
+        sizes.append(min(size, left))
+        left -= size
+    return {"allreduce": sizes}
+
+
+_BUS_FACTOR = {"allreduce": 2.0, "allgather": 1.0, "reducescatter": 1.0}  # x (n-1)/n: nccl-tests' bus factors
+
+
+def _curve_busbw(curve: list[tuple[float, float]], size: float) -> float:
+    """Bus bandwidth at a message size from a measured sweep (log-log interpolation; the ends held)."""
+    points = sorted(curve)
+    if size <= points[0][0]:
+        return points[0][1] * size / points[0][0]  # below the smallest message: latency-bound, time held
+    if size >= points[-1][0]:
+        return points[-1][1]
+    for (s0, b0), (s1, b1) in zip(points, points[1:]):
+        if s0 <= size <= s1:
+            t = math.log(size / s0) / math.log(s1 / s0)
+            return math.exp(math.log(b0) + t * (math.log(b1) - math.log(b0)))
+    return points[-1][1]
+
+
+def _comm_seconds(run: RunFacts, scenario: Scenario, link: Link, cal: Calibration, measured: bool) -> float:
+    """Seconds of collectives per optimizer step per rank, before overlap: each message at the run's measured
+    bus bandwidth for its size (on the run's own machines) or at the link's bandwidth and latency."""
     ranks = scenario.devices // max(1, run.tensor_parallel)
     if ranks <= 1:
         return 0.0
-    grad_bytes = run.trainable * (2.0 if half_weights(scenario.precision) else 4.0) / max(1, run.tensor_parallel)
-    bandwidth = busbw if busbw else link.bandwidth * cal.network
-    hops = ranks - 1
-    if run.sharded:
-        param_bytes = run.trainable * (_value_bytes(scenario.precision, "matmul")) / max(1, run.tensor_parallel)
-        moved = hops / ranks * (2 * param_bytes + grad_bytes)
-        return moved / bandwidth + 3 * hops * link.latency
-    factor = 1.0 if busbw else 2.0 * hops / ranks  # a bus bandwidth already counts the ring's 2(N-1)/N
-    return factor * grad_bytes / bandwidth + 2 * hops * link.latency
+    total = 0.0
+    for kind, sizes in messages(run, scenario).items():
+        factor = _BUS_FACTOR[kind] * (ranks - 1) / ranks
+        curve = run.curves.get(kind) or run.curves.get("allreduce")
+        for size in sizes:
+            if measured and curve:
+                total += size * factor / _curve_busbw(curve, size)
+            else:
+                hops = 2 * (ranks - 1) if kind == "allreduce" else ranks - 1
+                total += size * factor / (link.bandwidth * cal.network) + hops * link.latency
+    return total
 
 
-def predict(run: RunFacts, scenario: Scenario, cal: Calibration, busbw: float | None = None) -> Prediction:
-    """The target step of ``scenario`` for ``run`` at efficiencies ``cal`` (see the module docstring). ``busbw``:
-    a measured bus bandwidth to use for the collectives instead of the link's (the run's own, on its own machine)."""
+def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links: bool = False) -> Prediction:
+    """The target step of ``scenario`` for ``run`` at efficiencies ``cal`` (see the module docstring).
+    ``measured_links``: price the collectives at the bandwidths the run's CommBenchmark measured (the run's own
+    machines) instead of the link table's."""
     chip, notes = scenario.chip, []
     classes = _scaled_classes(run, scenario)
     per_batch, flops_bound, bytes_bound = _roofline(classes, chip, scenario.precision, cal)
@@ -325,7 +394,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, busbw: float | 
         elif run.wait_s > 0.05 * run.step_s:
             loader_rate = run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
     link = scenario.network if scenario.nodes > 1 and scenario.network is not None else _node_link(chip)
-    comm = _comm_seconds(run, scenario, link, cal, busbw)
+    comm = _comm_seconds(run, scenario, link, cal, measured_links)
     overlap = run.comm_overlap if run.comm_overlap is not None else 0.0
     if comm and run.comm_overlap is None:
         notes.append("no overlap of collectives with compute assumed (the run measured none: add ProfilerWindow)")
@@ -350,7 +419,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, busbw: float | 
     return Prediction(hardware=chip.name, nodes=scenario.nodes, devices_per_node=scenario.devices_per_node,
                       network=link.name, precision=scenario.precision, micro_batch=scenario.micro_batch,
                       step_time_s=step, compute_s=compute, input_s=max(input_serial, step - compute - exposed),
-                      comm_s=exposed, samples_per_s=samples_per_s,
+                      comm_s=exposed, comm_total_s=comm, samples_per_s=samples_per_s,
                       tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
                       mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,
                       cost_per_million=cost, notes=notes)

@@ -72,11 +72,10 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
         own = chip.name == "this" or chip.name == run.device.lower()
         source = calibration_run or run
         cal = calibrate(source, chip) if own else default_calibration()
-        busbw = source.busbw if own else None
         for n in nodes:
             for network in (networks if n > 1 else [None]):
                 scenario = Scenario(chip, precision, micro_batch, n, devices, network, prices.get(chip.name))
-                rows.append(predict(run, scenario, cal, busbw))
+                rows.append(predict(run, scenario, cal, measured_links=own and n == 1))
     return rows
 
 
