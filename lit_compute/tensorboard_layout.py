@@ -66,6 +66,7 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
     "Communication": {
         "all-reduce bus bandwidth (GB/s, step = message bytes)": _tags("comm/allreduce_busbw_gbps"),
         "all-reduce algorithm bandwidth (GB/s, step = message bytes)": _tags("comm/allreduce_algbw_gbps"),
+        "exposed communication (share of the profiled steps no compute hides)": _tags("comm/exposed_fraction"),
     },
     "Profiler windows": {
         "window step time (ms)": _tags("profiler/step_time_ms"),

@@ -398,6 +398,21 @@ def test_a_failed_export_leaves_no_partial_trace(tmp_path, monkeypatch):
     assert left == [], left
 
 
+def test_an_export_that_fails_without_raising_leaves_no_empty_or_tmp_trace(tmp_path, monkeypatch):
+    """Kineto on a full disk: a 0-byte ``.tmp`` beside the trace, an error logged, nothing raised; the window's
+    trace was then missing and the 0-byte ``*.pt.trace.json.tmp`` stayed beside the traces."""
+    def silent_full_disk(self, path):
+        Path(path + ".tmp").write_text("")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", silent_full_disk)
+    window = ProfilerWindow(start_step=1, warmup=0, active=1)
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, callbacks=[window], limit_val_batches=0)
+    with pytest.warns(UserWarning, match="nothing was written to window1_steps1-1.pt.trace.json"):
+        trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
+    assert trainer.global_step == 3
+    assert list((Path(trainer.log_dir) / "profiler").glob("*")) == []
+
+
 def test_an_op_table_that_cannot_be_written_leaves_no_empty_file(tmp_path, monkeypatch):
     real = Path.write_text
 

@@ -200,6 +200,10 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.uncounted: set[str] = set()
         self._module_paths = module_paths
         self._hookless = hookless
+        #: model FLOPs of work every tensor-parallel peer repeats (an op on whole or replicated tensors) count this
+        #: share on each (1 / tensor-parallel size), so their sum over the peers is the work once; hardware FLOPs
+        #: count it whole on each. Work on sharded DTensors is each device's own.
+        self.replicated_share = 1.0
         if hookless:
             self.mod_tracker = HooklessModuleTracker()
         self._reset_counts()
@@ -213,6 +217,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step)
         self.in_optimizer_step = False
+        self._sharded_op = False  # the local ops of a DTensor op with a sharded operand (this device's own share)
 
     def __enter__(self) -> SafeFlopCounterMode:
         self._reset_counts()
@@ -262,6 +267,8 @@ class SafeFlopCounterMode(FlopCounterMode):
             self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
+            if self.replicated_share < 1.0 and not self._sharded_op:
+                model = int(round(model * self.replicated_share))  # every tensor-parallel peer repeats it
             self._recompute += recompute
             column = 0 if phase == "forward" else 1
             for parent in parents:
@@ -331,6 +338,15 @@ def _has_fake(args: Any, kwargs: Any) -> bool:
 _InnerMode = getattr(flop_counter, "_FlopCounterMode", None)  # torch >= 2.5: the dispatch mode FlopCounterMode enters
 
 
+def _has_shard(args: Any, kwargs: Any) -> bool:
+    """True when a DTensor operand is sharded (its local work is this device's own, not a replica's)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    shard = getattr(module, "Shard", None)
+    return dtensor is not None and shard is not None and any(
+        isinstance(t, dtensor) and any(isinstance(p, shard) for p in t.placements) for t in tree_leaves((args, kwargs)))
+
+
 def _has_nested(args: Any, kwargs: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_nested for t in tree_leaves((args, kwargs)))
 
@@ -362,11 +378,13 @@ if _InnerMode is not None:
                 if self._in_dtensor_op:
                     return NotImplemented  # DTensor runs it on the local shards, through this mode
                 self._in_dtensor_op = True
+                self.counter._sharded_op = _has_shard(args, kwargs)
                 try:
                     with self:
                         return func(*args, **kwargs)
                 finally:
                     self._in_dtensor_op = False
+                    self.counter._sharded_op = False
             if self._in_dtensor_op and _has_fake(args, kwargs):
                 return func(*args, **kwargs)  # DTensor's sharding propagation: nothing is executed
             if isinstance(func, torch._ops.OpOverload) and _has_nested(args, kwargs):

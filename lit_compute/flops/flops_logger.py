@@ -107,11 +107,14 @@ class FlopsLogger(MeasuringCallback):
     activation recomputation, attention backward = 2 x forward. *Hardware FLOPs* (HFU): everything executed,
     recomputation included (PaLM's definitions).
 
-    **Parallel layouts.** Every figure is what *this device executed*: under DDP and FSDP2 the whole model on
+    **Parallel layouts.** Hardware FLOPs are what *this device executed*: under DDP and FSDP2 the whole model on
     its own batch; under tensor parallelism (DTensor, ``ModelParallelStrategy``) each sharded op at the local
-    shapes DTensor ran it at, after any redistribution. ``global_tflops_per_sec`` sums the devices, so the model
-    FLOPs of one global batch are the same whatever the layout, and MFU means the same thing under DDP, FSDP2
-    and tensor parallelism. The layout is in the run's ``lit_compute/run`` table.
+    shapes DTensor ran it at, after any redistribution, and the work every tensor-parallel peer repeats (modules
+    left whole: embeddings, norms, a tied head; ops on replicated DTensors) in full. Model FLOPs count that repeated
+    work once per data-parallel replica: each of ``t`` peers counts ``1/t`` of it. ``global_tflops_per_sec`` sums the
+    devices, so the model FLOPs of one global batch are the unsharded model's whatever the layout, MFU means the same
+    thing under DDP, FSDP2 and tensor parallelism, and HFU includes the repeated work. The layout is in the run's
+    ``lit_compute/run`` table.
 
     Timing: from the shared timeline (:mod:`lit_compute.timeline`): the steps between two logging steps, each
     from the previous step's end to its own (data wait, forward, backward, optimizer), with instrument work,
@@ -323,6 +326,7 @@ class FlopsLogger(MeasuringCallback):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
         counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pl_module, hookless=True)
+        counter.replicated_share = 1.0 / _compat.parallel_layout(pl_module.trainer).tensor_parallel
         self.timeline.enter_for_batch(_compat.eager_compiled_code())
         self.timeline.enter_for_batch(counter)  # exited at the batch's end mark, with every other mode of the batch
         self._counting = (sig, counter, self.timeline.raw())

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from lit_compute._compat import default_cache_dir
+from lit_compute.files import write_whole
 from lit_compute.formatting import flops_rate
 
 T = 1e12
@@ -365,9 +366,7 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
         return peak
     with contextlib.suppress(OSError):  # a read-only cache: the value is still used for this run
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"peaks.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(entries, indent=1, sort_keys=True))
     return peak
 
 

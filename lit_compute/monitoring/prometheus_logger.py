@@ -17,6 +17,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only,
 from lightning.pytorch.loggers import Logger
 
 from lit_compute._validate import Check, validated
+from lit_compute.files import write_whole
 from lit_compute.writer import link_loggers
 
 _RESERVED = ("step", "up", "scrape_duration_seconds")
@@ -190,9 +191,7 @@ class PrometheusLogger(Logger):
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.run_name)}_rank{self.rank}.json"
         target = [{"targets": [f"{host}:{port}"], "labels": {"run": self.run_name, "rank": str(self.rank)}}]
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(target, indent=2))
-        os.replace(tmp, path)  # Prometheus never reads a half-written file
+        write_whole(path, json.dumps(target, indent=2))  # Prometheus never reads a half-written file
         return str(path)
 
     def series_name(self, key: str) -> str:

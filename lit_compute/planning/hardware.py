@@ -61,6 +61,7 @@ class Chip:
     source: str
     measured: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
+    kind: str = "gpu"  # "gpu", "cpu" or "tpu": autocast keeps different ops in float32 on each
 
     def peak(self, dtype: str) -> float | None:
         """The dense peak for a dtype name (``float32`` falls back to ``tf32`` nowhere: a float32 run counts against
@@ -121,11 +122,11 @@ CHIPS: dict[str, Chip] = {
     # (bfloat16 runs at the float32 rate through conversions); six channels of DDR4-2933.
     "xeon-6248": Chip("xeon-6248", {"float32": 20 * 2.5e9 * 64, "bfloat16": 20 * 2.5e9 * 64}, 6 * 23.47 * G,
                       192 * G, "pcie3", "Intel ARK: Xeon Gold 6248 (20 cores, 2.5 GHz, AVX-512 with 2 FMA units, "
-                      "6 x DDR4-2933 = 140.8 GB/s); memory: a 192 GB server"),
+                      "6 x DDR4-2933 = 140.8 GB/s); memory: a 192 GB server", kind="cpu"),
     "tpu-v3": Chip("tpu-v3", {"bfloat16": 123 * T}, 900 * G, MEMORY_TABLE["tpu-v3"][0], "tpu-ici-v3",
-                   "Google Cloud TPU v3: 123 TFLOP/s bf16 and 900 GB/s HBM per chip, 32 GiB"),
+                   "Google Cloud TPU v3: 123 TFLOP/s bf16 and 900 GB/s HBM per chip, 32 GiB", kind="tpu"),
     "tpu-v5e": Chip("tpu-v5e", {"bfloat16": 197 * T}, 819 * G, MEMORY_TABLE["tpu-v5e"][0], "tpu-ici-v5e",
-                    "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB per chip"),
+                    "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB per chip", kind="tpu"),
 }
 
 
@@ -249,12 +250,12 @@ def this_machine() -> Chip:
     its measured memory bandwidth (both cached beside the peaks), its memory, and the loopback between its
     processes."""
     import json
-    import os
 
     import psutil
     import torch
 
     from lit_compute._compat import default_cache_dir
+    from lit_compute.files import write_whole
     from lit_compute.flops.peaks import _peak_key, cached_peak_flops
 
     fp32 = cached_peak_flops("cpu", torch.float32)
@@ -272,9 +273,7 @@ def this_machine() -> Chip:
         if fp32.quiet:  # cached like the peak: only when measured on a quiet machine
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f"machine.json.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({**(entries if isinstance(entries, dict) else {}), key: entry}))
-                os.replace(tmp, path)
+                write_whole(path, json.dumps({**(entries if isinstance(entries, dict) else {}), key: entry}))
             except OSError:
                 pass
     mixed = fp32.flops * float(entry["mixed_speedup"])
@@ -282,7 +281,7 @@ def this_machine() -> Chip:
                 float(psutil.virtual_memory().total), "loopback",
                 f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); bf16 training blocks "
                 f"{float(entry['mixed_speedup']):.2f}x float32's speed", measured=True,
-                extras={"mixed_speedup": float(entry["mixed_speedup"])})
+                extras={"mixed_speedup": float(entry["mixed_speedup"])}, kind="cpu")
 
 
 LINKS["loopback"] = Link("loopback", 5 * G, 20e-6, "processes of one machine over gloo (the run's CommBenchmark "

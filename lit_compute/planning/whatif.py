@@ -41,7 +41,7 @@ __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scena
 #: - which the docs page names as such and never quotes as validation; ``bandwidth`` is what BabelStream-class copies
 #: reach of HBM (about 85%); ``network`` what a ring all-reduce reaches of a link (NCCL's tests: about 80%); a
 #: kernel launch costs about 5 microseconds.
-DEFAULT_EFFICIENCY = {"tensor": 0.51, "vector": 0.78, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
+DEFAULT_EFFICIENCY = {"tensor": 0.43, "vector": 0.78, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
 
@@ -219,31 +219,35 @@ def half_weights(precision: str) -> bool:
     return precision.lower() in ("bf16-true", "16-true", "bf16", "16", "half")
 
 
-def _value_bytes(precision: str, kind: str) -> float:
-    """Bytes per value an op class moves under a precision: the matmuls' operands and the norms' inputs and outputs
-    in the compute dtype under mixed precision; elementwise ops as in float32 (autocast leaves them in the dtype their
-    inputs come in, and adds the casts: :func:`_autocast_casts`); the optimizer's step in float32 unless the weights
-    themselves are half (``-true``)."""
+def _value_bytes(precision: str, kind: str, cpu: bool = False) -> float:
+    """Bytes per value an op class moves under a precision. Mixed precision: the matmuls' operands in the compute
+    dtype; on GPUs autocast's outputs flow on in half (elementwise ops and norms too); on CPUs autocast runs norms in
+    float32, so the elementwise ops around them stay float32 and casts are added (:func:`_autocast_casts`). The
+    optimizer's step is float32 unless the weights themselves are half (``-true``)."""
     p = precision.lower()
     if p in ("32", "32-true", "tf32", "float32"):
         return 4.0
     if half_weights(p):
         return 2.0
-    return {"matmul": 2.0, "attention": 2.0, "norm": 2.0}.get(kind, 4.0)
+    if kind == "optimizer":
+        return 4.0
+    if cpu and kind == "elementwise":
+        return 4.0
+    return 2.0
 
 
-def _autocast_casts(run: RunFacts, precision: str) -> tuple[float, float]:
+def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[float, float]:
     """(bytes, kernels) autocast adds to a step of mixed precision beyond what a float32 step moves: every trainable
-    weight cast to the compute dtype for the forward and its gradient back (4 + 2 bytes each way), and a cast kernel
-    before and after every matmul. Negative from a mixed run to a float32 target."""
+    weight cast to the compute dtype for the forward and its gradient back (4 + 2 bytes each way); on CPUs also a cast
+    kernel before and after every matmul (its float32 neighbours). Negative from a mixed run to a float32 target."""
     def mixed(p: str) -> bool:
         return p.lower().endswith("-mixed")
 
     sign = (1 if mixed(precision) else 0) - (1 if mixed(run.precision) else 0)
     if not sign:
         return 0.0, 0.0
-    kernels = run.by_class.get("matmul", (0, 0, 0))[2] + run.by_class.get("attention", (0, 0, 0))[2]
-    return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * 2.0 * kernels
+    matmuls = run.by_class.get("matmul", (0, 0, 0))[2] + run.by_class.get("attention", (0, 0, 0))[2]
+    return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * (2.0 if cpu else 1.0) * matmuls
 
 
 def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float, float, float]]:
@@ -251,7 +255,8 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
     device; a tensor-parallel run's shares stay shares)."""
     ratio = scenario.micro_batch / run.samples
     out = {}
-    weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul") / max(1, run.tensor_parallel)
+    run_cpu, cpu = run.device.lower() in ("cpu", "this"), scenario.chip.kind == "cpu"
+    weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul", run_cpu) / max(1, run.tensor_parallel)
     for kind, (flops, moved, kernels) in run.by_class.items():
         if kind == "optimizer":
             f, b = flops, moved
@@ -260,9 +265,9 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
             f, b = flops * ratio, fixed + (moved - fixed) * ratio
         else:
             f, b = flops * ratio, moved * ratio
-        b *= _value_bytes(scenario.precision, kind) / _value_bytes(run.precision, kind)
+        b *= _value_bytes(scenario.precision, kind, cpu) / _value_bytes(run.precision, kind, run_cpu)
         out[kind] = (f, b, kernels)
-    casts, kernels = _autocast_casts(run, scenario.precision)
+    casts, kernels = _autocast_casts(run, scenario.precision, cpu)
     if casts or kernels:
         f, b, k = out.get("elementwise", (0.0, 0.0, 0.0))
         out["elementwise"] = (f, max(0.0, b + casts), max(0.0, k + kernels))

@@ -15,6 +15,7 @@ from typing_extensions import override
 from lit_compute import _compat
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
+from lit_compute.files import write_whole, written_whole
 from lit_compute.formatting import markdown_table
 from lit_compute.profiling.trace_summary import WindowSummary, summarize_trace
 from lit_compute.timeline import StepRecord
@@ -312,17 +313,13 @@ class ProfilerWindow(MeasuringCallback):
         stem = f"window{index}_steps{first}-{last}{rank}"
         out = self._out_dir(trainer)
         trace_path = out / f"{stem}.pt.trace.json"
-        try:
-            profiler.export_chrome_trace(str(trace_path))
-        except BaseException:
-            for partial in out.glob(f"{stem}.pt.trace.json*"):  # a full disk leaves a partial trace: remove it
-                partial.unlink(missing_ok=True)
-            raise
+        with written_whole(trace_path) as tmp:  # a full disk leaves no partial, 0-byte or .tmp trace behind
+            profiler.export_chrome_trace(str(tmp))
         on_gpu = trainer.strategy.root_device.type == "cuda"
         sort_by = self.sort_by or ("self_cuda_time_total" if on_gpu else "self_cpu_time_total")
         averages = profiler.key_averages()
         table = averages.table(sort_by=sort_by, row_limit=self.row_limit)
-        _write_whole(out / f"{stem}.key_averages.txt", table + "\n")
+        write_whole(out / f"{stem}.key_averages.txt", table + "\n")
         if self.profile_memory and self.with_stack:
             try:
                 profiler.export_memory_timeline(str(out / f"{stem}.memory_timeline.html"))
@@ -364,18 +361,6 @@ class ProfilerWindow(MeasuringCallback):
             profiler.stop()  # a recording profiler saves what it recorded: a window cut short is still written
         finally:
             self._window = None
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: through a temporary file renamed into place, removed when the
-    write fails (a full disk leaves no 0-byte or truncated file behind)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:

@@ -22,6 +22,7 @@ class WindowSummary:
     gpu_idle_fraction: float | None = None
     comm_fraction: float | None = None
     comm_overlap_fraction: float | None = None
+    comm_exposed_fraction: float | None = None
 
     def scalars(self) -> dict[str, float]:
         out = {
@@ -31,6 +32,7 @@ class WindowSummary:
             "profiler/gpu_idle_fraction": self.gpu_idle_fraction,
             "profiler/comm_fraction": self.comm_fraction,
             "profiler/comm_overlap_fraction": self.comm_overlap_fraction,
+            "comm/exposed_fraction": self.comm_exposed_fraction,
         }
         return {k: float(v) for k, v in out.items() if v is not None}
 
@@ -70,18 +72,29 @@ def _interval(e: dict[str, Any]) -> tuple[float, float]:
     return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
 
 
-def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tuple[float | None, float | None]:
-    """Share of the window a host backend (gloo) spent in collectives, and the share of that overlapped by ops
-    on other threads (compute going on meanwhile); (None, None) when the window has no gloo collective."""
-    comm_events = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")]
-    if not comm_events or hi <= lo:
-        return None, None
-    comm = _merge(_clip([_interval(e) for e in comm_events], lo, hi))
-    comm_threads = {e.get("tid") for e in comm_events}
-    compute = _merge(_clip([_interval(e) for e in events if e.get("ph") == "X" and e.get("tid") not in comm_threads
-                            and str(e.get("name", "")).startswith("aten::")], lo, hi))
+def exposure(comm: list[tuple[float, float]], compute: list[tuple[float, float]], lo: float,
+             hi: float) -> tuple[float | None, float | None, float | None]:
+    """(share of the window in collectives, share of that overlapped by compute, share of the window in collectives
+    that no compute hides) over merged intervals: a union, so collectives or kernels that overlap each other count
+    once (summing their durations would count the overlap twice)."""
+    if not comm or hi <= lo:
+        return None, None, None
+    comm, compute = _merge(_clip(comm, lo, hi)), _merge(_clip(compute, lo, hi))
     length = _length(comm)
-    return length / (hi - lo), (_intersection(comm, compute) / length if length > 0 else None)
+    hidden = _intersection(comm, compute)
+    return length / (hi - lo), (hidden / length if length > 0 else None), (length - hidden) / (hi - lo)
+
+
+def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tuple[float | None, ...]:
+    """:func:`exposure` of a host backend's (gloo's) collectives against the ops on other threads (compute going on
+    meanwhile); Nones when the window has no gloo collective."""
+    comm_events = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")]
+    if not comm_events:
+        return None, None, None
+    comm_threads = {e.get("tid") for e in comm_events}
+    compute = [_interval(e) for e in events if e.get("ph") == "X" and e.get("tid") not in comm_threads
+               and str(e.get("name", "")).startswith("aten::")]
+    return exposure([_interval(e) for e in comm_events], compute, lo, hi)
 
 
 def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
@@ -123,11 +136,12 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
         gpu_hi = max([hi] + gpu_ends)
         busy = _merge(_clip(spans, lo, gpu_hi))
         summary.gpu_idle_fraction = max(0.0, 1.0 - _length(busy) / (gpu_hi - lo)) if gpu_hi > lo else None
-        comm = _merge([s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()])
-        compute = _merge([s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()])
+        comm = [s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()]
+        compute = [s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()]
         if comm:
-            summary.comm_fraction = _length(_clip(comm, lo, gpu_hi)) / (gpu_hi - lo) if gpu_hi > lo else None
-            summary.comm_overlap_fraction = _intersection(comm, compute) / _length(comm)
+            (summary.comm_fraction, summary.comm_overlap_fraction,
+             summary.comm_exposed_fraction) = exposure(comm, compute, lo, gpu_hi)
             return summary
-    summary.comm_fraction, summary.comm_overlap_fraction = _host_collectives(events, lo, hi)
+    summary.comm_fraction, summary.comm_overlap_fraction, summary.comm_exposed_fraction = _host_collectives(
+        events, lo, hi)
     return summary

@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
+from lit_compute.files import write_whole
 from lit_compute.speedup.channels_last import has_channels_last_weights
 from lit_compute.speedup.fused_optimizer import fusable
 from lit_compute.timeline import StepRecord
@@ -286,9 +287,7 @@ class TrialRecorder(MeasuringCallback):
             return
         path = Path(self.out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.result(), default=str))
-        tmp.replace(path)
+        write_whole(path, json.dumps(self.result(), default=str))
 
 
 def _mfu(trainer: pl.Trainer, result: dict[str, Any]) -> float | None:

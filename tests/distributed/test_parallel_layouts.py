@@ -105,6 +105,23 @@ def test_fsdp2_collectives_are_benchmarked_and_their_share_of_a_step_measured(ru
     # FSDP2's all-gathers and reduce-scatters run inside the profiled steps (gloo)
     assert 0 < _last(acc, "profiler/comm_fraction") <= 1
     assert {"profiler/comm_overlap_fraction"} <= tags
+    # the exposed share, checked against a union of intervals computed here another way (a 1 us bitmap of the
+    # recorded trace): collectives on gloo's threads, compute on the others
+    import json
+
+    (trace,) = (runs / "fsdp2_comm").rglob("*_rank0.pt.trace.json")
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    comm = [e for e in events if str(e["name"]).startswith("gloo:")]
+    threads = {e["tid"] for e in comm}
+    busy_comm, busy_compute = set(), set()
+    for group, out in ((comm, busy_comm), ([e for e in events if e["tid"] not in threads
+                                             and str(e["name"]).startswith("aten::")], busy_compute)):
+        for e in group:
+            out.update(range(int(max(lo, e["ts"])), int(min(hi, e["ts"] + e["dur"]))))
+    by_hand = len(busy_comm - busy_compute) / (hi - lo)
+    assert _last(acc, "comm/exposed_fraction") == pytest.approx(by_hand, rel=0.05, abs=1e-3)
 
 
 def test_ranks_with_different_shapes_under_fsdp2_finish_and_sum_their_flops(runs):

@@ -56,10 +56,14 @@ def test_a_step_is_priced_class_by_class_on_the_roofline():
     weights = 3 * 10_000_000 * 4
     assert two.compute_s == pytest.approx(2.0 + 1.0 + 0.2) and two.compute_s > 0
     assert (weights + (1 * G - weights) * 2) / (10 * G) < 2.0  # the matmul stays compute-bound
-    # bf16-mixed: the matmuls at the bf16 peak; elementwise ops as in float32 plus autocast's casts of every weight
-    # (12 bytes a parameter over forward and backward); the optimizer still float32
+    # bf16-mixed on a GPU: the matmuls at the bf16 peak, activations 2 bytes a value plus autocast's casts of every
+    # weight (12 bytes a parameter over forward and backward); the optimizer still float32
     mixed = predict(_run(), Scenario(CHIP, "bf16-mixed", 16), UNIT)
-    assert mixed.compute_s == pytest.approx(0.25 + (5e9 + 12 * 10_000_000) / 10e9 + 0.2)
+    assert mixed.compute_s == pytest.approx(0.25 + (2.5e9 + 12 * 10_000_000) / 10e9 + 0.2)
+    # on a CPU autocast keeps the norms in float32: the elementwise ops around them stay float32
+    cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
+    assert predict(_run(), Scenario(cpu, "bf16-mixed", 16), UNIT).compute_s == pytest.approx(
+        0.25 + (5e9 + 12 * 10_000_000) / 10e9 + 0.2)
     assert mixed.bottleneck == "memory bandwidth"
 
 
@@ -167,3 +171,21 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
     prices.write_text("prices:\n  h100-sxm: cheap\n")
     assert main([run_dir, "--hardware", "h100-sxm", "--prices", str(prices)]) == 2
     assert "prices.h100-sxm is 'cheap'" in capsys.readouterr().err
+
+
+def test_messages_follow_the_strategy_and_a_measured_curve_prices_each_size():
+    from lit_compute.planning.whatif import _curve_busbw, messages
+
+    ddp = messages(_run(trainable=20_000_000, ddp_bucket_cap_mb=25.0), Scenario(CHIP, "32-true", 16, 1, 2))
+    assert ddp["allreduce"] == [2**20, 25 * 2**20, 25 * 2**20, 25 * 2**20, 80e6 - 76 * 2**20]  # a first bucket of 1 MiB
+    fsdp = messages(_run(trainable=20_000_000, strategy="ModelParallelStrategy", data_parallel=2, fsdp_units=4),
+                    Scenario(CHIP, "bf16-mixed", 16, 1, 2))
+    assert fsdp == {"allgather": [20e6 / 4 * 2] * 8, "reducescatter": [80e6 / 4] * 4}
+    curve = [(1e3, 1e7), (1e6, 1e9)]
+    assert _curve_busbw(curve, 1e6) == pytest.approx(1e9) and _curve_busbw(curve, 1e9) == pytest.approx(1e9)
+    assert _curve_busbw(curve, 1e3 * 10**1.5) == pytest.approx(1e8)  # halfway in log-log
+    assert _curve_busbw(curve, 100) == pytest.approx(1e6)  # below the smallest size the time holds (latency)
+    run = _run(trainable=20_000_000, curves={"allreduce": curve})
+    measured = predict(run, Scenario(CHIP, "32-true", 16, 1, 2), UNIT, measured_links=True)
+    expected = sum(size * 2 * 1 / 2 / _curve_busbw(curve, size) for size in ddp["allreduce"])
+    assert measured.comm_total_s == pytest.approx(expected)

@@ -26,3 +26,22 @@ def test_summary_of_a_cuda_trace_counts_each_step_once_and_measures_gpu_idle_and
     # window 0..250 us (GPU finished at 250): busy 20..100, 140..190, 230..250 = 150 us
     assert summary.gpu_idle_fraction == pytest.approx(1 - 150 / 250)
     assert summary.comm_overlap_fraction == pytest.approx(20 / 40)
+
+
+def test_exposed_communication_is_a_union_of_intervals_not_a_sum():
+    """Two gloo calls that overlap each other (0-10 and 5-15 us) are 15 us of collectives, not 20; compute on another
+    thread from 8 to 12 us hides 4 of them: 11 of the 20 us window are exposed."""
+    from lit_compute.profiling.trace_summary import summarize_trace
+
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "ProfilerStep#3", "ts": 0, "dur": 20, "tid": 1},
+        {"ph": "X", "name": "gloo:all_reduce", "ts": 0, "dur": 10, "tid": 7},
+        {"ph": "X", "name": "gloo:all_gather", "ts": 5, "dur": 10, "tid": 8},
+        {"ph": "X", "name": "aten::mm", "ts": 8, "dur": 4, "tid": 1},
+        {"ph": "X", "name": "aten::mm", "ts": 9, "dur": 2, "tid": 1},  # nested in the first: counted once
+    ]}
+    summary = summarize_trace(trace)
+    assert summary.comm_fraction == pytest.approx(15 / 20)
+    assert summary.comm_overlap_fraction == pytest.approx(4 / 15)
+    assert summary.comm_exposed_fraction == pytest.approx(11 / 20)
+    assert summary.scalars()["comm/exposed_fraction"] == pytest.approx(0.55)
