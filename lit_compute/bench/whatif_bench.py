@@ -32,11 +32,11 @@ from lit_compute.bench._common import emit, figure_header, machine_line, markdow
 ROOT = Path(__file__).resolve().parents[2]
 _LOGGER = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: %s, "
            "name: runs}}]")
-_IMAGE = ["--config", "configs/baseline.yaml", "--trainer.max_steps=30", "--trainer.max_epochs=null",
+_IMAGE = ["--config", "configs/baseline.yaml", "--trainer.max_steps=50", "--trainer.max_epochs=null",
           "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
           "--trainer.enable_progress_bar=false", "--data.init_args.image_size=64", "--data.init_args.num_workers=0",
           "--model.init_args.arch=resnet18", "--data.init_args.batch_size=16"]
-_GPT = ["--config", "configs/gpt_baseline.yaml", "--trainer.max_steps=30", "--trainer.max_epochs=null",
+_GPT = ["--config", "configs/gpt_baseline.yaml", "--trainer.max_steps=50", "--trainer.max_epochs=null",
         "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false", "--data.init_args.mode=packed", "--data.init_args.seq_len=128",
         "--data.init_args.max_tokens=300000", "--model.init_args.block_size=128", "--model.init_args.n_layer=2",
@@ -61,7 +61,14 @@ def _error(predicted: float, measured: float) -> str:
 
 
 # -- this CPU ---------------------------------------------------------------------------------------------------
-def cpu_part(out: str) -> list[list[Any]]:
+def _median_run(runs: list[Any]) -> Any:
+    """The run of median step time (the facts of one real run, not an average of several)."""
+    return sorted(runs, key=lambda r: r.step_s)[len(runs) // 2]
+
+
+def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
+    """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
+    slow spell of the machine touches them all alike); each figure is the run of median step time."""
     from lit_compute.planning.hardware import this_machine
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run
 
@@ -70,22 +77,27 @@ def cpu_part(out: str) -> list[list[Any]]:
     for family, base, deeper in (("ResNet-18 64 px", _IMAGE, ["--model.init_args.arch=resnet34"]),
                                  ("GPT 2 layers", _GPT, ["--model.init_args.n_layer=4"])):
         size = int(next(a for a in base if "batch_size" in a).split("=")[1])
-        emit(f"  {family}: the calibration run ...")
-        base_run = read_run(_fit([*base, _CALLBACKS], out))
-        cal = calibrate(base_run, chip)
-        targets = [(f"micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}"], 2 * size, "32-true"),
+        targets = [("calibration", [], size, "32-true"),
+                   (f"micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}"], 2 * size, "32-true"),
                    ("bf16-mixed", ["--trainer.precision=bf16-mixed"], size, "bf16-mixed"),
                    (f"bf16-mixed, micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}",
                                                              "--trainer.precision=bf16-mixed"], 2 * size, "bf16-mixed"),
                    ("deeper model (its own counts)", deeper, size, "32-true")]
-        for name, extra, micro, precision in targets:
-            emit(f"  {family}: {name} ...")
-            measured = read_run(_fit([*base, *extra, _CALLBACKS], out))
+        runs: dict[str, list[Any]] = {name: [] for name, *_ in targets}
+        for round_ in range(repeats):
+            for name, extra, _, _ in targets:
+                emit(f"  {family}: {name} (round {round_ + 1} of {repeats}) ...")
+                runs[name].append(read_run(_fit([*base, *extra, _CALLBACKS], out)))
+        base_run = _median_run(runs["calibration"])
+        cal = calibrate(base_run, chip)
+        for name, _, micro, precision in targets[1:]:
+            measured = _median_run(runs[name])
             source = measured if "deeper" in name else base_run
             p = predict(source, Scenario(chip, precision, micro), cal)
-            rows.append([family, f"calibrated on micro-batch {size}, 32-true; predicts {name}",
-                         f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}",
-                         _error(p.step_time_s, measured.step_s)])
+            spread = [r.step_s * 1e3 for r in runs[name]]
+            rows.append([family, f"calibrated on micro-batch {size}, 32-true; predicts {name} (measured runs: "
+                         f"{', '.join(f'{v:.0f}' for v in sorted(spread))} ms)", f"{p.step_time_s * 1e3:.1f}",
+                         f"{measured.step_s * 1e3:.1f}", _error(p.step_time_s, measured.step_s)])
     return rows
 
 

@@ -200,10 +200,12 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.uncounted: set[str] = set()
         self._module_paths = module_paths
         self._hookless = hookless
-        #: model FLOPs of work every tensor-parallel peer repeats (an op on whole or replicated tensors) count this
-        #: share on each (1 / tensor-parallel size), so their sum over the peers is the work once; hardware FLOPs
-        #: count it whole on each. Work on sharded DTensors is each device's own.
+        #: model FLOPs of work every tensor-parallel peer repeats count this share on each (1 / tensor-parallel size),
+        #: so their sum over the peers is the work once; hardware FLOPs count it whole on each. A device's own share
+        #: of the work: an op on a sharded DTensor, or an op inside a module (below the root) whose parameters are
+        #: sharded - attention over the heads a column-wise projection left on this device, as local tensors.
         self.replicated_share = 1.0
+        self.sharded_modules: set[str] = set()  # tracker names (model.blocks.0.attn) of modules with sharded parameters
         if hookless:
             self.mod_tracker = HooklessModuleTracker()
         self._reset_counts()
@@ -229,6 +231,13 @@ class SafeFlopCounterMode(FlopCounterMode):
         if self._module_paths is not None:
             seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
+
+    def _own_share(self, parents: set[str]) -> bool:
+        """Whether the op being counted is this device's own share of sharded work (see :attr:`replicated_share`)."""
+        if self._sharded_op:
+            return True
+        named = [p for p in parents if p.startswith(_ROOT + ".")]
+        return bool(named) and max(named, key=len) in self.sharded_modules
 
     def _op_bytes(self, args: Any, kwargs: Any, out: Any) -> int:
         """Bytes an op reads and writes: its tensor operands and results; 0 for a view (its result aliases an
@@ -267,7 +276,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
-            if self.replicated_share < 1.0 and not self._sharded_op:
+            if self.replicated_share < 1.0 and not self._own_share(parents):
                 model = int(round(model * self.replicated_share))  # every tensor-parallel peer repeats it
             self._recompute += recompute
             column = 0 if phase == "forward" else 1
@@ -336,6 +345,17 @@ def _has_fake(args: Any, kwargs: Any) -> bool:
 
 
 _InnerMode = getattr(flop_counter, "_FlopCounterMode", None)  # torch >= 2.5: the dispatch mode FlopCounterMode enters
+
+
+def sharded_module_names(model: nn.Module) -> set[str]:
+    """Tracker names (``model.blocks.0.attn``) of the modules below the root holding a sharded DTensor parameter in
+    their subtree: the work inside them is each tensor-parallel device's own share."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor, shard = getattr(module, "DTensor", None), getattr(module, "Shard", None)
+    if dtensor is None or shard is None:
+        return set()
+    return {f"{_ROOT}.{path}" for path, sub in model.named_modules() if path and any(
+        isinstance(p, dtensor) and any(isinstance(pl, shard) for pl in p.placements) for p in sub.parameters())}
 
 
 def _has_shard(args: Any, kwargs: Any) -> bool:

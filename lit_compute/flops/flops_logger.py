@@ -19,7 +19,13 @@ from lit_compute._batch import TokenSpec
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, guarded, use_token_spec
 from lit_compute.flops.count_book import CountBook, Values
-from lit_compute.flops.counting import FlopCount, SafeFlopCounterMode, count_flops, is_sharded
+from lit_compute.flops.counting import (
+    FlopCount,
+    SafeFlopCounterMode,
+    count_flops,
+    is_sharded,
+    sharded_module_names,
+)
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.flops.tables import module_table, op_class_table
 from lit_compute.formatting import flops_rate, human
@@ -326,7 +332,10 @@ class FlopsLogger(MeasuringCallback):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
         counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pl_module, hookless=True)
-        counter.replicated_share = 1.0 / _compat.parallel_layout(pl_module.trainer).tensor_parallel
+        peers = _compat.parallel_layout(pl_module.trainer).tensor_parallel
+        if peers > 1:
+            counter.replicated_share = 1.0 / peers
+            counter.sharded_modules = sharded_module_names(pl_module)
         self.timeline.enter_for_batch(_compat.eager_compiled_code())
         self.timeline.enter_for_batch(counter)  # exited at the batch's end mark, with every other mode of the batch
         self._counting = (sig, counter, self.timeline.raw())
