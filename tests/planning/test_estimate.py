@@ -19,7 +19,7 @@ from lit_compute.planning.estimate_cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {  # config, arguments that keep it small, micro-batch sizes
-    "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=64", "--data.init_args.num_workers=0"],
+    "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=32", "--data.init_args.num_workers=0"],
                  [2, 4, 8]),
     "gpt": ("configs/gpt.yaml", ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000",
                                  "--data.init_args.mode=packed"], [4, 8, 16]),
