@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 LIGHTNING_COMMANDS = {
-    "fit": "train a model: lit-compute fit --config configs/quickstart.yaml",
+    "fit": "train a model: lit-compute fit --config quickstart (a packaged config, or your YAML file)",
     "validate": "run one validation epoch",
     "test": "run one test epoch",
     "predict": "run prediction",
 }
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("lit_compute.packaged_configs:init_main", "copy a packaged config to edit (init quickstart; no name: list them)"),
     "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
     "estimate": ("lit_compute.planning.estimate_cli", "the peak memory per device of your config before any real step, "
                  "the largest micro-batch that fits (--config my.yaml --device h100-sxm)"),
@@ -59,14 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"lit-compute {__version__}\n")
         return 0
     if args[0] in EXTRA_COMMANDS:
-        module = importlib.import_module(EXTRA_COMMANDS[args[0]][0])
-        return int(module.main(args[1:]) or 0)
+        module_name, _, func = EXTRA_COMMANDS[args[0]][0].partition(":")
+        return int(getattr(importlib.import_module(module_name), func or "main")(args[1:]) or 0)
     if args[0] not in LIGHTNING_COMMANDS and not args[0].startswith("-"):
         sys.stderr.write(_overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
                          f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
         return 2
     import os
 
+    from lit_compute.packaged_configs import first_unknown_config, resolve_config_args
+
+    args = resolve_config_args(args)  # `--config quickstart`: the packaged config of that name
+    if (message := first_unknown_config(args)) is not None:
+        sys.stderr.write(f"lit-compute {args[0]}: error: {message}\n")
+        return 2
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10's profiler notes ("Memory block of unknown size")
     # a config's class paths are imported from the current directory too, as `python -m` and `python train.py`
     # users expect (`model: examples.hf_gpt2.HFCausalLM` from the repository root)
@@ -74,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     from lit_compute._lightning_cli import run
 
+    if argv is None:  # LightningCLI reads sys.argv itself (given args, it warns that they are meant for Python use)
+        sys.argv[1:] = args
     run(None if argv is None else args)
     return 0
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import sys
+from pathlib import Path
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "flops": ("lit_compute.bench.flops_table", "our FLOP counts vs torchvision's published figures and plain FlopCounterMode"),
@@ -36,6 +40,17 @@ def quiet() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run a benchmark; ``--markdown FILE`` (any benchmark) also writes what it printed to FILE, under the header
+    naming the command, the commit, the date and the machine that every figure file in the docs carries."""
+    markdown = None
+    if "--markdown" in argv[1:] and argv[0] not in ("memory", "whatif"):  # those two write their own
+        i = argv.index("--markdown")
+        if i + 1 >= len(argv):
+            sys.stderr.write("lit-compute bench: error: --markdown needs a file name\n")
+            return 2
+        markdown, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    if markdown is not None:
+        return _to_markdown(argv, markdown)
     if argv and argv[0] in BENCHMARKS:
         quiet()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
@@ -46,3 +61,30 @@ def main(argv: list[str]) -> int:
     module_name, _, func = target.partition(":")
     module = importlib.import_module(module_name)
     return int(getattr(module, func or "main")(argv[1:]) or 0)
+
+
+def _to_markdown(argv: list[str], path: str) -> int:
+    """Run ``lit-compute bench ARGV`` printing as usual, and write its output to ``path`` with the figure header."""
+    from lit_compute.bench._common import figure_header, machine_line
+
+    class Tee(io.TextIOBase):
+        def __init__(self) -> None:
+            self.outer = sys.stdout
+            self.buffer_text = io.StringIO()
+
+        def write(self, text: str) -> int:
+            self.outer.write(text)
+            return self.buffer_text.write(text)
+
+        def flush(self) -> None:
+            self.outer.flush()
+
+    tee = Tee()
+    with contextlib.redirect_stdout(tee):
+        status = main(argv)
+    if status == 0:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(figure_header("lit-compute bench " + " ".join(argv), machine_line()) + "```\n"
+                              + tee.buffer_text.getvalue() + "```\n")
+        sys.stdout.write(f"written: {path}\n")
+    return status

@@ -104,8 +104,13 @@ def figure_header(command: str, machine: str) -> str:
     import subprocess as sp
 
     try:
+        here = os.path.dirname(os.path.abspath(__file__))
         commit = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+                        cwd=here).stdout.strip() or "unknown"
+        changed = sp.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], capture_output=True,
+                         text=True, timeout=10, cwd=os.path.dirname(here)).stdout.strip()
+        if commit != "unknown" and changed:  # the package's own code differs from the commit: say so
+            commit += " with uncommitted changes"
     except (OSError, sp.SubprocessError):
         commit = "unknown"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

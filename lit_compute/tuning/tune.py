@@ -425,6 +425,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--side-by-side", type=int, default=3,
                         help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from")
     parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
+    parser.add_argument("--markdown", default=None,
+                        help="also write the table and the result, with the command, commit, date and machine, to FILE")
     parser.add_argument("--device-memory", default=None,
                         help="tune for a device of this memory (24GB): trials predicted not to fit are not started")
     args = parser.parse_args(argv)
@@ -433,11 +435,18 @@ def main(argv: list[str]) -> int:
         return [s.strip() for s in text.split(",") if s.strip()] if text else None
 
     try:
-        tune(args.config, args.budget, args.out, args.log_dir, knobs=split(args.knobs), skip=split(args.skip),
+        result = tune(args.config, args.budget, args.out, args.log_dir, knobs=split(args.knobs), skip=split(args.skip),
              min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
              trajectory_tolerance=args.trajectory_tolerance, loss_steps=args.loss_steps,
              short_seconds=args.short_seconds, long_seconds=args.long_seconds, side_by_side=args.side_by_side,
              fresh=args.fresh, device_memory=args.device_memory)
+        if args.markdown:
+            from lit_compute.bench._common import figure_header, machine_line
+
+            command = "lit-compute tune " + " ".join(a for a in argv if a != "--markdown" and a != args.markdown)
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(figure_header(command, machine_line()) + result.table + "\n\n"
+                                           + result.summary + "\n")
     except TuneError as err:
         sys.stderr.write(f"lit-compute tune: error: {err}\n")
         return 2

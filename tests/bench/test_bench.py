@@ -106,3 +106,21 @@ def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, c
     assert body[0][4] != "0.0%" and body[2][4] == "0.0%"  # padded rows pad, packed rows do not
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in
                                                                  recipe_gpt.rows_for("cpu"))
+
+
+def test_markdown_writes_what_the_bench_printed_under_the_figure_header(tmp_path, capsys):
+    figure = tmp_path / "figures" / "flops.md"
+    assert main(["bench", "flops", "--models", "resnet18", "--plain-on", "meta", "--markdown", str(figure)]) == 0
+    out = capsys.readouterr().out
+    text = figure.read_text()
+    first = text.splitlines()[0]
+    assert re.match(r"<!-- written by `lit-compute bench flops --models resnet18 --plain-on meta` at commit \S+", first)
+    assert re.search(r"on \d{4}-\d\d-\d\d \d\d:\d\d UTC; machine: .+ torch threads", first)
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert table and all(line in text for line in table)  # the table as printed
+    assert f"written: {figure}" in out
+
+
+def test_markdown_without_a_file_name_is_refused(capsys):
+    assert main(["bench", "flops", "--markdown"]) == 2
+    assert "--markdown needs a file name" in capsys.readouterr().err

@@ -49,7 +49,8 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     out, logs = tmp_path / "tiny.tuned.yaml", tmp_path / "tune_logs"
     command = [sys.executable, "-m", "lit_compute.cli", "tune", "--config", str(config), "--budget", "4m",
                "--out", str(out), "--log-dir", str(logs), "--knobs", "channels_last,fused_optimizer,micro_batch",
-               "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1"]
+               "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1",
+               "--markdown", str(tmp_path / "figures" / "tune.md")]
     first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -79,6 +80,11 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert "rejected: oom: out of memory" in text
     assert "micro-batch 8 x 2 accumulated (same global batch 16)" in text
     assert "Tuned: " in text and "x samples/s measured side by side (1 run(s) each, alternating)" in text
+
+    figure = (tmp_path / "figures" / "tune.md").read_text()  # the table and the result under the figure header
+    assert figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m") and "--markdown" \
+        not in figure.splitlines()[0]
+    assert "| t00 |" in figure and "Tuned: " in figure
 
     tuned = yaml.safe_load(out.read_text())
     assert tuned["data"]["init_args"]["batch_size"] == 8 and tuned["trainer"]["accumulate_grad_batches"] == 2
