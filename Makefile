@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo demo-gpt test venv lint clean
+.PHONY: demo demo-gpt test venv lint typecheck docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,12 +32,23 @@ demo-gpt: $(PY)
 	$(PIP) install -e '.[all]'
 	$(call fit_and_report,configs/gpt.yaml)
 
+# the install, lint, the type checker, then the suite (which also builds the docs site with --strict)
 test: $(PY)
 	$(PIP) install -e '.[all,dev]'
+	$(VENV)/bin/ruff check lit_compute tests examples scripts
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 lint: $(PY)
-	$(VENV)/bin/ruff check lit_compute tests examples
+	$(VENV)/bin/ruff check lit_compute tests examples scripts
+
+typecheck: $(PY)
+	$(VENV)/bin/mypy
+
+# the docs site into site/ (open site/index.html); --strict: a broken link or API reference fails the build
+docs: $(PY)
+	$(PIP) install -e '.[dev]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf lightning_logs .pytest_cache build *.egg-info
+	rm -rf lightning_logs .pytest_cache build site *.egg-info

@@ -297,8 +297,7 @@ def train_loader_workers(trainer: Any) -> str:
     """The training DataLoader's worker processes as the fit loop holds them (0: loading runs in the training
     process); ``n/a`` when unknown."""
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
-    workers = [getattr(d, "num_workers", None) for d in (getattr(loader, "flattened", None) or [])]
-    workers = [w for w in workers if isinstance(w, int)]
+    workers = [w for d in (getattr(loader, "flattened", None) or []) if isinstance(w := getattr(d, "num_workers", None), int)]
     return str(max(workers)) if workers else "n/a"
 
 

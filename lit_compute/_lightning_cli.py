@@ -245,7 +245,7 @@ class LitComputeCLI(LightningCLI):
             None,  # any LightningDataModule, and optional: a model may bring its own loaders
             subclass_mode_model=True,
             subclass_mode_data=True,
-            args=args,
+            args=None if args is None else list(args),
             run=run,
             **kwargs,
         )

@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,6 +165,7 @@ def _apply(value: Any, check: Check) -> None:
     if check.choices is not None and value not in check.choices:
         raise _Invalid
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
         if check.finite and not math.isfinite(value):
             raise _Invalid
         if (check.ge is not None and not value >= check.ge) or (check.gt is not None and not value > check.gt):
@@ -246,7 +247,7 @@ def validated(init: F) -> F:
 
 def check_dataclass(obj: Any) -> None:
     """The same checks for a dataclass's fields (call from ``__post_init__``)."""
-    hints = _hints(type(obj))
+    hints = _hints(cast(Any, type(obj)))
     owner = type(obj).__name__
     for f in dataclasses.fields(obj):
         if f.name in hints:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from lit_compute import agreement
 from lit_compute._batch import TokenSpec
-from lit_compute.timeline import LogEvent, StepRecord, Timeline, timeline_for
+from lit_compute.timeline import LogEvent, Participant, StepRecord, Timeline, timeline_for
 from lit_compute.writer import link_loggers, write_event
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class MeasuringCallback(Callback):
         reduce_keys: Keys this callback puts into the all-reduce of an event, per stage (``"train"``,
             ``"validate"``, ``"test"``).
         log_every_n_steps: The callback's own logging interval (None: the trainer's ``log_every_n_steps``).
-        timeline: The trainer's timeline (None before ``setup``).
+        timeline: The trainer's timeline (set at ``setup``).
 
     Example:
         >>> import math
@@ -91,13 +91,13 @@ class MeasuringCallback(Callback):
     """
 
     #: Keys this callback puts into the all-reduce of an event, per stage ("train", "validate", "test").
-    reduce_keys: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    reduce_keys: Mapping[str, tuple[str, ...]] = {}
     #: The callback's own logging interval (None: the trainer's ``log_every_n_steps``).
     log_every_n_steps: int | None = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.timeline: Timeline | None = None
+        self._trainer_timeline: Timeline | None = None
         self._disabled = False
         self._warned: set[str] = set()
 
@@ -173,9 +173,16 @@ class MeasuringCallback(Callback):
         """Remove hooks / stop profilers. Overridden by subclasses."""
 
     # -- the Lightning hooks, once for every measuring callback ---------------------------------------
+    @property
+    def timeline(self) -> Timeline:
+        """The trainer's timeline, set at ``setup`` (a ``RuntimeError`` before it)."""
+        if self._trainer_timeline is None:
+            raise RuntimeError(f"{type(self).__name__}.timeline is set at setup; this callback has not been set up")
+        return self._trainer_timeline
+
     def _timeline(self, trainer: pl.Trainer) -> Timeline:
-        self.timeline = timeline_for(trainer)
-        return self.timeline
+        self._trainer_timeline = timeline_for(trainer)
+        return self._trainer_timeline
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -290,7 +297,7 @@ class MeasuringCallback(Callback):
     def _flush_if_last(self, trainer: pl.Trainer, timeline: Timeline, stage: str) -> None:
         measuring = measuring_callbacks(trainer)
         if measuring and measuring[-1] is self:
-            write_event(trainer, timeline.flush(trainer, measuring, stage))
+            write_event(trainer, timeline.flush(trainer, cast("list[Participant]", measuring), stage))
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -313,7 +320,8 @@ class MeasuringCallback(Callback):
 
 def measuring_callbacks(trainer: pl.Trainer) -> list[MeasuringCallback]:
     """The trainer's measuring callbacks, in the order Lightning calls them (the event's participants)."""
-    return [cb for cb in trainer.callbacks if isinstance(cb, MeasuringCallback)]
+    callbacks = cast(Any, trainer).callbacks  # set on the Trainer by Lightning's callback connector, undeclared
+    return [cb for cb in callbacks if isinstance(cb, MeasuringCallback)]
 
 
 def guarded(fn: F) -> F:
@@ -335,7 +343,7 @@ def guarded(fn: F) -> F:
 
 def resolve_every(trainer: pl.Trainer, every: int | None) -> int:
     """The logging interval in steps: ``every`` or the trainer's ``log_every_n_steps``."""
-    return max(1, int(every if every is not None else trainer.log_every_n_steps or 1))
+    return max(1, int(every if every is not None else cast(Any, trainer).log_every_n_steps or 1))
 
 
 def use_token_spec(owner: MeasuringCallback, trainer: pl.Trainer, spec: TokenSpec | None) -> None:

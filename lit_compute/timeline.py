@@ -157,7 +157,8 @@ class Participant(Protocol):
     the all-reduce has the same layout on every rank. ``disable(reason)`` is called when its ``finish`` raises.
     """
 
-    reduce_keys: Mapping[str, tuple[str, ...]]
+    @property
+    def reduce_keys(self) -> Mapping[str, tuple[str, ...]]: ...
 
     def logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool: ...
 

@@ -110,7 +110,7 @@ def say(trainer: pl.Trainer | None, message: str) -> None:
     bar = getattr(trainer, "progress_bar_callback", None) if trainer is not None else None
     if isinstance(bar, RichProgressBar):
         live = getattr(bar.progress, "live", None)
-        if live is not None and live.is_started:
+        if live is not None and live.is_started and bar.progress is not None:
             bar.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
             return
     if isinstance(bar, TQDMProgressBar):

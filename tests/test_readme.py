@@ -1,4 +1,4 @@
-"""Every Python block of the README runs (#29): a block that raises (a missing import, a renamed argument) fails
+"""Every Python block of the README and the docs pages runs (#29): a block that raises (a missing import, a renamed argument) fails
 here. Training is cut to two steps (the Trainer's length arguments are overridden) and ``lit_compute.tune`` only
 checks that the README's call binds to its signature, so the blocks run in seconds; everything else is real."""
 
@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# each distinct block once; a block that only includes a file (``--8<--``) is that file, run by its own tests
+BLOCKS = list(dict.fromkeys(block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+                            if "--8<--" not in block))
 
 PRELUDE = '''
 import inspect, sys, traceback

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -42,7 +43,7 @@ def allreduce_main(argv: list[str]) -> int:
     accelerator = _accelerator(args.nprocs)
     backend = "nccl" if accelerator == "cuda" else "gloo"
     fabric = Fabric(accelerator=accelerator, devices=args.nprocs, strategy="ddp_spawn")
-    results = fabric.launch(_sweep, args.max_mb, args.seconds)
+    results = fabric.launch(functools.partial(_sweep, max_mb=args.max_mb, seconds=args.seconds))
     emit(f"# bench allreduce: {args.nprocs} processes, backend {backend}, float32 sum, busbw = algbw x 2(n-1)/n\n"
          f"# {machine_line()}\n")
     emit(results_table(results))

@@ -101,7 +101,8 @@ def check_fp16(tmp: str) -> str:
     data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
     _, log_dir = _fit(tmp, "fp16", model, data, 20, plugins=[plugin], callbacks=[LossScaleMonitor(log_every_n_steps=5)])
     norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
-    if any(m.weight.dtype != torch.float32 or m.running_var.dtype != torch.float32 for m in norms):
+    if any(m.weight.dtype != torch.float32 or (m.running_var is not None and m.running_var.dtype != torch.float32)
+           for m in norms):
         raise RuntimeError("a BatchNorm is not float32")
     scale = _scalars(log_dir, "amp/loss_scale")
     if plugin.scaler is None or not scale:

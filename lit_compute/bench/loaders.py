@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     cores = args.workers or available_cpu_cores()
     common = dict(data_dir=args.data_dir, batch_size=args.batch_size, image_size=args.image_size,
                   synthetic_images_per_class=args.images_per_class)
-    loaders = {}
+    loaders: dict[str, tuple[Any, torch.device | None]] = {}
     tv = TorchvisionImageDataModule(num_workers=cores, persistent_workers=True, **common)
     tv.setup("fit")
     loaders["torchvision DataLoader (PIL decode)"] = (tv.train_dataloader(), None)

@@ -141,9 +141,9 @@ def main(argv: list[str]) -> int:
                                      tensor_parallel_size=2 // data_parallel)
         devices = 2
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
-        model = GPT(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)
+        model: pl.LightningModule = GPT(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)
         g = torch.Generator().manual_seed(0)
-        loader = DataLoader([{"input_ids": torch.randint(0, 256, (batch, 128), generator=g)}
+        loader: Any = DataLoader([{"input_ids": torch.randint(0, 256, (batch, 128), generator=g)}  # type: ignore[arg-type]
                              for _ in range(args.steps * data_parallel)], batch_size=None)  # per replica
         what = (f"GPT (2 layers, width 128) on 2 processes, {args.sharded} (data parallel {data_parallel} x tensor "
                 f"parallel {2 // data_parallel}), fixed-length batches of {batch} x 128 tokens per replica")
@@ -151,8 +151,9 @@ def main(argv: list[str]) -> int:
         from lit_compute.models import GPT
 
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
-        model: pl.LightningModule = GPT(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=128)
-        loader: Any = DataLoader(variable_length_loader(args.steps, batch, (64, 256), 256), batch_size=None)
+        model = GPT(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=128)
+        loader = DataLoader(variable_length_loader(args.steps, batch, (64, 256), 256),  # type: ignore[arg-type]
+                            batch_size=None)  # a list is a map-style dataset
         what = f"GPT (2 layers, width 128) on token batches of 64..256 tokens padded per batch, batch {batch}"
     else:
         model = ImageClassifier(args.model, num_classes=10)
@@ -196,7 +197,7 @@ def main(argv: list[str]) -> int:
     inside = median(hooks.per_step)
     emit(f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "
          f"({100 * inside / base:.2f}% of the median step without it; {len(hooks.per_step)} steps)")
-    counter = callback if hasattr(callback, "counted_batches") else None
+    counter: Any = callback if hasattr(callback, "counted_batches") else None
     if counter is not None:
         emit(f"FlopsLogger counted {counter.counted_batches} batches for real and predicted {counter.predicted_batches} "
              f"over {args.rounds // 2 + args.rounds % 2} rounds")

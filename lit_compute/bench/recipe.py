@@ -40,7 +40,7 @@ def rows_for(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
     precision = low_precision(device)
     base: dict[str, Any] = {"workers": 0, "precision": "32-true", "channels_last": False, "dali": False,
                             "observe": False, "tuned_ddp": False}
-    steps = [
+    steps: list[tuple[str, str, dict[str, Any]]] = [
         ("0_baseline", "baseline: 32-true, torchvision, num_workers=0", {}),
         ("1_workers", "+ DataLoader workers (75% of cores), persistent", {"workers": None}),
         (f"2_{precision}", f"+ FP32BatchNormPrecision {precision}", {"precision": precision}),

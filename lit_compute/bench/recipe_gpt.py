@@ -57,7 +57,7 @@ class TokenTimer(pl.Callback):
 
 def rows_for(device: str, compile_row: bool = False) -> list[dict[str, Any]]:
     precision = low_precision(device)
-    steps = [
+    steps: list[tuple[str, str, dict[str, Any]]] = [
         ("0_baseline", "baseline: 32-true, padded documents", {}),
         (f"1_{precision}", f"+ FP32BatchNormPrecision {precision}", {"precision": precision}),
         ("2_packed", "+ packed rows instead of padding", {"mode": "packed"}),

@@ -258,6 +258,8 @@ def input_part(out: str) -> list[list[Any]]:
     emit("  a loader with one worker decoding 224 px images for a linear probe ...")
     run = read_run(_fit(args, out))
     p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", run.samples), default_calibration())
+    if not run.step_s:
+        raise RuntimeError("the input-bound run logged no step time (StepTimeMonitor)")
     measured = run.samples_per_step / run.step_s
     return [[f"a linear probe on 224 px images, 1 loader worker (waits {100 * (run.wait_s or 0) / run.step_s:.0f}% "
              "of the step here), on h100-sxm bf16-mixed",

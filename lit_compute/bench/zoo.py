@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -117,4 +117,5 @@ def output_loss(output: Any) -> torch.Tensor:
 
     values = list(output.values()) if hasattr(output, "values") else output
     flat, _ = tree_flatten(values)
-    return sum(t.sum() for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad)
+    total = sum(t.sum() for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad)
+    return cast(torch.Tensor, total)  # 0 + tensors: a tensor on the outputs' device (meta included)

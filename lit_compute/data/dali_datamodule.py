@@ -347,7 +347,7 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         none); ``setup()`` builds them again."""
         for loader in self._loaders.values():
             loader.release()
-        super().teardown(stage)
+        super().teardown(stage or "fit")  # Lightning's own teardown takes a stage and does nothing with it
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -63,7 +63,7 @@ def render_image(label: int, num_classes: int, size: tuple[int, int], rng: np.ra
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     t = (np.cos(angle) * xx / max(w - 1, 1) + np.sin(angle) * yy / max(h - 1, 1) + 1.0) / 2.0
     bg = c0[None, None, :] * (1 - t[..., None]) + c1[None, None, :] * t[..., None]
-    low = Image.fromarray(rng.uniform(0, 255, size=(4, 4, 3)).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+    low = Image.fromarray(rng.uniform(0, 255, size=(4, 4, 3)).astype(np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
     bg = 0.75 * bg + 0.25 * np.asarray(low, dtype=np.float32)
     img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8), "RGB")
     draw = ImageDraw.Draw(img)

@@ -9,6 +9,7 @@ import os
 import random
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -231,7 +232,7 @@ class TokenDataModule(LightningDataModule):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
         os.close(fd)
-        np.savez(tmp, **arrays)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its allow_pickle flag
         os.replace(tmp, path)
         return {split: np.split(arrays[f"{split}_tokens"], arrays[f"{split}_ends"][:-1]) for split in ("train", "val")}
 
@@ -252,6 +253,7 @@ class TokenDataModule(LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if not self.splits:
             raise RuntimeError("TokenDataModule.setup() must run before asking for a dataloader")
+        collate: Callable[[list[np.ndarray]], dict[str, torch.Tensor]]
         if self.mode == "packed":
             data, collate = _Documents(self._rows(split)), stack_rows
         else:

@@ -6,7 +6,7 @@ import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -224,8 +224,9 @@ class TunedDDPStrategy(DDPStrategy):
         if self.comm_hook == "none":
             return super()._register_ddp_hooks()
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+        from torch.nn.parallel import DistributedDataParallel
 
-        model = self.model
+        model = cast(DistributedDataParallel, self.model)  # Lightning wraps the model before registering hooks
         if self.comm_hook == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif self.comm_hook == "bf16":

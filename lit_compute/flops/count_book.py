@@ -87,7 +87,7 @@ class CountBook:
             guess = self._predictor.predict(sig)
             if guess is not None:
                 self.predicted += 1
-                return guess
+                return (guess[0], guess[1], guess[2])
         return None
 
     def wants_count(self, sig: tuple) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Literal
 
 import torch
@@ -147,7 +148,7 @@ def _phase() -> str:
         return "forward"
     if not torch.is_grad_enabled():
         return "backward"
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:  # grad enabled inside backward: checkpoint recomputation, or create_graph=True
         if frame.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
             return "recompute"
@@ -254,7 +255,7 @@ class SafeFlopCounterMode(FlopCounterMode):
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         try:
             phase = _phase()
-            if phase == "forward" and self._hookless:
+            if phase == "forward" and isinstance(self.mod_tracker, HooklessModuleTracker):
                 self.mod_tracker.note_forward_op(args)
             if str(func_packet) in VALUE_DEPENDENT_OPS:
                 self._value_dependent.setdefault(str(func_packet), set()).update(set(self.mod_tracker.parents))
@@ -424,13 +425,12 @@ if _InnerMode is not None:
             return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
 
 else:  # pragma: no cover - torch < 2.5 counts DTensor ops at their global shapes
-    _SafeCountingMode = None
+    _SafeCountingMode = None  # type: ignore[assignment, misc]
 
 
 def _deepest(names: set[str], relative: bool) -> list[str]:
     """The innermost module paths of a set of tracker names (``Global`` and enclosing modules left out)."""
-    paths = [(_module_path(n) if relative else n) for n in names if n != "Global"]
-    paths = [p for p in paths if p]
+    paths = [p for n in names if n != "Global" and (p := (_module_path(n) if relative else n))]
     return sorted(p for p in paths if not any(q != p and q.startswith(p + ".") for q in paths)) or ["the model"]
 
 
@@ -566,10 +566,12 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 10:
         seen += 1
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        elif type(model).__name__ in ("DistributedDataParallel", "DataParallel") and hasattr(model, "module"):
-            model = model.module
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
+                inner := getattr(model, "module", None), nn.Module):
+            model = inner
         else:
             break
     return model

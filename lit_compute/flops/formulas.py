@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.flop_counter import conv_flop_count, mm_flop, sdpa_backward_flop_count, sdpa_flop_count
@@ -75,7 +75,7 @@ def _sequence_lengths(t: torch.Tensor) -> list[int]:
         sizes = t._nested_tensor_size() if hasattr(t, "_nested_tensor_size") else None
         if sizes is not None:
             return [int(row[0]) for row in sizes.tolist()]
-        offsets = t.offsets()  # jagged layout
+        offsets = t.offsets()  # type: ignore[attr-defined]  # jagged layout: a NestedTensor subclass method
         return [int(b - a) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     shape = t.shape
     if len(shape) == 3:
@@ -270,7 +270,7 @@ def extra_formulas() -> dict[Any, Callable[..., int]]:
         "_trilinear": _trilinear,
     }
     out: dict[Any, Callable[..., int]] = {}
-    for name, fn in table.items():
+    for name, fn in cast("dict[str, Callable[..., int]]", table).items():
         op = _optional(name)
         if op is not None:
             out[op] = fn

@@ -346,8 +346,8 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
     entry = entries.get(key)
     cached: MeasuredPeak | None = None
     if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)):
-        fields = {k: entry.get(k) for k in ("flops", "device", "dtype", "threads", "torch_version", "measured_at",
-                                            "load_average")}
+        fields: dict[str, Any] = {k: entry.get(k) for k in ("flops", "device", "dtype", "threads", "torch_version",
+                                                            "measured_at", "load_average")}
         with contextlib.suppress(TypeError):
             cached = MeasuredPeak(**fields, cached=True)
     if cached is not None and not remeasure and (at_least is None or cached.flops >= at_least):

@@ -214,7 +214,7 @@ class MemoryMonitor(MeasuringCallback):
         bytes beyond the tracked parts are ``other``: the parts always sum to the peak)."""
         out = {"memory/peak_gb": peak / GB}
         if parts is not None:
-            named = {p: parts.parts[p] for p in PARTS if p != "other"}
+            named: dict[str, float] = {p: parts.parts[p] for p in PARTS if p != "other"}
             if sum(named.values()) > peak:  # the allocator's peak below the tracked one: scale to it
                 scale = peak / sum(named.values())
                 named = {p: v * scale for p, v in named.items()}

@@ -21,6 +21,7 @@ rounding and fragmentation are not modelled (CUDA: ``max_memory_allocated`` is t
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ class StorageTracker(TorchDispatchMode):
         record = len(self._records)
         self._records.append([int(st.nbytes()), self._phase, None])
         try:
-            self._records[record][2] = weakref.ref(st, lambda _ref, k=key, r=record: self._free(k, r))
+            self._records[record][2] = weakref.ref(st, functools.partial(self._on_freed, key, record))
         except TypeError:  # not weak-referenceable: counted as live until the end
             pass
         self._live[key] = record
@@ -116,6 +117,9 @@ class StorageTracker(TorchDispatchMode):
         if part is not None:
             self._fixed[record] = part
         return record
+
+    def _on_freed(self, key: int, record: int, _ref: Any) -> None:
+        self._free(key, record)
 
     def _free(self, key: int, record: int) -> None:
         if self._live.get(key) == record:

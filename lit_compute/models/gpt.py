@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import torch
 from lightning.pytorch import LightningModule
@@ -84,6 +84,11 @@ class GPT(LightningModule):
         torch.Size([2, 16, 256])
     """
 
+    @property
+    def hp(self) -> Any:
+        """``self.hparams`` (Lightning types it as a mapping; its keys read as attributes)."""
+        return self.hparams
+
     @validated
     def __init__(
         self,
@@ -122,15 +127,15 @@ class GPT(LightningModule):
         # An example batch of one sequence, so Lightning's model summary reports this model's real FLOPs
         length = getattr(getattr(self._trainer, "datamodule", None), "seq_len", None) if self._trainer else None
         if self.example_input_array is None and isinstance(length, int):
-            self.example_input_array = torch.zeros(1, min(length, self.hparams.block_size), dtype=torch.long)
+            self.example_input_array = torch.zeros(1, min(length, self.hp.block_size), dtype=torch.long)
 
     def configure_model(self) -> None:
         mesh = getattr(self, "_device_mesh", None)  # set by Lightning's ModelParallelStrategy
         if mesh is not None and not getattr(self, "_sharded", False):
             self._sharded = True
             self._shard(mesh)
-        if self.hparams.compile and not all(hasattr(b, "_orig_mod") for b in self.blocks):
-            self.blocks = nn.ModuleList(torch.compile(b) for b in self.blocks)
+        if self.hp.compile and not all(hasattr(b, "_orig_mod") for b in self.blocks):
+            self.blocks = nn.ModuleList(cast(nn.Module, torch.compile(b)) for b in self.blocks)
 
     def _shard(self, mesh: Any) -> None:
         """Under ``ModelParallelStrategy``: tensor parallelism inside each block over the ``tensor_parallel`` mesh
@@ -142,8 +147,8 @@ class GPT(LightningModule):
         if tp.size() > 1:
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-            if self.hparams.n_head % tp.size():
-                raise ValueError(f"GPT(n_head={self.hparams.n_head}) must be divisible by tensor_parallel_size="
+            if self.hp.n_head % tp.size():
+                raise ValueError(f"GPT(n_head={self.hp.n_head}) must be divisible by tensor_parallel_size="
                                  f"{tp.size()}: each device holds whole attention heads")
             plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "mlp.0": ColwiseParallel(),
                     "mlp.2": RowwiseParallel()}
@@ -159,8 +164,8 @@ class GPT(LightningModule):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t = input_ids.shape
-        if t > self.hparams.block_size:
-            raise ValueError(f"GPT: a sequence of {t} tokens is longer than block_size={self.hparams.block_size}")
+        if t > self.hp.block_size:
+            raise ValueError(f"GPT: a sequence of {t} tokens is longer than block_size={self.hp.block_size}")
         pos = torch.arange(t, device=input_ids.device)
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
         mask = None
@@ -194,7 +199,7 @@ class GPT(LightningModule):
         self.log("val/perplexity", torch.exp(loss.detach().float()), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
+        hp = self.hp
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "emb" not in n]
         rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},

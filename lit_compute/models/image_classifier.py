@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import torch
 import torchvision
@@ -50,6 +50,11 @@ class ImageClassifier(LightningModule):
         torch.Size([2, 10])
     """
 
+    @property
+    def hp(self) -> Any:
+        """``self.hparams`` (Lightning types it as a mapping; its keys read as attributes)."""
+        return self.hparams
+
     @validated
     def __init__(
         self,
@@ -90,11 +95,11 @@ class ImageClassifier(LightningModule):
             self.example_input_array = torch.zeros(1, 3, size, size)
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not hasattr(self.net, "_orig_mod"):
-            self.net = torch.compile(self.net)
+        if self.hp.compile and not hasattr(self.net, "_orig_mod"):
+            self.net = cast(nn.Module, torch.compile(self.net))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.hparams.channels_last:
+        if self.hp.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         out = self.net(x)
         return out if isinstance(out, torch.Tensor) else out[0]  # Inception/GoogLeNet named tuples
@@ -119,7 +124,8 @@ class ImageClassifier(LightningModule):
         self.log("test/acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
+        hp = self.hp
+        opt: torch.optim.Optimizer
         if hp.optimizer == "sgd":
             opt = torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=0.9, nesterov=True, weight_decay=hp.weight_decay)
         else:

@@ -174,12 +174,12 @@ class StepTimeMonitor(MeasuringCallback):
             "time/step_ms_max": max(recent),
             "time/data_wait_fraction": waits / total if total > 0 else 0.0,
         }
-        samples = [r.samples for r in records]
-        if all(s for s in samples) and total > 0:
+        samples = [r.samples or 0 for r in records]
+        if all(samples) and total > 0:
             metrics["time/samples_per_sec"] = sum(samples) / (total / 1e3)
         tokens = [r.real_token_count() if r.real_tokens is not None else r.tokens for r in records]
-        if all(t is not None for t in tokens) and total > 0:
-            metrics["time/tokens_per_sec"] = sum(tokens) / (total / 1e3)
+        if total > 0 and all(t is not None for t in tokens):
+            metrics["time/tokens_per_sec"] = sum(t or 0 for t in tokens) / (total / 1e3)
         event.log(metrics)
         forward = sum(r.device_forward_time() for r in records) * 1e3 / n
         self._contribute(trainer, event, {"step_ms": total / n, "wait_ms": waits / n, "forward_ms": forward,

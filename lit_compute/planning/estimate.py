@@ -218,7 +218,11 @@ def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], 
     tracker.register_bytes(extra_gradient_bytes, "gradients")
     manual = not model.automatic_optimization
     if manual:
-        model.manual_backward = lambda loss, *a, **k: (tracker.phase("backward"), loss.backward(*a, **k))[1]
+        def manual_backward(loss: torch.Tensor, *a: Any, **k: Any) -> None:
+            tracker.phase("backward")
+            loss.backward(*a, **k)
+
+        model.manual_backward = manual_backward
         model.optimizers = lambda use_pl_optimizer=True: optimizers[0] if len(optimizers) == 1 else optimizers
     with tracker, precision.forward_context():
         out = model.training_step(batch, 0)

@@ -170,7 +170,7 @@ def read_run(path: str | Path) -> RunFacts:
         raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
                           "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
                           "lit-compute whatif at that run")
-    table = tables[-1]
+    table: dict[str, Any] = tables[-1]  # type: ignore[assignment]  # the filter above keeps dicts only
     layout = re.search(r"data parallel (\d+) x tensor parallel (\d+)", run.info("parallel layout") or "")
     step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
@@ -278,7 +278,7 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
               cal: Calibration) -> tuple[float, float, float]:
     """(seconds, of which compute-bound, of which bandwidth-bound) of one batch on ``chip``."""
     dtype = compute_dtype(precision)
-    tensor_peak = chip.peak(dtype) or chip.peak("float32")
+    tensor_peak = chip.peak(dtype) or chip.peak("float32") or 0.0
     vector_peak = chip.peak("float32") or tensor_peak
     if not tensor_peak:
         raise WhatifError(f"{chip.name} has no {dtype} peak in the table ({', '.join(sorted(chip.peaks))}); choose "

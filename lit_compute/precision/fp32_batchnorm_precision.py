@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -174,9 +174,9 @@ class FP32BatchNormPrecision(MixedPrecision):
         # once the device is known (connect), unless the device is given now.
         if scaler is None and precision == "16-mixed" and device is not None:
             scaler = self._build_scaler(device)
-        super().__init__(precision=precision, device=device or "cpu", scaler=scaler)
+        super().__init__(precision=cast(Any, precision), device=device or "cpu", scaler=scaler)
         if device is None:
-            self.device = None  # type: ignore[assignment] - resolved in connect()
+            self.device = None  # type: ignore[assignment]  # resolved in connect()
             if precision == "16-mixed":
                 self.scaler = None
 
@@ -241,7 +241,7 @@ class FP32BatchNormHalfPrecision(HalfPrecision):
                  *, fp32_norms: list[str] | None = None) -> None:
         name = type(self).__name__
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
-        super().__init__(precision)
+        super().__init__(cast(Any, precision))
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         # Lightning's model summary forwards ``example_input_array`` as it is (no convert_input): float32 into

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
@@ -175,7 +175,7 @@ class ProfilerWindow(MeasuringCallback):
         # trainer.log_dir broadcasts (a collective): every rank resolves it here, at the same point, never later
         # inside an export that only one rank may run
         self._dir = Path(trainer.log_dir or trainer.default_root_dir) / "profiler"
-        if isinstance(trainer.profiler, PyTorchProfiler):
+        if isinstance(cast(Any, trainer).profiler, PyTorchProfiler):
             self.disable(
                 "Trainer(profiler='pytorch') already runs torch.profiler and two profilers cannot run at once; "
                 "remove one of them"

@@ -100,9 +100,8 @@ def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tup
 def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     """Step time, data-loader share, peak memory, GPU idle share, and the share of time in collectives and how
     much of it compute overlapped (NCCL kernels on GPU; gloo's collectives on host backends), of a Chrome trace."""
-    if not isinstance(trace, dict):
-        trace = json.loads(Path(trace).read_text())
-    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
+    data: dict[str, Any] = trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
+    events = [e for e in data.get("traceEvents", []) if isinstance(e, dict)]
     # On CUDA, Kineto writes each ProfilerStep#N twice: the CPU range (cat "user_annotation") and its copy
     # on the GPU timeline (cat "gpu_user_annotation", first to last kernel of the step, usually later than
     # the CPU range because kernels run asynchronously). Steps and their times come from the CPU ranges; the

@@ -83,7 +83,7 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         ax.set_ylabel(unit)
         ax.set_title(f"Achieved throughput ({run.name})")
         paths.append(_save(plt, fig, out_dir / f"{prefix}_throughput.png"))
-    mfu, hfu = run.scalars.get("compute/mfu"), run.scalars.get("compute/hfu")
+    mfu, hfu = run.scalars.get("compute/mfu") or [], run.scalars.get("compute/hfu") or []
     if mfu:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         same = bool(hfu) and dict(hfu).keys() == dict(mfu).keys() and all(

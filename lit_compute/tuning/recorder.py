@@ -19,7 +19,7 @@ import resource
 import statistics
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -292,7 +292,7 @@ class TrialRecorder(MeasuringCallback):
 
 def _mfu(trainer: pl.Trainer, result: dict[str, Any]) -> float | None:
     """The trial's MFU from its FlopsLogger's count and peak (None when either is unknown)."""
-    flops_logger = next((cb for cb in trainer.callbacks if type(cb).__name__ == "FlopsLogger"), None)
+    flops_logger = next((cb for cb in cast(Any, trainer).callbacks if type(cb).__name__ == "FlopsLogger"), None)
     count = getattr(getattr(flops_logger, "book", None), "first_train", None)
     peak = getattr(flops_logger, "peak_used", None)
     per_batch, rate = result.get("samples_per_batch"), result.get("samples_per_sec")

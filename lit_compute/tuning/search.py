@@ -232,6 +232,6 @@ class Search:
         if best is None:
             return incumbent
         best.accepted = True
-        best.reason = f"accepted: {best.result.rate / incumbent.rate:.2f}x the configuration before it"
+        best.reason = f"accepted: {(best.result.rate or 0) / incumbent.rate:.2f}x the configuration before it"
         outcome.settings[knob.name] = best.result.settings[knob.name]
         return best.result

@@ -334,9 +334,9 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
             raise TuneError(f"--{name} {','.join(unknown)}: no such knob; choose from {', '.join(KNOB_ORDER)}")
     if not 0 <= min_gain < 1:
         raise TuneError(f"--min-gain {min_gain} must be in [0, 1) (0.03 keeps knobs at least 3% faster)")
-    for name, value in (("loss-tolerance", loss_tolerance), ("trajectory-tolerance", trajectory_tolerance)):
-        if not 0 < value < 10:
-            raise TuneError(f"--{name} {value} must be a fraction in (0, 10), such as 0.05")
+    for name, tolerance in (("loss-tolerance", loss_tolerance), ("trajectory-tolerance", trajectory_tolerance)):
+        if not 0 < tolerance < 10:
+            raise TuneError(f"--{name} {tolerance} must be a fraction in (0, 10), such as 0.05")
     config_path = Path(config)
     out_path = Path(out) if out else config_path.with_name(config_path.stem + ".tuned.yaml")
     options = Options(short_s=short_seconds or min(20.0, max(2.0, 0.015 * budget_s)),

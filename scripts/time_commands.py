@@ -1,0 +1,73 @@
+"""Time README.md's two commands on a fresh clone and write what was measured where the docs quote it.
+
+    python scripts/time_commands.py            (from the repository root; takes as long as both commands)
+
+Clones the current commit into a temporary folder (a fresh clone: no .venv, no caches of the repository's own),
+runs ``make demo`` then ``make test`` there, and writes ``docs/figures/commands.md`` under the figure header (the
+command, the commit, the date, the machine) and the same lines between README.md's ``commands`` markers. Exits
+with the first failing command's status, writing nothing then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    return f"{cpu}, {os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}"
+
+
+def timed(command: list[str], cwd: Path) -> tuple[int, float, str]:
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    sys.stdout.write(result.stdout[-2000:] + result.stderr[-2000:])
+    return result.returncode, time.monotonic() - start, result.stdout + result.stderr
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} minutes ({seconds:.0f} s)"
+
+
+def main() -> int:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    where = machine()
+    with tempfile.TemporaryDirectory(prefix="lit_compute_clone_") as tmp:
+        clone = Path(tmp) / "lit_compute"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        status, demo_s, _ = timed(["make", "demo"], clone)
+        if status:
+            return status
+        status, test_s, out = timed(["make", "test"], clone)
+        if status:
+            return status
+    summary = re.findall(r"=+ (\d+ passed.*?) in ([\d.]+)s", out)
+    tests = f"{summary[-1][0]} in {float(summary[-1][1]):.0f} s of pytest" if summary else "pytest's summary not found"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = (f"*On a fresh clone at commit `{commit}`, {date}; {where}:* `make demo` took {minutes(demo_s)} "
+             f"(the install, 2 epochs of the demo, its report); `make test` took {minutes(test_s)} (the install, "
+             f"lint, type check and docs build, then {tests}).\n")
+    figures = ROOT / "docs" / "figures" / "commands.md"
+    figures.write_text(f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
+                       f"-->\n\n{lines}")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- commands:start -->", "<!-- commands:end -->"
+    readme.write_text(text[:text.index(start) + len(start)] + "\n" + lines + text[text.index(end):])
+    sys.stdout.write(f"written: {figures} and README.md\n{lines}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
