@@ -175,12 +175,9 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
     assert seen["timeout"] == timedelta(seconds=123) and seen["backend"] == "gloo"
 
 
-@pytest.mark.parametrize("user_code", [
-    "import lightning.pytorch as pl\nimport lit_compute",
-    "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger",
-])
-def test_ddp_tuned_is_a_strategy_name_after_importing_lit_compute(tmp_path, user_code):
-    source = user_code + """
+def test_ddp_tuned_is_a_strategy_name_after_importing_lit_compute(tmp_path):
+    """lit_compute imported first (the other order, Lightning first, is the fit-then-test script's below)."""
+    source = "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger" + """
 trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
 print("STRATEGY", type(trainer.strategy).__name__)
 """
@@ -208,6 +205,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 import lit_compute  # registers ddp_tuned*
 
 if __name__ == "__main__":
+    named = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
+    print("STRATEGY", type(named.strategy).__name__)  # a name after `import lit_compute`, Lightning imported first
     # the registered names build this same class (test above); one spawned strategy covers the loops
     for strategy in (lit_compute.TunedDDPStrategy(start_method="spawn", comm_hook="bf16"),):
         trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=3, limit_val_batches=2, limit_test_batches=2,
@@ -225,6 +224,7 @@ def test_fit_then_test_on_one_trainer_with_two_gloo_ranks(tmp_path):
     result = run_script(tmp_path, FIT_THEN_TEST, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert result.stdout.count("DONE TunedDDPStrategy") == 1, result.stdout[-3000:]
+    assert "STRATEGY TunedDDPStrategy" in result.stdout
 
 
 # -- the FLOP counter ------------------------------------------------------------------------------------------------

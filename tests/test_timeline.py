@@ -534,6 +534,10 @@ def test_ddp_ranks_with_different_shapes_never_hang_and_sum_their_tflops(tmp_pat
         assert sorted(summed) and set(summed) <= {1, 3, 5, 7, 9, 11}
         for step, value in summed.items():
             assert value == pytest.approx(ranks[0][str(step)] + ranks[1][str(step)], rel=1e-6)  # float32 events
+        mfu = _values(acc, "compute/mfu")  # the sum over both devices against both devices' peaks (0.1 TFLOP/s each)
+        assert mfu.keys() == summed.keys()
+        for step, value in mfu.items():
+            assert value == pytest.approx(summed[step] / (2 * 0.1), rel=1e-5)
         # the first validation (step 3) counts its new shapes and still logs its exact FLOPs (no rate: all of its
         # batches were instrument time); the later ones use the counts
         assert _steps(acc, "compute/val_flops_per_step") == [3, 7, 11]  # rank-dependent validation shapes too

@@ -73,13 +73,31 @@ def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_pa
     assert "| bucket_cap_mb | 1.0 |" in config and "| comm_hook | fp16 |" in config
 
 
-@pytest.mark.parametrize("hook", ["bf16", "powersgd"])
-def test_other_comm_hooks_register_on_gloo(tmp_path, hook):
-    strategy = TunedDDPStrategy(comm_hook=hook, powersgd_start_iter=2, start_method="spawn")
-    ranks = _fit(tmp_path, hook, strategy, logger=False)
-    expected = {"bf16": "bf16_compress_hook", "powersgd": "powerSGD_hook"}[hook]
-    assert ranks[0]["comm_hook"] == expected
+def test_powersgd_registers_and_trains_on_gloo(tmp_path):
+    strategy = TunedDDPStrategy(comm_hook="powersgd", powersgd_start_iter=2, start_method="spawn")
+    ranks = _fit(tmp_path, "powersgd", strategy, logger=False)
+    assert ranks[0]["comm_hook"] == "powerSGD_hook"
     assert ranks[0]["params"] == ranks[1]["params"]
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_each_comm_hook_name_registers_torchs_hook(hook):
+    """The name-to-hook mapping, on the wrapped model's own `register_comm_hook` (the two-rank runs above train with
+    fp16 and PowerSGD; bf16 trains in the drop-in fit-then-test script)."""
+    registered = []
+
+    class Wrapped:
+        def register_comm_hook(self, state, hook_fn):
+            registered.append((state, hook_fn.__name__))
+
+    strategy = TunedDDPStrategy(comm_hook=hook, powersgd_rank=2)
+    strategy.model = Wrapped()
+    strategy._register_ddp_hooks()
+    state, name = registered[0]
+    assert name == {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook", "powersgd": "powerSGD_hook"}[hook]
+    assert (state is None) == (hook != "powersgd")
+    if hook == "powersgd":
+        assert state.matrix_approximation_rank == 2
 
 
 SCRIPT = """

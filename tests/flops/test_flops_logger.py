@@ -14,7 +14,7 @@ from torch.utils.flop_counter import flop_registry
 from lit_compute import FlopsLogger, count_flops
 from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
 
-from ..conftest import SpawnDDP, make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
+from ..conftest import make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
 
 
 def _all_close(points, expected) -> bool:
@@ -247,23 +247,6 @@ def test_bad_arguments():
         FlopsLogger(log_every_n_steps=0)
     with pytest.raises(ValueError, match=r"FlopsLogger\(peak_flops=-1"):
         FlopsLogger(peak_flops=-1)
-
-
-def test_ddp_global_tflops_is_summed_over_ranks(tmp_path):
-    cb = FlopsLogger(peak_flops=1e11, log_every_n_steps=2)
-    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=[cb], devices=2,
-                           strategy=SpawnDDP(), limit_val_batches=0,
-                           logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="logs", version="ddp"))
-    trainer.fit(tiny_model(), datamodule=tiny_data())
-    acc = read_events(tmp_path / "logs" / "ddp")
-    local = dict(scalar_values(acc, "compute/tflops_per_sec"))
-    summed = dict(scalar_values(acc, "compute/global_tflops_per_sec"))
-    assert local and local.keys() == summed.keys()
-    for step, value in summed.items():
-        assert value > local[step]  # rank 0 plus rank 1, not rank 0 times two
-        assert value != pytest.approx(2 * local[step], rel=1e-9)
-    for step, mfu in scalar_values(acc, "compute/mfu"):
-        assert mfu == pytest.approx(summed[step] / (2 * 0.1), rel=1e-5)
 
 
 def test_the_first_validation_counts_every_batch_its_counted_ones_included(tmp_path):

@@ -54,7 +54,7 @@ def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Pat
                               logger=logger, plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
     model = tiny_model()
     model.training_step = _timed(model.training_step, clock, 0.02)
-    trainer.fit(model, train_dataloaders=DataLoader(TimedImages(clock, load_s, n=64, size=32), batch_size=8))
+    trainer.fit(model, train_dataloaders=DataLoader(TimedImages(clock, load_s, n=64, size=16), batch_size=8))
     return Path(logger.log_dir)
 
 
