@@ -14,7 +14,18 @@ import sys
 import warnings
 from typing import Any
 
-__version__ = "0.2.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one source); a source tree never installed says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lit-compute")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 _WHERE = {
     "CommBenchmark": "lit_compute.distributed",

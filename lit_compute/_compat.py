@@ -301,6 +301,18 @@ def train_loader_workers(trainer: Any) -> str:
     return str(max(workers)) if workers else "n/a"
 
 
+def model_facts(trainer: Any) -> dict[str, Any]:
+    """The run's parameters (all, trainable, bytes), precision, accumulation and :func:`communication_facts`: what
+    ``compute/op_classes`` carries beside the counts for ``lit-compute whatif``."""
+    module = trainer.lightning_module
+    params = list(module.parameters()) if module is not None else []
+    return {"parameters": sum(p.numel() for p in params),
+            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+            "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            **communication_facts(trainer, module)}
+
+
 def communication_facts(trainer: Any, module: Any) -> dict[str, Any]:
     """What decides a step's collectives: DDP's bucket cap (MB), FSDP2's units (each gathers its parameters and
     reduce-scatters its gradients once)."""

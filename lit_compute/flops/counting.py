@@ -211,6 +211,16 @@ class SafeFlopCounterMode(FlopCounterMode):
             self.mod_tracker = HooklessModuleTracker()
         self._reset_counts()
 
+    @classmethod
+    def for_module(cls, module: nn.Module, tensor_parallel: int = 1) -> SafeFlopCounterMode:
+        """A silent, hookless counter with ``module``'s paths as module names, set up for ``tensor_parallel`` peers
+        (the share of replicated work, the modules with sharded parameters): the one FlopsLogger runs a step under."""
+        counter = cls(display=False, depth=99, module_paths=module, hookless=True)
+        if tensor_parallel > 1:
+            counter.replicated_share = 1.0 / tensor_parallel
+            counter.sharded_modules = sharded_module_names(module)
+        return counter
+
     def _reset_counts(self) -> None:
         self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
         self._recompute = 0
@@ -575,3 +585,19 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         else:
             break
     return model
+
+
+def count_example_forward(module: nn.Module, example: Any) -> FlopCount | None:
+    """The forward FLOPs of a module's ``example_input_array``, run in eval mode under ``no_grad`` as Lightning's
+    model summary runs it (BatchNorm takes a batch of 1); None when the module cannot take the example."""
+    training = module.training
+    try:
+        module.eval()
+        with torch.no_grad():
+            args = example if isinstance(example, tuple) else (example,)
+            kwargs = example if isinstance(example, dict) else {}
+            return count_flops(module, *(() if kwargs else args), backward=False, **kwargs)
+    except Exception:  # noqa: BLE001 - an example the model cannot take: the figure comes with the first real count
+        return None
+    finally:
+        module.train(training)

@@ -414,6 +414,23 @@ class PeakPolicy:
             self.source = f"the peak table ({str(dtype).removeprefix('torch.')})"
         return None
 
+    def notes(self, measured: MeasuredPeak | None) -> tuple[str | None, list[tuple[str, str]]]:
+        """What :meth:`resolve` found, for the user: the line naming a measured peak, and (key, message) warnings
+        for a peak measured on a busy machine or no table peak."""
+        device, dtype = self.device, self.dtype
+        if measured is not None:
+            line = (f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), {measured.describe()}"
+                    + (" (peak='remeasure' measures again)" if measured.cached else ""))
+            busy = [] if measured.quiet else [("busy-peak", "FlopsLogger: the peak was measured while other processes "
+                                               f"used the CPUs ({measured.describe()}); MFU is against it for this run "
+                                               "only.")]
+            return line, busy
+        if self.value is None and self.peak == "table" and device is not None:
+            name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} device"
+            return None, [("no-peak", f"FlopsLogger(peak='table') has no peak for {name} in {dtype}; MFU is not logged. "
+                           "Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.")]
+        return None, []
+
     def refine(self, flops_by_op: dict[str, int]) -> None:
         """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
         if self.peak != "table" or self.peak_flops is not None or self._refined or self.device is None:

@@ -268,7 +268,7 @@ def _ddp(facts: Facts, machine: Machine) -> list[Knob | NotApplicable]:
     if not facts.get("ddp") or int(facts.get("world_size") or 1) < 2:
         reason = "one process: no gradient all-reduce to tune" if int(facts.get("world_size") or 1) < 2 else (
             f"{short(str(facts.get('strategy')))} is not a DDP strategy")
-        return [NotApplicable("ddp_buckets", reason), NotApplicable("ddp_comm_hook", reason)]
+        return [NotApplicable(name, reason) for name in ("ddp_buckets", "ddp_static_graph", "ddp_comm_hook")]
     hook = "bf16" if machine.bf16_supported or machine.device == "cpu" else "fp16"
     return [
         Knob("ddp_buckets", [100], _ddp_edit(bucket_cap_mb=None, gradient_as_bucket_view=True),

@@ -28,10 +28,12 @@ from typing_extensions import override
 
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
+from lit_compute.cpu_load import CpuSample, cpu_sample, others_cores
 from lit_compute.files import write_whole
 from lit_compute.speedup.channels_last import has_channels_last_weights
 from lit_compute.speedup.fused_optimizer import fusable
 from lit_compute.timeline import StepRecord
+from lit_compute.tuning.measurement import Measurement
 from lit_compute.writer import log_scalars, log_text
 
 # two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
@@ -61,6 +63,18 @@ def _loss_of(outputs: Any) -> float | None:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value.detach().float())
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def _logged_loss(trainer: pl.Trainer) -> tuple[str, float] | None:
+    """A loss the step logged (``self.log("train_loss", ...)``: manual optimization returns none), by name."""
+    metrics = cast(Any, trainer).callback_metrics
+    names = sorted((k for k in metrics if "loss" in k.lower() and not k.endswith("_epoch")),
+                   key=lambda k: (not k.endswith("_step"), len(k)))
+    for name in names:
+        value = metrics[name]
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return name, float(value.detach().float())
+    return None
 
 
 def _path(obj: Any) -> str:
@@ -110,6 +124,7 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
         "precision": str(trainer.precision),
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
         "num_training_batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else None,
+        "epoch_samples": _epoch_samples(trainer),
         "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
 
@@ -153,6 +168,9 @@ class TrialRecorder(MeasuringCallback):
         self._skipped = 0
         self._scale: float | None = None
         self.stop_reason = ""
+        self.loss_source = "returned by training_step"
+        self._cpu_start: CpuSample | None = None
+        self._cpu_end: CpuSample | None = None
 
     # -- hooks ----------------------------------------------------------------------------------------
     @override
@@ -164,6 +182,8 @@ class TrialRecorder(MeasuringCallback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = _loss_of(outputs)
+        if loss is None and not pl_module.automatic_optimization and (logged := _logged_loss(trainer)) is not None:
+            self.loss_source, loss = f"logged as {logged[0]}", logged[1]
         if loss is not None:
             self._pending_loss = loss if self._pending_loss is None else self._pending_loss + loss
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -182,6 +202,7 @@ class TrialRecorder(MeasuringCallback):
             return
         if self._timing_since is None:
             self._timing_since = time.perf_counter()
+            self._cpu_start = cpu_sample()  # what other processes take of the CPUs while this trial is timed
         if record.clean and record.samples:
             self.steps.append({"s": record.duration_s, "wait": record.wait_s, "samples": record.samples,
                                "batches": record.batches})
@@ -212,6 +233,7 @@ class TrialRecorder(MeasuringCallback):
 
     def _stop(self, trainer: pl.Trainer, reason: str) -> None:
         self.stop_reason = reason
+        self._cpu_end = cpu_sample()
         trainer.should_stop = True
 
     def _full(self) -> list[int]:
@@ -250,7 +272,7 @@ class TrialRecorder(MeasuringCallback):
                  f"({self.stop_reason or 'the run ended'}); {result['timed_steps']} timed steps.", step=step)
 
     # -- the result -----------------------------------------------------------------------------------
-    def result(self) -> dict[str, Any]:
+    def result(self) -> Measurement:
         """Everything measured so far, as the tune reads it."""
         full = self._full()
         steps = [self.steps[i] for i in full]
@@ -258,9 +280,10 @@ class TrialRecorder(MeasuringCallback):
         total_s = sum(s["s"] for s in steps)
         samples = sum(s["samples"] for s in steps)
         rates = self._rates()
-        result: dict[str, Any] = {
+        result: Measurement = {
             "facts": self.facts,
             "losses": self.losses,
+            "loss_source": self.loss_source if self.losses else None,
             "timed_steps": len(steps),
             "remainder_steps": len(self.steps) - len(steps),
             "steps_seen": self._seen,
@@ -273,6 +296,9 @@ class TrialRecorder(MeasuringCallback):
             "skipped_steps": self._skipped,
             "stop_reason": self.stop_reason,
             "peak_memory_gb": _peak_memory_gb(),
+            "other_cores": (others_cores(self._cpu_start, self._cpu_end or cpu_sample())
+                            if self._cpu_start is not None else None),
+            "cpu_count": os.cpu_count() or 1,
         }
         if tokens and all(t is not None for t in tokens) and total_s > 0:
             token_rates = [t / s["s"] for t, s in zip(tokens, steps) if s["s"] > 0]
@@ -290,7 +316,21 @@ class TrialRecorder(MeasuringCallback):
         write_whole(path, json.dumps(self.result(), default=str))
 
 
-def _mfu(trainer: pl.Trainer, result: dict[str, Any]) -> float | None:
+def _epoch_samples(trainer: pl.Trainer) -> int | None:
+    """Samples in one epoch on one device: its sampler's length, less a last batch ``drop_last`` leaves out (None
+    when the loader has no length or a batch limit cuts the epoch)."""
+    loader = cast(Any, trainer).train_dataloader
+    if loader is None or not isinstance(trainer.limit_train_batches, float) or trainer.limit_train_batches != 1.0:
+        return None
+    try:
+        samples = len(loader.sampler) if getattr(loader, "sampler", None) is not None else len(loader.dataset)
+    except TypeError:
+        return None
+    batch = getattr(loader, "batch_size", None)
+    return samples - samples % batch if getattr(loader, "drop_last", False) and batch else samples
+
+
+def _mfu(trainer: pl.Trainer, result: Measurement) -> float | None:
     """The trial's MFU from its FlopsLogger's count and peak (None when either is unknown)."""
     flops_logger = next((cb for cb in cast(Any, trainer).callbacks if type(cb).__name__ == "FlopsLogger"), None)
     count = getattr(getattr(flops_logger, "book", None), "first_train", None)

@@ -5,9 +5,14 @@ Pure logic: trials are run by a ``measure(spec) -> TrialResult`` callable and ti
 
 For each knob (in :data:`~lit_compute.tuning.knobs.KNOB_ORDER`) every candidate value is tried on top of the
 best configuration so far in a *short* trial; the better half of those that pass the guards and look faster
-than the incumbent are measured *long*; the best long one is accepted when it beats the incumbent by
-``min_gain``. Never a grid: ``k`` knobs with ``v`` values cost about ``k * v`` short and ``k`` long trials. At
+than the incumbent are measured *long*, each paired with a fresh run of the incumbent (alternating order, the same
+step window), and a knob is accepted only when the paired interval of its gain clears ``min_gain``: when the
+interval straddles it another pair is measured while the budget allows, and the knob is "inconclusive"
+otherwise. Never a grid: ``k`` knobs with ``v`` values cost about ``k * v`` short and ``k`` paired long trials. At
 the end the baseline and the winner are measured side by side, alternately, so drift hits both alike.
+
+A finished tune replays from its journal: a trial the journal holds costs nothing, so the budget never stops a
+replay short of what the first run did (:class:`Search` ``cached``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class Options:
     max_skipped: int = 2  # fp16: skipped steps (inf/NaN gradients) allowed in the first steps
     final_share: float = 0.25  # budget kept for the side-by-side measurement
     final_pairs: int = 3
+    max_pairs: int = 3  # paired long runs of a candidate and the incumbent before a knob is called inconclusive
 
 
 @dataclass
@@ -68,6 +74,8 @@ class Verdict:
     knob: str
     accepted: bool = False
     reason: str = ""
+    paired: Paired | None = None  # a long candidate's comparison with the incumbent run beside it
+    runs: list[TrialResult] = field(default_factory=list)  # a paired verdict's trials, in the order they ran
 
 
 @dataclass
@@ -146,16 +154,70 @@ def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
     return None
 
 
+#: Two-sided 95% Student t quantiles by degrees of freedom (beyond the table: the normal 1.96).
+_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(dof: int) -> float:
+    return next((v for k, v in sorted(_T95.items()) if dof <= k), 1.96)
+
+
+@dataclass
+class Paired:
+    """A candidate against the incumbent, measured in pairs of runs one beside the other. ``ratio`` is the
+    candidate's throughput over the incumbent's (geometric mean over the pairs), ``low``-``high`` its 95% interval:
+    from the pairs' step-by-step ratios (the same steps of the two runs), widened by the spread between pairs once
+    there are three."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+    def text(self) -> str:
+        return f"{self.ratio:.2f}x, 95% interval {self.low:.2f}-{self.high:.2f}x over {self.pairs} pair(s)"
+
+
+def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]]) -> Paired:
+    """The paired comparison of ``(candidate, incumbent)`` runs (both finished with a rate)."""
+    logs = [math.log((c.rate or 0.0) / (i.rate or 1.0)) for c, i in pairs]
+    center = statistics.fmean(logs)
+    step_logs: list[float] = []
+    within: list[float] = []
+    for c, i in pairs:
+        mine, theirs = c.measured.get("step_rates") or [], i.measured.get("step_rates") or []
+        n = min(len(mine), len(theirs))
+        if n >= 3:
+            step_logs += [math.log(a / b) for a, b in zip(mine[:n], theirs[:n]) if a > 0 and b > 0]
+        else:  # too few steps to pair: the two runs' own intervals
+            within.append(math.hypot(c.ci or 0.0, i.ci or 0.0))
+    half = 0.0
+    if len(step_logs) >= 3:
+        half = t95(len(step_logs) - 1) * statistics.stdev(step_logs) / math.sqrt(len(step_logs))
+    if within:
+        half = math.hypot(half, math.sqrt(statistics.fmean(w * w for w in within) / len(pairs)))
+    if len(pairs) >= 3:
+        half = max(half, t95(len(pairs) - 1) * statistics.stdev(logs) / math.sqrt(len(pairs)))
+    return Paired(ratio=math.exp(center), low=math.exp(center - half), high=math.exp(center + half), pairs=len(pairs))
+
+
 class Search:
     """Run the greedy search over ``knobs`` with ``measure`` inside ``budget``."""
 
     def __init__(self, knobs: list[Knob], measure: Callable[[TrialSpec, float, float], TrialResult], budget: Budget,
-                 options: Options, estimate_s: Callable[[TrialSpec], float]) -> None:
+                 options: Options, estimate_s: Callable[[TrialSpec], float],
+                 cached: Callable[[TrialSpec], bool] = lambda spec: False) -> None:
         self.knobs = knobs
         self.measure = measure
         self.budget = budget
         self.options = options
         self.estimate_s = estimate_s
+        self.cached = cached  # the journal holds this trial: replayed at no cost, whatever the budget says
+        self._reruns: dict[str, int] = {}  # incumbent re-runs so far, by settings (their trials' repeat index)
+
+    def _affordable(self, spec: TrialSpec, left: float) -> bool:
+        return self.cached(spec) or left >= self.estimate_s(spec)
 
     def _reserve(self) -> float:
         """Seconds kept for the side-by-side: a share of the budget, at least one pair of final trials."""
@@ -174,7 +236,8 @@ class Search:
         pairs = 0 if not outcome.settings else o.final_pairs
         for i in range(pairs):
             specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
-            if self.budget.left() < sum(self.estimate_s(s) for s in specs) and i > 0:
+            cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in specs)
+            if self.budget.left() < cost and i > 0:
                 break
             limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
             outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0]), limit / 2))
@@ -196,7 +259,7 @@ class Search:
         for value in knob.values:
             spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 0, o.short_s)
             cost = self.estimate_s(spec)
-            if self._search_left() < cost:
+            if not self._affordable(spec, self._search_left()):
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
                 continue
             result = self.measure(spec, cost, self._search_left())
@@ -215,23 +278,60 @@ class Search:
         promising = promising[: max(1, len(short) // 2)]
         best: Verdict | None = None
         for verdict in promising:
-            spec = TrialSpec(dict(verdict.result.settings), "long", 0, o.long_s)
-            cost = self.estimate_s(spec)
-            if self._search_left() < cost:
-                outcome.not_tried.append((f"{knob.name}={spec.settings[knob.name]} (long)", "budget spent"))
+            long_verdict = self._paired_long(knob, dict(verdict.result.settings), incumbent, outcome)
+            if long_verdict is None:
                 continue
-            result = self.measure(spec, cost, self._search_left())
-            long_verdict = Verdict(result, knob.name,
-                                   reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
-            if not long_verdict.reason and result.rate is not None and result.rate < incumbent.rate * (1 + o.min_gain):
-                long_verdict.reason = (f"gain below {100 * o.min_gain:g}%: {rate_text(result.rate)} vs {rate_text(incumbent.rate)} "
-                                       f"{incumbent.unit} ({result.rate / incumbent.rate:.3f}x)")
             outcome.verdicts.append(long_verdict)
-            if not long_verdict.reason and (best is None or (result.rate or 0) > (best.result.rate or 0)):
+            if not long_verdict.reason and (best is None or (long_verdict.paired.ratio if long_verdict.paired else 0)
+                                            > (best.paired.ratio if best.paired else 0)):
                 best = long_verdict
         if best is None:
             return incumbent
         best.accepted = True
-        best.reason = f"accepted: {(best.result.rate or 0) / incumbent.rate:.2f}x the configuration before it"
+        assert best.paired is not None
+        best.reason = f"accepted: {best.paired.text()} beside the configuration before it"
+        if not best.result.measured.get("losses"):
+            best.reason += " (numerics not checked: the training step returned no loss and logged none)"
         outcome.settings[knob.name] = best.result.settings[knob.name]
         return best.result
+
+    def _paired_long(self, knob: Knob, settings: dict[str, Any], incumbent: TrialResult,
+                     outcome: Outcome) -> Verdict | None:
+        """A candidate measured long beside fresh runs of the incumbent, pair after pair (alternating which runs
+        first) until the paired interval of its gain clears ``min_gain`` or falls below it; None when not even
+        one pair fits the budget."""
+        o = self.options
+        floor = 1 + o.min_gain
+        pairs: list[tuple[TrialResult, TrialResult]] = []
+        ran: list[TrialResult] = []
+        verdict: Verdict | None = None
+        for index in range(o.max_pairs):
+            key = repr(sorted(incumbent.settings.items()))
+            rerun = TrialSpec(dict(incumbent.settings), "pair", self._reruns.get(key, 0), o.long_s)
+            candidate = TrialSpec(settings, "long", index, o.long_s)
+            cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in (rerun, candidate))
+            if self._search_left() < cost:
+                outcome.not_tried.append((f"{knob.name}={settings[knob.name]} (long, pair {index + 1})", "budget spent"))
+                break
+            self._reruns[key] = rerun.repeat + 1
+            order = (candidate, rerun) if index % 2 == 0 else (rerun, candidate)
+            runs = {spec.rung: self.measure(spec, self.estimate_s(spec), self._search_left()) for spec in order}
+            ran += [runs[spec.rung] for spec in order]
+            result, beside = runs["long"], runs["pair"]
+            problem = failure(result, outcome.baseline, o, self._same_batches(settings))
+            verdict = Verdict(result, knob.name, reason=problem or "", runs=list(ran))
+            if problem is not None:
+                return verdict
+            if not beside.ok:  # the incumbent failed beside it: its own earlier long run stands in
+                beside = incumbent
+            pairs.append((result, beside))
+            verdict.paired = paired = paired_ratio(pairs)
+            if paired.low >= floor:
+                return verdict
+            if paired.high < floor:
+                verdict.reason = (f"gain below {100 * o.min_gain:g}%: {paired.text()} beside the configuration "
+                                  "before it")
+                return verdict
+            verdict.reason = (f"inconclusive: {paired.text()} beside the configuration before it; the interval "
+                              f"straddles the {100 * o.min_gain:g}% minimum gain (the machine's noise)")
+        return verdict

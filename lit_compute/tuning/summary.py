@@ -4,6 +4,7 @@ final line that turns the measured speed-up into time and device-hours."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from lit_compute.formatting import markdown_table
 from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing
 from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
-from lit_compute.tuning.search import Outcome, Verdict, rate_text
+from lit_compute.tuning.search import Outcome, Verdict, paired_ratio, rate_text
 from lit_compute.tuning.trials import TrialResult
 
 
@@ -57,35 +58,45 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
     by_knob = {k.name: k for k in knobs}
     rows: list[list[Any]] = []
     trials = [base, *(v.result for v in outcome.verdicts), *outcome.final_baseline, *outcome.final_tuned]
-    flops_by_shape = {_shape_key(r): r.measured["flops_per_sample"] for r in trials if r.measured.get("flops_per_sample")}
+    flops_by_shape = {_shape_key(r): float(f) for r in trials if (f := r.measured.get("flops_per_sample"))}
 
-    def row(result: TrialResult, verdict: str, knob: str | None) -> None:
+    def row(result: TrialResult, verdict: str, knob: str | None, whole: str = "tuned: ") -> None:
         ratio = f"{result.rate / base.rate:.2f}x" if result.rate and base.rate else "n/a"
         if knob is None:  # the baseline and the side-by-side rows name the whole configuration
-            name = "baseline (your config)" if not result.settings else "tuned: " + ", ".join(
+            name = "baseline (your config)" if not result.settings else whole + ", ".join(
                 f"{k}={v}" for k, v in result.settings.items())
         else:  # a search row names the knob it adds to the configuration accepted so far
             name = "+ " + by_knob[knob].describe(result.settings[knob])
             if verdict.startswith("accepted") and by_knob[knob].changes_results:
                 verdict += f" (changes results by design: {by_knob[knob].changes_results})"
         memory = result.measured.get("peak_memory_gb")
+        others = result.measured.get("other_cores")
         rows.append([result.slug.split("_", 1)[0], name, result.rung, _rate(result),
                      _pct(mfu(result, peaks, trial_precision(result, base), flops_by_shape)), _pct(result.measured.get("data_wait")),
-                     f"{memory:.2f} GB" if memory else "n/a", ratio, verdict])
+                     f"{memory:.2f} GB" if memory else "n/a", "n/a" if others is None else f"{others:.2f}", ratio,
+                     verdict])
 
     row(base, "baseline", None)
     for verdict in outcome.verdicts:
-        row(verdict.result, _verdict_text(verdict), verdict.knob)
-    for base_run, tuned_run in zip(outcome.final_baseline, outcome.final_tuned):
-        row(base_run, "side by side: baseline", None)
-        row(tuned_run, "side by side: tuned", None)
+        for run in verdict.runs or [verdict.result]:  # a paired verdict: its candidate runs and the runs beside them
+            if run is verdict.result:
+                row(run, _verdict_text(verdict), verdict.knob)
+            elif run.rung == "pair":
+                row(run, "beside it: the configuration before it, run again", None, whole="before it: ")
+            else:
+                row(run, "paired (the verdict is on its last run)", verdict.knob)
+    for base_run, tuned_run in itertools.zip_longest(outcome.final_baseline, outcome.final_tuned):
+        if base_run is not None:
+            row(base_run, "side by side: baseline", None)
+        if tuned_run is not None:
+            row(tuned_run, "side by side: tuned", None)
     header = ["trial", "configuration", "rung", f"{unit} per device (95% CI)", "MFU", "data wait", "peak memory",
-              "vs baseline", "verdict"]
+              "others' CPUs", "vs baseline", "verdict"]
     return markdown_table(header, rows)
 
 
 def _verdict_text(verdict: Verdict) -> str:
-    if verdict.accepted:
+    if verdict.accepted or verdict.reason.startswith("inconclusive"):
         return verdict.reason
     return f"rejected: {verdict.reason}" if verdict.reason else "promising"
 
@@ -137,30 +148,92 @@ def _duration(seconds: float) -> str:
     return f"{seconds:,.3g} s"
 
 
+#: Other processes keeping at least this many CPUs busy on average during a timed trial make the machine contended.
+CONTENDED_CPUS = 0.25
+
+
+def _all_runs(outcome: Outcome) -> list[TrialResult]:
+    runs = [outcome.baseline]
+    for verdict in outcome.verdicts:
+        runs += verdict.runs or [verdict.result]
+    return runs + outcome.final_baseline + outcome.final_tuned
+
+
+def contention(outcome: Outcome) -> str:
+    """A sentence saying how contended the machine was while trials were timed ("" when quiet or unknown)."""
+    sampled = [(r, float(v)) for r in _all_runs(outcome) if (v := r.measured.get("other_cores")) is not None]
+    if not sampled or max(v for _, v in sampled) < CONTENDED_CPUS:
+        return ""
+    worst, most = max(sampled, key=lambda item: item[1])
+    cpus = worst.measured.get("cpu_count") or "?"
+    return (f"The machine was contended: other processes kept {statistics.fmean(v for _, v in sampled):.2f} of its "
+            f"{cpus} CPUs busy on average while trials were timed (the most, {most:.2f}, during "
+            f"{worst.slug.split('_', 1)[0]}); every ratio here carries that noise (column \"others' CPUs\").")
+
+
 def final_line(outcome: Outcome) -> str:
+    """:func:`_final_line` and, when other processes used the CPUs, :func:`contention`."""
+    return " ".join(part for part in (_final_line(outcome), contention(outcome)) if part)
+
+
+def _final_line(outcome: Outcome) -> str:
     """The measured speed-up and what it means: time and device-hours per epoch and per million samples or tokens,
-    at the baseline's and the tuned throughput."""
-    base_runs = [r for r in outcome.final_baseline if r.ok] or [outcome.baseline]
+    at the baseline's and the tuned throughput. Side by side only when both sides of the final pairs finished; a
+    tuned configuration measured no faster there is not called tuned."""
+    base_runs = [r for r in outcome.final_baseline if r.ok]
     tuned_runs = [r for r in outcome.final_tuned if r.ok]
     unit = outcome.baseline.unit
     facts = outcome.baseline.measured.get("facts", {})
     devices = int(facts.get("world_size") or 1)
-    base_rate = statistics.fmean(r.rate or 0.0 for r in base_runs)
+    side_by_side = bool(base_runs)
+    base_rate = statistics.fmean(r.rate or 0.0 for r in base_runs or [outcome.baseline])
     if not tuned_runs:
-        return (f"No faster configuration found: the baseline's {rate_text(base_rate)} {unit} per device stands "
+        tried = "" if not outcome.settings else (" (the accepted knobs' final runs failed: "
+                                                  + ", ".join(f"{k}={v}" for k, v in outcome.settings.items()) + ")")
+        return (f"No faster configuration found{tried}: the baseline's {rate_text(base_rate)} {unit} per device stands "
                 f"({devices} device(s)); the table says what each knob did.")
     tuned_rate = statistics.fmean(r.rate or 0.0 for r in tuned_runs)
+    pairs = [(t, b) for t, b in zip(outcome.final_tuned, outcome.final_baseline) if t.ok and b.ok]
+    interval = f" (95% interval {p.low:.2f}-{p.high:.2f}x)" if pairs and (p := paired_ratio(pairs)) else ""
+    how = (f"measured side by side ({len(tuned_runs)} run(s) each, alternating){interval}" if side_by_side else
+           "against the search's first baseline run (no side-by-side baseline run finished: not side by side)")
+    if tuned_rate <= base_rate:
+        return (f"No faster configuration found: the accepted knobs ({', '.join(f'{k}={v}' for k, v in outcome.settings.items())}) "
+                f"measured {tuned_rate / base_rate:.2f}x {how}; your config stands ({rate_text(base_rate)} {unit} per "
+                f"device, {devices} device(s)).")
     what = "tokens" if unit == "tokens/s" else "samples"
-    per_batch = outcome.baseline.measured.get("tokens_per_batch" if what == "tokens" else "samples_per_batch")
+    measured = outcome.baseline.measured
+    per_batch = measured.get("tokens_per_batch") if what == "tokens" else measured.get("samples_per_batch")
     batches = facts.get("num_training_batches")
-    lines = [f"Tuned: {tuned_rate / base_rate:.2f}x {unit} measured side by side ({len(tuned_runs)} run(s) each, "
-             f"alternating): baseline {rate_text(base_rate)}, tuned {rate_text(tuned_rate)} {unit} per device, {devices} device(s)."]
+    lines = [f"Tuned: {tuned_rate / base_rate:.2f}x {unit} {how}: baseline {rate_text(base_rate)}, tuned "
+             f"{rate_text(tuned_rate)} {unit} per device, {devices} device(s)."]
     parts = []
-    if per_batch and batches:
-        epoch = float(per_batch) * int(batches) * devices
+    epoch = facts.get("epoch_samples") if what == "samples" else None  # the dataset's own size (a last short batch)
+    if not epoch and per_batch and batches:
+        epoch = float(per_batch) * int(batches)
+    if epoch:
+        epoch = float(epoch) * devices
         parts.append(f"an epoch ({epoch:,.0f} {what}) takes {_duration(epoch / (base_rate * devices))} -> "
                      f"{_duration(epoch / (tuned_rate * devices))}")
     million_base, million_tuned = 1e6 / (base_rate * devices), 1e6 / (tuned_rate * devices)
     parts.append(f"a million {what} {_duration(million_base)} -> {_duration(million_tuned)} "
                  f"({million_base * devices / 3600:,.3g} -> {million_tuned * devices / 3600:,.3g} device-hours)")
     return lines[0] + " " + "; ".join(parts).capitalize() + "."
+
+
+def tuned_faster(outcome: Outcome) -> bool:
+    """Whether the accepted knobs measured faster than the baseline in the final runs (what makes a tuned file)."""
+    return bool(outcome.settings) and outcome.speedup is not None and outcome.speedup > 1.0
+
+
+def untuned_yaml(source_text: str, source: str, final: str, outcome: Outcome, skipped: list[NotApplicable]) -> str:
+    """``--out`` when nothing beat the baseline: the user's file as it is (comments and all) under a header saying
+    what was tried."""
+    date = datetime.date.today().isoformat()
+    header = [f"lit-compute tune --config {source} on {date}: nothing beat the baseline; this is your config unchanged.",
+              final, "Knobs left as they were:"]
+    header += [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
+    tried = [v for v in outcome.verdicts if v.reason and not v.accepted]
+    header += ["Tried:"] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
+                             for v in tried] or ["  (none)"])
+    return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + source_text

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, dump_yaml, section, short
+from lit_compute.tuning.measurement import Measurement
 
 # what a measurement leaves out; everything else (the model summary's forward of example_input_array included)
 # runs as the user's fit runs it, so a setting that breaks the user's fit breaks its trial
@@ -79,7 +80,7 @@ class TrialResult:
     rate: float | None = None  # samples/s, or non-padding tokens/s for token batches, per device
     ci: float | None = None
     unit: str = "samples/s"
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: Measurement = field(default_factory=lambda: Measurement())
 
     @property
     def ok(self) -> bool:
@@ -108,6 +109,8 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
                    max_epochs=-1, max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
     for key in ("val_check_interval", "max_time", "min_steps", "min_epochs"):
         trainer.pop(key, None)
+    if trainer.get("num_sanity_val_steps") == 0:  # a setting that breaks validation must fail its trial, not the fit
+        trainer["num_sanity_val_steps"] = 2
     callbacks = [cb for cb in as_list(trainer, "callbacks") if short(class_name(cb)) not in _DROPPED_IN_TRIALS]
     trainer["callbacks"] = callbacks
     if not any(short(class_name(cb)) == "FlopsLogger" for cb in callbacks):
@@ -213,7 +216,7 @@ def _read_result(result: TrialResult, out_json: Path, run_dir: Path) -> None:
     if not out_json.is_file():
         result.status, result.reason = "crashed", "the trial wrote no measurement (did training start?)"
         return
-    data = json.loads(out_json.read_text())
+    data: Measurement = json.loads(out_json.read_text())
     tokens = data.get("tokens_per_sec")
     result.unit = "tokens/s" if tokens else "samples/s"
     result.rate = tokens if tokens else data.get("samples_per_sec")

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute import _compat
+from lit_compute.files import write_whole
 from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
 from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
 from lit_compute.tuning.search import Budget, Options, Outcome, Search, rate_text
-from lit_compute.tuning.summary import final_line, not_applied, table, tuned_yaml
+from lit_compute.tuning.summary import final_line, not_applied, table, tuned_faster, tuned_yaml, untuned_yaml
 from lit_compute.tuning.trials import DiskFullError, Journal, TrialResult, TrialSpec, run_trial
 
 
@@ -377,16 +378,19 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     tuner.knobs, skipped = find_knobs(facts, machine, only=knobs, skip=skip)
     echo(f"knobs to try: {', '.join(k.name for k in tuner.knobs) or 'none'}; not applicable: "
          f"{', '.join(s.name for s in skipped) or 'none'}")
-    search = Search(tuner.knobs, tuner.measure, tuner.budget, options, tuner.estimate)
+    search = Search(tuner.knobs, tuner.measure, tuner.budget, options, tuner.estimate,
+                    cached=lambda spec: spec.key in tuner.journal.results)
     outcome = search.run(baseline)
     peaks = machine.extras.get("peaks", {})
     summary = final_line(outcome)
     text = table(outcome, tuner.knobs, peaks)
     lines = not_applied(skipped, outcome)
     out_written: Path | None = None
-    if outcome.settings:
-        out_path.write_text(tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary))
+    if tuned_faster(outcome):
+        write_whole(out_path, tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary))
         out_written = out_path
+    else:  # always an --out: the user's file as it is, saying what was tried
+        write_whole(out_path, untuned_yaml(config_path.read_text(), str(config_path), summary, outcome, skipped))
     echo("")
     echo(text)
     if lines:
@@ -396,6 +400,8 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
          f"spent {tuner.budget.spent():.0f} s")
     if out_written:
         echo(f"Tuned config: {out_written} (lit-compute fit --config {out_written})")
+    else:
+        echo(f"Nothing beat the baseline: {out_path} is your config unchanged, with what was tried in its header")
     echo(summary)
     tuned_rates = [r.rate for r in outcome.final_tuned if r.ok and r.rate]
     base_rates = [r.rate for r in outcome.final_baseline if r.ok and r.rate]

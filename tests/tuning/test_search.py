@@ -91,6 +91,11 @@ def test_trial_config_measures_the_users_config_without_checkpoints_or_validatio
     assert names[-2:] == ["lit_compute.FlopsLogger", "lit_compute.tuning.TrialRecorder"]
     assert trainer["callbacks"][-1]["init_args"] == {"out": str(tmp_path / "t.json"), "seconds": 7.0,
                                                      "warmup_steps": 3, "loss_steps": 8}
+    assert "num_sanity_val_steps" not in trainer  # Lightning's sanity check validates two batches before timing
+    no_sanity = _config()
+    no_sanity["trainer"]["num_sanity_val_steps"] = 0  # ... even where the user turned it off
+    c = trial_config(no_sanity, tmp_path / "t.json", tmp_path, "t01", TrialSpec({}, "short", 0, 7.0), {})
+    assert c["trainer"]["num_sanity_val_steps"] == 2
 
 
 def _result(settings: dict, rung: str, rate: float | None, losses=(2.3, 2.2, 2.1), status="ok", repeat=0,
@@ -144,10 +149,19 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     assert verdicts[("loader", "short", "1")].reason == "oom: boom"
     assert verdicts[("micro_batch", "short", "16")].reason == "timeout: boom"
     assert verdicts[("compile", "short", "True")].reason == "crashed: boom"
-    assert "below 3%" in verdicts[("fused_optimizer", "long", "True")].reason
-    # never a grid: one short trial per value, a long one only for the promising
+    # +2% against trials of +-2% noise: three pairs and the interval still straddles the 3% minimum gain
+    fused = verdicts[("fused_optimizer", "long", "True")]
+    assert fused.reason.startswith("inconclusive: 1.02x, 95% interval") and "over 3 pair(s)" in fused.reason
+    assert not fused.accepted and len(fused.runs) == 6
+    # never a grid: one short trial per value, a long one only for the promising, each beside a fresh run of the
+    # configuration before it (alternating which runs first); clear gains take one pair
     assert sum(1 for rung, _ in calls if rung == "short") == 7
-    assert sum(1 for rung, _ in calls if rung == "long") == 3
+    assert sum(1 for rung, _ in calls if rung == "long") == 1 + 1 + 3
+    paired = [(rung, s) for rung, s in calls if rung in ("long", "pair")]
+    assert paired[:2] == [("long", {"precision": "bf16-mixed"}), ("pair", {})]
+    assert paired[-2:] == [("long", {"precision": "bf16-mixed", "channels_last": True, "fused_optimizer": True}),
+                           ("pair", {"precision": "bf16-mixed", "channels_last": True})]  # the third pair: long first
+    assert verdicts[("channels_last", "long", "True")].reason.startswith("accepted: 1.25x, 95% interval")
     # side by side: baseline and winner alternate
     assert [s for rung, s in calls if rung == "final"] == [{}, outcome.settings] * 3
     assert outcome.speedup == pytest.approx(1.8 * 1.25)
@@ -245,14 +259,16 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
     assert yaml.safe_load(text) == apply_settings(_config(), knobs, outcome.settings)
     lines = text.splitlines()
     plugin = next(line for line in lines if line.strip().startswith("plugins:"))  # trainer.precision moved here
-    assert "# tune: precision bf16-mixed with BatchNorm2d in float32: 1.60x the configuration before it" in plugin
+    # each knob's ratio is against the configuration before it, measured beside it (not against the first baseline)
+    assert ("# tune: precision bf16-mixed with BatchNorm2d in float32: 1.60x, 95% interval 1.56-1.65x over 1 pair(s) "
+            "beside the configuration before it") in plugin
     cl = next(line for line in lines if "ChannelsLast" in line)
-    assert "# tune: channels-last convolution weights (ChannelsLast): 1.20x" in cl
+    assert "# tune: channels-last convolution weights (ChannelsLast): 1.20x, 95% interval" in cl
     assert lines[0] == "# Tuned by `lit-compute tune --config my.yaml` on " + lines[0].split(" on ")[1]
     assert "#   dali: NVIDIA DALI is not installed" in text
     summary = final_line(outcome)
-    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating): "
-                              "baseline 20, tuned 38.4 samples/s per device, 1 device(s).")
+    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating) (95% "
+                              "interval 1.89-1.95x): baseline 20, tuned 38.4 samples/s per device, 1 device(s).")
     # 31 batches x 32 samples: 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h
     assert "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)" in summary
     assert "| t00 | baseline (your config) | long |" in table(outcome, knobs, {"float32": 1e12})
@@ -376,3 +392,177 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
     assert not (tmp_path / "logs" / "trials" / f"{spec.slug(0)}.log").exists()  # never started
     assert "skipped: predicted peak" in lines[-1]
     assert tuner.journal.results[spec.key].status == "skipped"
+
+
+# -- noise-aware decisions, replay, an --out always ------------------------------------------------------------------
+def _stepped(settings: dict, rung: str, steps: list[float], repeat: int = 0) -> TrialResult:
+    result = _result(settings, rung, statistics.fmean(steps), repeat=repeat)
+    result.measured["step_rates"] = list(steps)
+    return result
+
+
+def test_the_paired_interval_comes_from_the_same_steps_of_the_two_runs():
+    from lit_compute.tuning.search import paired_ratio
+
+    drift = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1, 9.9, 10.3]  # both runs see the same slow and fast steps
+    clear = paired_ratio([(_stepped({"a": 1}, "long", [1.10 * r for r in drift]), _stepped({}, "pair", drift))])
+    assert clear.ratio == pytest.approx(1.10, rel=1e-3) and clear.low > 1.03  # step noise cancels in the pairs
+    noisy = [r * (1.12 if i % 2 else 0.90) for i, r in enumerate(drift)]  # +-10% step to step in one run only
+    unclear = paired_ratio([(_stepped({"a": 1}, "long", noisy), _stepped({}, "pair", drift))])
+    assert unclear.low < 1.03 < unclear.high and unclear.pairs == 1
+    # three pairs: the spread between them counts too (a run-wide slowdown hits one pair, not its steps)
+    pairs = [(_stepped({"a": 1}, "long", [f * r for r in drift], i), _stepped({}, "pair", drift, i))
+             for i, f in enumerate((1.10, 0.98, 1.25))]
+    assert paired_ratio(pairs).low < 1.0
+
+
+def test_a_finished_tune_replays_from_its_journal_whatever_the_budget_says():
+    """The first run decides with the budget it has; the same command again runs no trial (every one is in the
+    journal, so none costs anything) and prints the same table and result."""
+    knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
+    clock, done, ran = FakeClock(), {}, []
+    effects = {"precision": 1.6, "channels_last": 1.02, "micro_batch": 0.9}
+
+    def measure(spec, estimate, limit):
+        if spec.key in done:
+            return done[spec.key]
+        clock.t += 30.0
+        ran.append(spec.key)
+        rate = 20.0
+        for name in spec.settings:
+            rate *= effects.get(name, 1.0)
+        done[spec.key] = _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
+        return done[spec.key]
+
+    def run(budget):
+        search = Search(knobs, measure, budget, Options(), lambda spec: 30.0, cached=lambda spec: spec.key in done)
+        outcome = search.run(_result({}, "long", 20.0))
+        return outcome, table(outcome, knobs, {}), final_line(outcome)
+
+    first = run(Budget(900.0, clock=clock))
+    assert first[0].settings == {"precision": "bf16-mixed"} and len(ran) > 10
+    trials = len(ran)
+    again = run(Budget(900.0, spent_before_s=clock.t, clock=clock))  # the journal's time: the budget is spent
+    assert len(ran) == trials  # nothing ran
+    assert again[1:] == first[1:] and again[0].settings == first[0].settings
+
+
+def test_the_final_line_says_what_was_side_by_side_and_never_calls_a_slower_config_tuned(tmp_path):
+    from lit_compute.tuning.search import Outcome
+    from lit_compute.tuning.summary import tuned_faster, untuned_yaml
+
+    base = _result({}, "long", 20.0)
+    base.measured["facts"] = {**RESNET_FACTS, "epoch_samples": 1000}
+    slower = Outcome(baseline=base, settings={"channels_last": True},
+                     final_baseline=[_result({}, "final", 20.0)],
+                     final_tuned=[_result({"channels_last": True}, "final", 19.0)])
+    assert not tuned_faster(slower)
+    assert final_line(slower).startswith("No faster configuration found: the accepted knobs (channels_last=True) "
+                                         "measured 0.95x measured side by side")
+    no_final_base = Outcome(baseline=base, settings={"channels_last": True},
+                            final_baseline=[_result({}, "final", None, status="crashed")],
+                            final_tuned=[_result({"channels_last": True}, "final", 25.0)])
+    line = final_line(no_final_base)
+    assert "not side by side" in line and "1.25x" in line
+    assert "An epoch (1,000 samples) takes 50 s -> 40 s" in line  # the dataset's size, not 32 full batches
+    # --out when nothing beat the baseline: the user's own file, comments kept, under a header saying what ran
+    source = "# my comment\nmodel:\n  class_path: my.Model  # keep this too\n"
+    text = untuned_yaml(source, "my.yaml", final_line(slower), slower, [])
+    assert text.endswith(source) and text.startswith("# lit-compute tune --config my.yaml on ")
+    assert "nothing beat the baseline; this is your config unchanged" in text.splitlines()[0]
+    assert yaml.safe_load(text) == yaml.safe_load(source)
+
+
+def test_a_contended_machine_is_named_with_how_many_cpus_others_took():
+    from lit_compute.cpu_load import CpuSample, others_cores
+    from lit_compute.tuning.search import Outcome
+
+    # the machine's busy core-seconds less this process tree's, over the wall time
+    assert others_cores(CpuSample(0.0, 100.0, 10.0), CpuSample(10.0, 118.0, 19.0)) == pytest.approx(0.9)
+    assert others_cores(CpuSample(0.0, None, 1.0), CpuSample(1.0, 2.0, 1.0)) is None
+    base = _result({}, "long", 20.0)
+    base.measured.update(other_cores=0.02, cpu_count=2)
+    quiet = Outcome(baseline=base, settings={})
+    assert "contended" not in final_line(quiet)
+    busy = _result({}, "final", 18.0)
+    busy.slug = "t07_final_baseline"
+    busy.measured.update(other_cores=1.9, cpu_count=2)
+    contended = Outcome(baseline=base, settings={}, final_baseline=[busy])
+    line = final_line(contended)
+    assert "The machine was contended: other processes kept 0.96 of its 2 CPUs busy on average" in line
+    assert "(the most, 1.90, during t07)" in line
+    assert "| 1.90 |" in table(contended, [], {})
+
+
+def test_a_process_outside_this_tree_burning_cpu_is_seen(tmp_path):
+    """The burner is started through a parent that exits at once, so it is not this process's descendant (a trial's
+    own DataLoader workers are, and count as the trial's)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from lit_compute.cpu_load import cpu_sample, others_cores
+
+    burn = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
+    pid_file = tmp_path / "burner.pid"
+    launcher = (f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True)"
+                f"\nopen({str(pid_file)!r}, 'w').write(str(p.pid))")
+    subprocess.run([sys.executable, "-c", launcher], check=True, timeout=60)
+    burner = psutil.Process(int(pid_file.read_text()))
+    start = cpu_sample()
+    try:
+        burner.wait(timeout=60)
+    except psutil.NoSuchProcess:
+        pass
+    end = cpu_sample()
+    assert burner.pid not in {c.pid for c in psutil.Process().children(recursive=True)}
+    # it spun for most of the window: at least a third of a CPU even on the busiest machine
+    assert others_cores(start, end) > 0.3
+
+
+def test_static_graph_is_named_where_ddp_does_not_apply():
+    _, skipped = find_knobs(RESNET_FACTS, CPU_BF16)
+    reasons = {s.name: s.reason for s in skipped}
+    assert reasons["ddp_static_graph"] == "one process: no gradient all-reduce to tune"
+
+
+def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
+    """Two optimizers stepped by hand, no loss returned: the recorder reads the loss the step logs, and the epoch's
+    size is the dataset's (a short last batch)."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lit_compute.tuning.recorder import TrialRecorder
+
+    class GAN(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.g, self.d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            opt_g, opt_d = self.optimizers()
+            d_loss = torch.nn.functional.softplus(-self.d(x)).mean() + torch.nn.functional.softplus(
+                self.d(self.g(x).detach())).mean()
+            opt_d.zero_grad()
+            self.manual_backward(d_loss)
+            opt_d.step()
+            g_loss = torch.nn.functional.softplus(-self.d(self.g(x))).mean()
+            opt_g.zero_grad()
+            self.manual_backward(g_loss)
+            opt_g.step()
+            self.log("train_loss", g_loss + d_loss)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.g.parameters(), lr=0.01), torch.optim.SGD(self.d.parameters(), lr=0.01)
+
+    recorder = TrialRecorder(out=str(tmp_path / "r.json"), seconds=60.0, warmup_steps=1, loss_steps=4)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=12, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder])
+    trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=4))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert len(result["losses"]) == 4 and result["loss_source"] == "logged as train_loss"
+    assert result["facts"]["epoch_samples"] == 30
