@@ -237,7 +237,7 @@ class Search:
         for i in range(pairs):
             specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
             cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in specs)
-            if self.budget.left() < cost and i > 0:
+            if cost > 0 and self.budget.left() < cost and i > 0:
                 break
             limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
             outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0]), limit / 2))
@@ -310,7 +310,7 @@ class Search:
             rerun = TrialSpec(dict(incumbent.settings), "pair", self._reruns.get(key, 0), o.long_s)
             candidate = TrialSpec(settings, "long", index, o.long_s)
             cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in (rerun, candidate))
-            if self._search_left() < cost:
+            if cost > 0 and self._search_left() < cost:
                 outcome.not_tried.append((f"{knob.name}={settings[knob.name]} (long, pair {index + 1})", "budget spent"))
                 break
             self._reruns[key] = rerun.repeat + 1
