@@ -29,9 +29,12 @@ def machine() -> str:
 
 
 def timed(command: list[str], cwd: Path) -> tuple[int, float, str]:
+    """Run ``command``; its whole output goes to a log file in the temporary folder (named on the last line)."""
     start = time.monotonic()
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    sys.stdout.write(result.stdout[-2000:] + result.stderr[-2000:])
+    log = Path(tempfile.gettempdir()) / f"time_commands_{'_'.join(command)}.log"
+    log.write_text(result.stdout + result.stderr)
+    sys.stdout.write(result.stdout[-2000:] + result.stderr[-2000:] + f"\n(whole output: {log})\n")
     return result.returncode, time.monotonic() - start, result.stdout + result.stderr
 
 

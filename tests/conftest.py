@@ -39,6 +39,14 @@ class RandomImages(torch.utils.data.Dataset):
         return torch.randn(3, self.size, self.size, generator=g), i % 4
 
 
+def in_lit_compute(filename: str) -> bool:
+    """A traceback frame in the installed lit_compute package (not just any path holding "lit_compute": a
+    repository cloned into a folder of that name holds the tests and the virtual environment too)."""
+    import lit_compute
+
+    return os.path.abspath(filename).startswith(os.path.dirname(os.path.abspath(lit_compute.__file__)) + os.sep)
+
+
 def tiny_model(**kwargs) -> ImageClassifier:
     kwargs.setdefault("arch", "resnet18")
     kwargs.setdefault("num_classes", 4)

@@ -20,7 +20,7 @@ from lit_compute import (
     StepTimeMonitor,
 )
 
-from .conftest import make_trainer, tiny_data, tiny_model
+from .conftest import in_lit_compute, make_trainer, tiny_data, tiny_model
 
 
 class CollectiveWatch(SingleDeviceStrategy):
@@ -31,7 +31,7 @@ class CollectiveWatch(SingleDeviceStrategy):
         self.violations: list[str] = []
 
     def _check(self, name: str) -> None:
-        ours = [f for f in traceback.extract_stack()[:-2] if "/lit_compute/" in f.filename]
+        ours = [f for f in traceback.extract_stack()[:-2] if in_lit_compute(f.filename)]
         if not ours:
             return  # Lightning's own
         if any(f.name in ("_all_reduce_sum", "setup") for f in ours):

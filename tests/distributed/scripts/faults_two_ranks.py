@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import DDPStrategy
 
+import lit_compute
 from lit_compute import (
     CommBenchmark,
     DeviceMonitor,
@@ -29,6 +30,10 @@ from lit_compute import (
     PrometheusLogger,
     StepTimeMonitor,
 )
+
+#: the installed package's folder: a frame of ours is a file under it (a repository cloned into a folder named
+#: lit_compute holds Lightning's files, in its .venv, under a "/lit_compute/" path too)
+PACKAGE = os.path.dirname(os.path.abspath(lit_compute.__file__)) + os.sep
 
 
 class StrayCollective(BaseException):
@@ -40,7 +45,7 @@ class RaiseOnRank1(DDPStrategy):
     all-reduce of the logging event."""
 
     def _check(self, name):
-        ours = [f for f in traceback.extract_stack()[:-2] if "/lit_compute/" in f.filename]
+        ours = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(PACKAGE)]
         if ours and not any(f.name in ("_all_reduce_sum", "setup") for f in ours) and self.global_rank == 1:
             raise StrayCollective(f"collective {name} from {ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})")
 
