@@ -188,6 +188,7 @@ class _Tuner:
         self.index = 0
         self.startup_s = 60.0
         self.step_s = 1.0
+        self.interrupted = False  # set by Ctrl-C (see _remembered_ctrl_c)
 
     def estimate(self, spec: TrialSpec) -> float:
         """Seconds a trial takes: the baseline's start-up (process, data, model) plus warm-up and the allowance
@@ -197,6 +198,8 @@ class _Tuner:
         return self.startup_s + warmup + spec.seconds + extra
 
     def measure(self, spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
+        if self.interrupted:  # a Ctrl-C something swallowed: stop before starting anything more
+            raise KeyboardInterrupt
         index, self.index = self.index, self.index + 1
         cached = self.journal.results.get(spec.key)
         if cached is not None:
@@ -363,9 +366,33 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         tuner = _Tuner(config_path, user_config, digest, budget_s, folder, options, recorder, fresh, echo)
         tuner.device_memory = capacity
         try:
-            return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo)
+            with _remembered_ctrl_c(tuner):
+                return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo)
         except KeyboardInterrupt:
             raise TuneInterrupted(tuner.journal.path) from None
+
+
+@contextlib.contextmanager
+def _remembered_ctrl_c(tuner: _Tuner) -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as always and is also remembered: one landing inside a C extension's import
+    (DALI's, while the knobs are found) can be swallowed there, and the tune then stops before its next trial
+    instead of tuning on."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        tuner.interrupted = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, knobs: list[str] | None,

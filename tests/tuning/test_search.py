@@ -566,3 +566,27 @@ def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
     result = json.loads((tmp_path / "r.json").read_text())
     assert len(result["losses"]) == 4 and result["loss_source"] == "logged as train_loss"
     assert result["facts"]["epoch_samples"] == 30
+
+
+def test_a_ctrl_c_something_swallowed_still_stops_the_tune_before_its_next_trial(tmp_path):
+    """Seen in a loaded clone: the SIGINT landed while the tune found its knobs (a C extension's import) and was
+    swallowed there; the tune went on trialling and never exited 130. Now it is remembered."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from lit_compute.tuning.tune import _remembered_ctrl_c, _Tuner
+
+    tuner = SimpleNamespace(interrupted=False)
+    with _remembered_ctrl_c(tuner):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # what the swallowing code did
+    assert tuner.interrupted
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    real = _Tuner(Path("tiny.yaml"), {}, "0" * 16, 60.0, tmp_path, Options(), {"warmup_steps": 1, "loss_steps": 1},
+                  False, lambda line: None)
+    real.interrupted = True
+    with pytest.raises(KeyboardInterrupt):
+        real.measure(TrialSpec({}, "short"), 1.0, 10.0)
