@@ -61,7 +61,7 @@ def main() -> int:
         status, test_s, out = timed(["make", "test"], clone)
         if status:
             return status
-    summary = re.findall(r"=+ (\d+ passed.*?) in ([\d.]+)s", out)
+    summary = re.findall(r"^=* ?(\d+ passed.*?) in ([\d.]+)s", out, flags=re.M)  # -q prints it without the rule
     tests = f"{summary[-1][0]} in {float(summary[-1][1]):.0f} s of pytest" if summary else "pytest's summary not found"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = (f"*On a fresh clone at commit `{commit}`, {date}; {where}:* `make demo` took {minutes(demo_s)} "
