@@ -301,7 +301,7 @@ def train_loader_workers(trainer: Any) -> str:
     return str(max(workers)) if workers else "n/a"
 
 
-def model_facts(trainer: Any) -> dict[str, Any]:
+def op_class_facts(trainer: Any) -> dict[str, Any]:
     """The run's parameters (all, trainable, bytes), precision, accumulation and :func:`communication_facts`: what
     ``compute/op_classes`` carries beside the counts for ``lit-compute whatif``."""
     module = trainer.lightning_module

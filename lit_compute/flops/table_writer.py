@@ -39,5 +39,5 @@ def write_op_classes(trainer: pl.Trainer, count: FlopCount, sig: tuple) -> None:
     """A counted training batch's FLOPs and bytes by op class (``compute/op_classes``, what ``lit-compute whatif``
     prices), with the run's facts, at the step it ran in."""
     samples = next((s[0] for _, s, _ in sig[1] if s), None)
-    log_text(trainer, "compute/op_classes", op_class_table(count, samples, _compat.model_facts(trainer)),
+    log_text(trainer, "compute/op_classes", op_class_table(count, samples, _compat.op_class_facts(trainer)),
              step=_compat.batches_that_stepped(trainer))

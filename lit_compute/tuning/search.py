@@ -216,8 +216,13 @@ class Search:
         self.cached = cached  # the journal holds this trial: replayed at no cost, whatever the budget says
         self._reruns: dict[str, int] = {}  # incumbent re-runs so far, by settings (their trials' repeat index)
 
-    def _affordable(self, spec: TrialSpec, left: float) -> bool:
-        return self.cached(spec) or left >= self.estimate_s(spec)
+    def _cost(self, *specs: TrialSpec) -> float:
+        """Seconds these trials will take: none for those the journal holds."""
+        return sum(0.0 if self.cached(s) else self.estimate_s(s) for s in specs)
+
+    def _affordable(self, left: float, *specs: TrialSpec) -> bool:
+        cost = self._cost(*specs)
+        return cost == 0 or left >= cost
 
     def _reserve(self) -> float:
         """Seconds kept for the side-by-side: a share of the budget, at least one pair of final trials."""
@@ -236,8 +241,7 @@ class Search:
         pairs = 0 if not outcome.settings else o.final_pairs
         for i in range(pairs):
             specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
-            cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in specs)
-            if cost > 0 and self.budget.left() < cost and i > 0:
+            if i > 0 and not self._affordable(self.budget.left(), *specs):
                 break
             limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
             outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0]), limit / 2))
@@ -259,7 +263,7 @@ class Search:
         for value in knob.values:
             spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 0, o.short_s)
             cost = self.estimate_s(spec)
-            if not self._affordable(spec, self._search_left()):
+            if not self._affordable(self._search_left(), spec):
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
                 continue
             result = self.measure(spec, cost, self._search_left())
@@ -309,8 +313,7 @@ class Search:
             key = repr(sorted(incumbent.settings.items()))
             rerun = TrialSpec(dict(incumbent.settings), "pair", self._reruns.get(key, 0), o.long_s)
             candidate = TrialSpec(settings, "long", index, o.long_s)
-            cost = sum(0.0 if self.cached(s) else self.estimate_s(s) for s in (rerun, candidate))
-            if cost > 0 and self._search_left() < cost:
+            if not self._affordable(self._search_left(), rerun, candidate):
                 outcome.not_tried.append((f"{knob.name}={settings[knob.name]} (long, pair {index + 1})", "budget spent"))
                 break
             self._reruns[key] = rerun.repeat + 1

@@ -133,11 +133,17 @@ def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, sour
     header = [f"Tuned by `lit-compute tune --config {source}` on {date}.", final, "",
               "Changed lines end in a `# tune:` comment saying what each bought (throughput ratio to the configuration",
               "before it). Knobs left as they were:"]
-    header += [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
-    rejected = [v for v in outcome.verdicts if not v.accepted and v.reason]
-    header += ["Tried and rejected:"] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
-                                          for v in rejected] or ["  (none)"])
+    header += _left_and_tried(outcome, skipped, "Tried and rejected:")
     return dump_yaml(tuned, comments, header=header)
+
+
+def _left_and_tried(outcome: Outcome, skipped: list[NotApplicable], tried_title: str) -> list[str]:
+    """The header lines of an --out file after "Knobs left as they were:": each knob not applied, and each trial
+    that was not accepted, with why."""
+    lines = [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
+    tried = [v for v in outcome.verdicts if not v.accepted and v.reason]
+    return lines + [tried_title] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
+                                     for v in tried] or ["  (none)"])
 
 
 def _duration(seconds: float) -> str:
@@ -232,8 +238,5 @@ def untuned_yaml(source_text: str, source: str, final: str, outcome: Outcome, sk
     date = datetime.date.today().isoformat()
     header = [f"lit-compute tune --config {source} on {date}: nothing beat the baseline; this is your config unchanged.",
               final, "Knobs left as they were:"]
-    header += [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
-    tried = [v for v in outcome.verdicts if v.reason and not v.accepted]
-    header += ["Tried:"] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
-                             for v in tried] or ["  (none)"])
+    header += _left_and_tried(outcome, skipped, "Tried:")
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + source_text
