@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
     "whatif": ("lit_compute.bench.whatif_bench", "lit-compute whatif's predictions beside measured and published runs"),
     "memory": ("lit_compute.bench.memory_bench", "peak memory predicted by lit-compute estimate vs measured, per device"),
+    "configs": ("lit_compute.bench.configs_bench", "whole lit-compute fit configs measured side by side in rounds, as ratios to the first"),
 }
 
 
