@@ -302,13 +302,19 @@ class MeasuringCallback(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         try:
-            self._timeline(trainer).exit_batch_modes()
+            timeline = self._timeline(trainer)
+            timeline.exit_batch_modes()
+            timeline.stop_watching()
         except Exception:  # noqa: BLE001 - clean-up after an exception must not raise a second one
             pass
         self._safe_teardown()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        try:
+            self._timeline(trainer).stop_watching()
+        except Exception:  # noqa: BLE001 - clean-up must not raise
+            pass
         self._safe_teardown()
 
     def _safe_teardown(self) -> None:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from lit_compute import _compat
+from lit_compute import _compat, collective_clock
 from lit_compute._batch import BatchFacts, TokenSpec, read_batch
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class StepRecord:
     tokens: int | None = None
     real_tokens: Any = None
     forward_s: float = 0.0
+    comm_s: float = 0.0  # host time blocked in collectives during the step's batches (lit_compute.collective_clock)
+    forward_comm_s: float = 0.0  # the part of it inside the forwards (arrival to first backward)
     taints: set[str] = field(default_factory=set)
     _events: list[tuple[Any, Any, Any, float]] = field(default_factory=list, repr=False)
     _forward_events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
@@ -185,6 +187,7 @@ class Timeline:
         self.event: LogEvent | None = None
         self.token_spec: TokenSpec | None = None  # None: auto-detect input_ids/attention_mask
         self._modes: contextlib.ExitStack | None = None
+        self._watch: int | None = None  # collective_clock handle while training on more than one rank
         self._reset_loop()
 
     def _reset_loop(self) -> None:
@@ -304,10 +307,27 @@ class Timeline:
         self._stack.clear()
         self._category_start.clear()
         self._pause_start = None
+        self.stop_watching()
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            self._watch = collective_clock.watch(self._collective, self.now)
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
             pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
             if isinstance(pad, int):
                 self.token_spec = TokenSpec(pad_id=pad)
+
+    def stop_watching(self) -> None:
+        """Stop timing collectives (teardown, an exception); idempotent."""
+        handle, self._watch = self._watch, None
+        collective_clock.unwatch(handle)
+
+    def _collective(self, start: float, end: float) -> None:
+        """A collective wait on the training thread: inside a batch it is the step's communication wait."""
+        if not self._in_batch or self._step is None:
+            return
+        seconds = max(0.0, end - start)
+        self._step.comm_s += seconds
+        if not self._forward_marked:
+            self._step.forward_comm_s += seconds
 
     def epoch_start(self) -> None:
         """A new epoch: the first batch's wait includes the loader's start, so its step is tainted."""

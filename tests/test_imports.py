@@ -68,7 +68,8 @@ def test_the_import_graph_has_no_cycle_even_counting_imports_inside_functions():
         graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
     # and the floors the architecture page states
-    assert graph["lit_compute.timeline"] <= {"lit_compute._batch", "lit_compute._compat"}
+    assert graph["lit_compute.timeline"] <= {"lit_compute._batch", "lit_compute._compat", "lit_compute.collective_clock"}
+    assert graph["lit_compute.collective_clock"] == set()
     assert graph["lit_compute._batch"] <= {"lit_compute._validate"}
     for ground in ("lit_compute._compat", "lit_compute.formatting", "lit_compute.tensorboard_layout"):
         assert graph[ground] == set(), ground

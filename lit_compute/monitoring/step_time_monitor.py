@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 _RATE_KEYS = ("samples_per_sec", "tokens_per_sec")
-_RANK_KEYS = ("step_ms", "wait_ms", "forward_ms")
+_RANK_KEYS = ("step_ms", "wait_ms", "forward_ms", "forward_comm_ms", "comm_ms")
 _MAX_RANK_TAGS = 64
 
 
@@ -72,10 +72,12 @@ class StepTimeMonitor(MeasuringCallback):
         - ``time/global_samples_per_sec``, ``time/global_tokens_per_sec``: the sums over ranks, each data-parallel
           replica counted once (tensor-parallel peers share a batch; the layout is in ``lit_compute/run``).
         - With more than one rank, from the same all-reduce (world-size slots): ``time/step_ms_rank_max`` (the
-          slowest rank's step time), ``time/rank_skew`` (the most *own work* per step - data wait + forward, the
-          part before any gradient synchronisation - over the median rank's), ``time/slowest_rank``, and up to 64
-          ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``, ``rank/<r>/forward_ms`` (the report's per-rank
-          table). See :mod:`lit_compute.monitoring.rank_skew`.
+          slowest rank's step time), ``time/rank_skew`` (the most *own work* per step - data wait + forward less
+          the forward's time blocked in collectives - over the median rank's), ``time/slowest_rank``,
+          ``time/comm_wait_ms`` (this rank's host time blocked in collectives per step,
+          :mod:`lit_compute.collective_clock`), and up to 64 ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``,
+          ``rank/<r>/forward_ms``, ``rank/<r>/comm_wait_ms`` (the report's per-rank table). See
+          :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
         - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
           row: the slow rank, whether it waited on data or computed longer, and by how much.
@@ -182,7 +184,12 @@ class StepTimeMonitor(MeasuringCallback):
             metrics["time/tokens_per_sec"] = sum(t or 0 for t in tokens) / (total / 1e3)
         event.log(metrics)
         forward = sum(r.device_forward_time() for r in records) * 1e3 / n
+        comm = sum(r.comm_s for r in records) * 1e3 / n
+        if trainer.world_size > 1:
+            event.log({"time/comm_wait_ms": comm})
         self._contribute(trainer, event, {"step_ms": total / n, "wait_ms": waits / n, "forward_ms": forward,
+                                          "forward_comm_ms": sum(r.forward_comm_s for r in records) * 1e3 / n,
+                                          "comm_ms": comm,
                                           "samples_per_sec": metrics.get("time/samples_per_sec", float("nan")),
                                           "tokens_per_sec": metrics.get("time/tokens_per_sec", float("nan"))})
         self._check_stall(trainer)
@@ -213,8 +220,10 @@ class StepTimeMonitor(MeasuringCallback):
         if world <= _MAX_RANK_TAGS:
             for r in range(world):
                 out.update({f"rank/{r}/step_ms": per_rank["step_ms"][r], f"rank/{r}/data_wait_ms": per_rank["wait_ms"][r],
-                            f"rank/{r}/forward_ms": per_rank["forward_ms"][r]})
-        straggler = find_straggler(per_rank["wait_ms"], per_rank["forward_ms"])
+                            f"rank/{r}/forward_ms": per_rank["forward_ms"][r],
+                            f"rank/{r}/comm_wait_ms": per_rank["comm_ms"][r]})
+        straggler = find_straggler(per_rank["wait_ms"], per_rank["forward_ms"], per_rank["forward_comm_ms"],
+                                   per_rank["comm_ms"])
         if straggler is None:
             return out
         out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})

@@ -87,19 +87,28 @@ def _memory_parts(run: Run) -> str:
 
 
 def rank_section(run: Run) -> list[str]:
-    """Per-rank means of step time, data wait and forward (StepTimeMonitor's ``rank/<r>/*``), the slowest marked,
-    and the straggler advice when it fired."""
+    """Per-rank means of step time, data wait, forward and time blocked in collectives (StepTimeMonitor's
+    ``rank/<r>/*``), the slowest marked (the most own work: data wait and forward less the forward's collectives,
+    as :func:`~lit_compute.monitoring.rank_skew.find_straggler` has it), and the straggler advice when it fired."""
     ranks = sorted({int(tag.split("/")[1]) for tag in run.scalars if tag.startswith("rank/") and tag.endswith("/step_ms")})
     if len(ranks) < 2:
         return []
+    slowest_logged = run.mean("time/slowest_rank")
     own = {r: (run.mean(f"rank/{r}/data_wait_ms") or 0.0) + (run.mean(f"rank/{r}/forward_ms") or 0.0) for r in ranks}
-    slowest = max(ranks, key=lambda r: own[r])
+    slowest = (int(round(run.scalars["time/slowest_rank"][-1][1])) if slowest_logged is not None
+               else max(ranks, key=lambda r: own[r]))
+
+    def comm(r: int) -> str:
+        value = run.mean(f"rank/{r}/comm_wait_ms")
+        return "n/a" if value is None else human(value)
+
     rows = [[f"{r}{' (slowest)' if r == slowest else ''}", human(run.mean(f"rank/{r}/step_ms")),
-             human(run.mean(f"rank/{r}/data_wait_ms")), human(run.mean(f"rank/{r}/forward_ms")), human(own[r])]
+             human(run.mean(f"rank/{r}/data_wait_ms")), human(run.mean(f"rank/{r}/forward_ms")), comm(r)]
             for r in ranks]
-    lines = ["### Ranks", "", f"Rank skew (own work of the slowest / the others' median): "
-             f"{human(run.mean('time/rank_skew'))}", "",
-             markdown_table(["rank", "step (ms)", "data wait (ms)", "forward (ms)", "own work (ms)"], rows), ""]
+    lines = ["### Ranks", "", f"Rank skew (own work of the slowest / the others' median; own work is the data wait "
+             f"and the forward less its time blocked in collectives): {human(run.mean('time/rank_skew'))}", "",
+             markdown_table(["rank", "step (ms)", "data wait (ms)", "forward (ms)", "blocked in collectives (ms)"],
+                            rows), ""]
     for text in run.texts.get("time/straggler_advice", []):
         lines += [text, ""]
     return lines

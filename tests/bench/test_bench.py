@@ -124,3 +124,39 @@ def test_markdown_writes_what_the_bench_printed_under_the_figure_header(tmp_path
 def test_markdown_without_a_file_name_is_refused(capsys):
     assert main(["bench", "flops", "--markdown"]) == 2
     assert "--markdown needs a file name" in capsys.readouterr().err
+
+
+def test_bench_configs_alternates_the_order_and_pairs_each_round(tmp_path, capsys, monkeypatch):
+    """The trials themselves are the tune's (tested there): here a stand-in gives config B 2x config A's rate in
+    every step of every round, and the table must say 2.00x with a tight interval, the runs in reversed order in
+    the second round."""
+    from lit_compute.bench import configs_bench
+    from lit_compute.tuning.trials import TrialResult
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text(f"trainer:\n  max_steps: 1\nmodel:\n  name: {name}\n")
+    ran = []
+
+    def fake_trial(config, spec, index, log_dir, timeout, recorder):
+        name = config["model"]["name"]
+        ran.append((spec.repeat, name))
+        rate = 10.0 * (2 if name == "b" else 1) * (1 + 0.1 * spec.repeat)  # the machine slows down in round 2
+        return TrialResult(key=spec.key, slug=spec.slug(index), settings={}, rung=spec.rung, repeat=spec.repeat,
+                           status="ok", rate=rate, measured={"step_rates": [rate * f for f in (0.99, 1.0, 1.01)] * 3,
+                                                             "other_cores": 0.5})
+
+    monkeypatch.setattr(configs_bench, "run_trial", fake_trial)
+    assert main(["bench", "configs", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"), "--rounds", "2",
+                 "--log-dir", str(tmp_path / "logs")]) == 0
+    assert ran == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
+    rows = {r[0]: r for r in _rows(capsys.readouterr().out)}
+    assert rows["b"][3] == "2.00x, 95% interval 2.00-2.00x over 2 pair(s)"
+    assert rows["a"][3] == "1 (reference)" and rows["a"][4] == "0.50"
+
+
+def test_bench_configs_names_a_config_it_cannot_read(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "configs", str(tmp_path / "missing.yaml"), "quickstart"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "missing.yaml" in err and "no such file" in err

@@ -15,13 +15,18 @@ from .conftest import failure_lines, launch_nodes
 ROOT = Path(__file__).resolve().parents[2]
 
 RECORD_ENV = '''
-import json, os
+import json, os, time
 from pathlib import Path
 import lightning.pytorch as pl
 
 
 class RecordEnv(pl.Callback):
-    """Each rank writes the NCCL variables it trains with and where it runs."""
+    """Each rank writes the NCCL variables it trains with and where it runs; the second node's rank computes 300 ms
+    longer per batch (after the batch arrived: listed after lit_compute's callbacks)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == 1:
+            time.sleep(0.3)
 
     def on_train_end(self, trainer, pl_module):
         data = {"nccl": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}, "node_rank": trainer.node_rank,
@@ -33,7 +38,7 @@ class RecordEnv(pl.Callback):
 def _config(tmp_path: Path) -> Path:
     config = yaml.safe_load((ROOT / "configs" / "ddp.yaml").read_text())
     trainer = config["trainer"]
-    trainer.update(devices=1, num_nodes=2, max_steps=4, max_epochs=None, log_every_n_steps=2)
+    trainer.update(devices=1, num_nodes=2, max_steps=6, max_epochs=None, log_every_n_steps=2)
     trainer["strategy"]["init_args"].update(benchmark_max_mb=0.1, benchmark_seconds=2)
     trainer["callbacks"][2]["init_args"].update(max_mb=0.1, seconds=2)  # CommBenchmark
     trainer["callbacks"].append({"class_path": "record_env.RecordEnv"})
@@ -45,7 +50,7 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
-def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank(tmp_path):
+def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank_and_the_slow_one_named(tmp_path):
     (tmp_path / "record_env.py").write_text(RECORD_ENV)
     config = _config(tmp_path)
     results = launch_nodes(tmp_path, [config, config], timeout=300)
@@ -62,3 +67,8 @@ def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank(tmp
     # CommBenchmark measured across the two nodes, and the model's gradients were priced at that bandwidth
     assert all(v > 0 for _, v in scalar_values(acc, "comm/allgather_busbw_gbps"))
     assert scalar_values(acc, "comm/grad_allreduce_ms")[-1][1] > 0
+    # the slow rank on the other node is named, with its cause (DDP broadcasts the ResNet's BatchNorm buffers at the
+    # start of each forward: rank 0 waits there, and that wait is not its own work)
+    assert scalar_values(acc, "time/slowest_rank")[-1][1] == 1
+    (advice,) = text_values(acc, "time/straggler_advice")
+    assert "rank 1 is a straggler" in advice and "Cause: compute" in advice

@@ -138,3 +138,20 @@ def test_the_report_shows_the_collectives_share_of_fsdp2_steps(runs, tmp_path):
     text, _ = build_report([str(runs / "fsdp2_comm")], tmp_path / "report.md", None, None, plots=False)
     line = next(x for x in text.splitlines() if x.startswith("| collectives (share of profiled steps"))
     assert "% overlapped" in line
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "tp"])
+@pytest.mark.parametrize("cause", ["data", "compute"])
+def test_a_slow_rank_is_named_with_its_cause_when_the_others_wait_inside_the_forward(runs, layout, cause):
+    # FSDP2's all-gathers and tensor parallelism's all-reduces run inside the forward: rank 0 waits there for rank 1
+    # (sleeping 200 ms per batch in its loader or before its forward); its time blocked in collectives is not its work
+    acc = _events(runs, f"{layout}_slow_{cause}")
+    assert _last(acc, "time/slowest_rank") == 1
+    assert _last(acc, "time/rank_skew") > 1.25
+    assert _last(acc, "rank/0/comm_wait_ms") > _last(acc, "rank/1/comm_wait_ms") + 100
+    (advice,) = text_values(acc, "time/straggler_advice")
+    assert "rank 1 is a straggler" in advice and f"Cause: {cause}" in advice
+    assert "blocked in collectives" in advice
+    # both forwards last as long (rank 0 waits in its collectives): the forward alone would name nobody
+    if cause == "compute":
+        assert abs(_last(acc, "rank/0/forward_ms") - _last(acc, "rank/1/forward_ms")) < 100

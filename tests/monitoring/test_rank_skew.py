@@ -24,3 +24,19 @@ def test_even_ranks_have_skew_one_and_nothing_unknown_is_guessed():
     assert find_straggler([5.0, 5.0], [10.0, 10.0]).skew == pytest.approx(1.0)
     assert find_straggler([5.0, math.nan], [10.0, 10.0]) is None
     assert find_straggler([5.0], [10.0]) is None
+
+
+def test_the_forwards_time_in_collectives_is_not_own_work():
+    # FSDP2/tensor parallel: rank 0 waits 240 ms inside its forward's collectives for rank 1, which computed 240 ms
+    # longer; both forwards last 250 ms, so the forward alone would call them even
+    s = find_straggler([2.0, 2.0], [250.0, 250.0], forward_comm_ms=[241.0, 1.0], comm_ms=[245.0, 5.0])
+    assert (s.rank, s.cause) == (1, "compute") and s.extra_ms == pytest.approx(240)
+    assert s.forward_ms == pytest.approx(249) and s.median_forward_ms == pytest.approx(9)
+    advice = s.advice(2, 1.25)
+    assert "time blocked in collectives left out" in advice
+    assert "The others spent 240.0 ms more per step blocked in collectives than it did" in advice
+    # a slow loader on rank 1: rank 0's forward is the longer one (it waits inside it), yet rank 1 is named, data
+    s = find_straggler([2.0, 242.0], [250.0, 10.0], forward_comm_ms=[241.0, 1.0])
+    assert (s.rank, s.cause) == (1, "data")
+    assert find_straggler([2.0, 242.0], [250.0, 10.0]).rank == 0  # what the forward alone said
+    assert find_straggler([2.0, 2.0], [250.0, 250.0], forward_comm_ms=[241.0, math.nan]) is None

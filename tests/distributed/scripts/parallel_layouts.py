@@ -3,6 +3,9 @@
 - one MLP under three parallel layouts (DDP, FSDP2 2x1, tensor parallel 1x2), the same global batch of 32 each
   time, with FlopsLogger and StepTimeMonitor on; each rank writes what it counted;
 - a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
+- stragglers under FSDP2 and tensor parallelism, where the other rank waits inside the forward's collectives: rank 1
+  sleeps 200 ms per batch in its loader (data) or before its forward (compute), on the real clock (a sleep is what
+  a slow rank looks like to the others);
 - FSDP2 with CommBenchmark (all three collectives, world and mesh groups) and a profiler window;
 - FSDP2 where the ranks' batch shapes differ (each new one counted on its own rank);
 - FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
@@ -12,6 +15,7 @@ Usage: python parallel_layouts.py OUT_DIR   (Lightning launches the second rank 
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -47,15 +51,20 @@ CLOCK = Clock()
 class Samples(torch.utils.data.Dataset):
     """Each sample takes 1 ms to load on the driven clock, 40 ms on ``slow_rank``."""
 
-    def __init__(self, rank: int, slow_rank: int | None):
+    def __init__(self, rank: int, slow_rank: int | None, sleep_s: float = 0.0):
         self.slow = rank == slow_rank
+        self.sleep_s = sleep_s if self.slow else 0.0
         self.x = torch.randn(8 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        CLOCK.t += 0.040 if self.slow else 0.001
+        if self.sleep_s:  # real time, once per batch (batches hold consecutive samples)
+            if i % 16 == 0:
+                time.sleep(self.sleep_s)
+        else:
+            CLOCK.t += 0.040 if self.slow else 0.001
         return (self.x[i],)
 
 
@@ -71,8 +80,9 @@ class DrivenClock(pl.Callback):
 
 
 class MLP(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, sleep_s: float = 0.0):
         super().__init__()
+        self.sleep_s = sleep_s  # before each forward (rank 1 only, set by run())
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
 
@@ -91,6 +101,8 @@ class MLP(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         (x,) = batch
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         return self.net(x).square().mean()
 
     def configure_optimizers(self):
@@ -98,13 +110,17 @@ class MLP(pl.LightningModule):
 
 
 def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4,
-        callbacks=()) -> None:
+        callbacks=(), slow: str | None = None) -> None:
+    """``slow``: None (the driven clock), ``"data"`` or ``"compute"``: rank 1 sleeps 200 ms per batch there."""
+    driven = [] if slow else [DrivenClock()]
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, log_every_n_steps=2,
                          logger=pl.loggers.TensorBoardLogger(str(out), name=name), enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[DrivenClock(), FlopsLogger(), StepTimeMonitor(), *callbacks])
-    loader = DataLoader(Samples(trainer.global_rank, slow_rank), batch_size=GLOBAL_BATCH // data_parallel)
-    trainer.fit(MLP(), train_dataloaders=loader)
+                         callbacks=[*driven, FlopsLogger(), StepTimeMonitor(), *callbacks])
+    rank = trainer.global_rank
+    loader = DataLoader(Samples(rank, 1 if slow == "data" else slow_rank, 0.2 if slow == "data" else 0.0),
+                        batch_size=GLOBAL_BATCH // data_parallel)
+    trainer.fit(MLP(0.2 if slow == "compute" and rank == 1 else 0.0), train_dataloaders=loader)
 
 
 def uneven_shapes(out: Path) -> None:
@@ -162,6 +178,10 @@ if __name__ == "__main__":
     run(OUT, "fsdp2", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
     run(OUT, "tp", ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), 1)
     run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
+    for layout, dp, tp in (("fsdp2", 2, 1), ("tp", 1, 2)):
+        for cause in ("data", "compute"):
+            run(OUT, f"{layout}_slow_{cause}", ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
+                dp, max_steps=7, slow=cause)
     run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
         callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
     uneven_shapes(OUT)
