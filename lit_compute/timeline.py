@@ -195,6 +195,7 @@ class Timeline:
         self._last_end: float | None = None  # user clock at the previous batch end (None: unknown)
         self._last_end_event: Any = None
         self._excluded_since_end = 0.0
+        self._comm_since_end = 0.0  # collective waits since the previous batch's end (not data wait)
         self._ready = 0.0
         self._ready_event: Any = None
         self._forward_marked = False
@@ -321,10 +322,14 @@ class Timeline:
         collective_clock.unwatch(handle)
 
     def _collective(self, start: float, end: float) -> None:
-        """A collective wait on the training thread: inside a batch it is the step's communication wait."""
-        if not self._in_batch or self._step is None:
-            return
+        """A collective wait on the training thread: inside a batch it is the step's communication wait; between
+        two batches (the logging all-reduce, an epoch-end ``sync_dist``) it is no wait for data, and the next
+        batch's step gets it as communication."""
         seconds = max(0.0, end - start)
+        if not self._in_batch or self._step is None:
+            if self._last_end is not None:
+                self._comm_since_end += seconds
+            return
         self._step.comm_s += seconds
         if not self._forward_marked:
             self._step.forward_comm_s += seconds
@@ -351,7 +356,10 @@ class Timeline:
         if self._last_end is None:
             step.taints.add("start")
         else:
-            step.wait_s += max(0.0, now - self._last_end)
+            between = min(self._comm_since_end, max(0.0, now - self._last_end))
+            step.wait_s += max(0.0, now - self._last_end - between)
+            step.comm_s += between
+        self._comm_since_end = 0.0
         ready_event = self._cuda_event()
         if ready_event is not None:
             step._events.append((self._last_end_event, ready_event, None, self._excluded_since_end))
@@ -395,6 +403,7 @@ class Timeline:
             prev_end, ready, _, excluded = step._events[-1]
             step._events[-1] = (prev_end, ready, end_event, excluded)
         self._last_end, self._last_end_event, self._excluded_since_end = now, end_event, 0.0
+        self._comm_since_end = 0.0
         step.taints |= self._batch_taints
         self._batch_taints = set()
         if _compat.compile_activity() != self._compile_mark:

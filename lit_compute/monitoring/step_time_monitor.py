@@ -80,7 +80,7 @@ class StepTimeMonitor(MeasuringCallback):
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
         - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
-          row: the slow rank, whether it waited on data or computed longer, and by how much.
+          row with the same rank slowest: the slow rank, whether it waited on data or computed longer, and by how much.
 
     Token batches (a mapping or object with ``input_ids``; padding from its ``attention_mask``, or a pad id the
     datamodule declares as ``pad_token_id``) are found automatically; ``tokens`` says where they are otherwise.
@@ -106,7 +106,8 @@ class StepTimeMonitor(MeasuringCallback):
         super().__init__()
         self.straggler_skew = straggler_skew
         self.straggler_advice: str | None = None
-        self._skewed_logs = 0
+        self._skewed_logs = 0  # logging steps in a row with the same rank skewed
+        self._skewed_rank: int | None = None
         self.reduce_keys = {"train": _RATE_KEYS}
         self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
@@ -229,7 +230,9 @@ class StepTimeMonitor(MeasuringCallback):
         out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})
         # a straggler costs the others a noticeable share of the step, at two logging steps in a row
         skewed = straggler.skew > self.straggler_skew and straggler.extra_ms > 0.05 * max(per_rank["step_ms"])
-        self._skewed_logs = self._skewed_logs + 1 if skewed else 0
+        same = straggler.rank == self._skewed_rank
+        self._skewed_logs = (self._skewed_logs + 1 if same else 1) if skewed else 0
+        self._skewed_rank = straggler.rank if skewed else None
         if self._skewed_logs >= 2 and self.straggler_advice is None:
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)
