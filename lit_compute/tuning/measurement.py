@@ -30,3 +30,4 @@ class Measurement(TypedDict, total=False):
     tokens_ci: float | None
     tokens_per_batch: float
     flops_per_sample: float | None  # read back from the trial's TensorBoard run (FlopsLogger)
+    val_metrics: dict[str, float]  # a drift check with --validate: the validation metrics after its steps

@@ -141,13 +141,21 @@ class TrialRecorder(MeasuringCallback):
         target_ci: Stop once the 95% interval of the throughput is within this fraction of its mean.
         loss_steps: Training losses of the first steps recorded for the numerics check (the trial runs at
             least this many steps).
+        check_steps: A drift check (``lit-compute tune --check-steps N``): record the loss of each of the first N
+            steps and stop after exactly N, whatever the time or the interval.
+        validate: With ``check_steps``: stop at the end of the validation run after step N instead (the trial's
+            config schedules one there) and record its metrics.
     """
 
     @validated
     def __init__(self, out: str, warmup_steps: Annotated[int, Check(ge=0)] = 3, min_steps: Annotated[int, Check(ge=2)] = 5,
                  max_timed_steps: Annotated[int, Check(ge=2)] = 400, seconds: Annotated[float, Check(gt=0)] = 30.0,
-                 target_ci: Annotated[float, Check(gt=0)] = 0.03, loss_steps: Annotated[int, Check(ge=0)] = 8) -> None:
+                 target_ci: Annotated[float, Check(gt=0)] = 0.03, loss_steps: Annotated[int, Check(ge=0)] = 8,
+                 check_steps: Annotated[int, Check(ge=0)] = 0, validate: bool = False) -> None:
         super().__init__()
+        self.check_steps = check_steps
+        self.validate = validate and check_steps > 0
+        loss_steps = max(loss_steps, check_steps)
         self.out = out
         self.warmup_steps = warmup_steps
         self.min_steps = min_steps
@@ -171,6 +179,7 @@ class TrialRecorder(MeasuringCallback):
         self.loss_source = "returned by training_step"
         self._cpu_start: CpuSample | None = None
         self._cpu_end: CpuSample | None = None
+        self.val_metrics: dict[str, float] = {}
 
     # -- hooks ----------------------------------------------------------------------------------------
     @override
@@ -219,7 +228,21 @@ class TrialRecorder(MeasuringCallback):
             self._skipped += 1
         self._scale = scale
 
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self.validate or trainer.sanity_checking or self._seen < self.check_steps:
+            return
+        metrics = cast(Any, trainer).callback_metrics
+        self.val_metrics = {k: float(v) for k, v in metrics.items() if "val" in k.lower()
+                            and isinstance(v, torch.Tensor) and v.numel() == 1}
+        self._stop(trainer, f"validated after {self._seen} steps")
+
     def _maybe_stop(self, trainer: pl.Trainer) -> None:
+        if self.check_steps:  # a drift check runs its steps whatever the time (validation stops it when asked)
+            if self._seen >= self.check_steps and not self.validate:
+                self._stop(trainer, f"{self._seen} steps (drift check)")
+            return
         if len(self.losses) < self.loss_steps and self._seen < self.loss_steps:
             return
         n = len(self.steps)
@@ -300,6 +323,8 @@ class TrialRecorder(MeasuringCallback):
                             if self._cpu_start is not None else None),
             "cpu_count": os.cpu_count() or 1,
         }
+        if self.val_metrics:
+            result["val_metrics"] = self.val_metrics
         if tokens and all(t is not None for t in tokens) and total_s > 0:
             token_rates = [t / s["s"] for t, s in zip(tokens, steps) if s["s"] > 0]
             result["tokens_per_sec"] = sum(tokens) / total_s

@@ -240,3 +240,48 @@ def untuned_yaml(source_text: str, source: str, final: str, outcome: Outcome, sk
               final, "Knobs left as they were:"]
     header += _left_and_tried(outcome, skipped, "Tried:")
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + source_text
+
+
+def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: float) -> str:
+    """How far the tuned run's numerics drifted from the baseline's over a drift check (``--check-steps``): the
+    training loss after warm-up and over the last quarter of the steps (the same seed and batches: the two
+    trajectories are comparable step by step), and with ``--validate`` the validation metrics after the last step.
+    A drift larger than ``tolerance`` (relative) is called out."""
+    if not (base.status == "ok" and tuned.status == "ok"):
+        failed = [f"the {name} run {r.status}: {r.reason}" for name, r in (("baseline", base), ("tuned", tuned))
+                  if r.status != "ok"]
+        return f"Numerics not checked: {'; '.join(failed)}."
+    b, t = base.measured.get("losses") or [], tuned.measured.get("losses") or []
+    n = min(len(b), len(t))
+    if n <= warmup + 1:
+        return (f"Numerics not checked: {n} step(s) with a loss on both sides (training_step returns no loss and "
+                "logs none the tune can read)." if n == 0 else f"Numerics not checked: only {n} step(s) with a loss.")
+    start, last = warmup, max(warmup, n - max(1, n // 4))
+
+    def mean(values: list[float], lo: int) -> float:
+        return statistics.fmean(values[lo:n])
+
+    drifts = []
+    parts = []
+    for label, lo in ((f"after warm-up (steps {start + 1}-{n})", start), (f"over the last quarter (steps {last + 1}-{n})", last)):
+        mb, mt = mean(b, lo), mean(t, lo)
+        rel = (mt - mb) / abs(mb) if mb else 0.0
+        drifts.append(abs(rel))
+        parts.append(f"{label} {mt:.4g} vs {mb:.4g} ({100 * rel:+.1f}%)")
+    text = f"Numerics over {n} steps (same seed and batches): the tuned run's training loss " + "; ".join(parts)
+    vb, vt = base.measured.get("val_metrics") or {}, tuned.measured.get("val_metrics") or {}
+    shared = sorted(set(vb) & set(vt))
+    if shared:
+        values = []
+        for key in shared:
+            rel = (vt[key] - vb[key]) / abs(vb[key]) if vb[key] else 0.0
+            drifts.append(abs(rel))
+            values.append(f"{key} {vt[key]:.4g} vs {vb[key]:.4g} ({100 * rel:+.1f}%)")
+        text += "; validation after the last step: " + ", ".join(values)
+    elif vb or vt:
+        text += "; validation: no metric both runs logged"
+    worst = max(drifts)
+    verdict = (f" - drifted {100 * worst:.1f}%, more than the {100 * tolerance:g}% tolerance (--loss-tolerance): "
+               "check the tuned config's accuracy before relying on it" if worst > tolerance else
+               f" - within the {100 * tolerance:g}% tolerance (--loss-tolerance)")
+    return text + verdict + "."

@@ -109,6 +109,13 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
                    max_epochs=-1, max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
     for key in ("val_check_interval", "max_time", "min_steps", "min_epochs"):
         trainer.pop(key, None)
+    check = int(recorder.get("check_steps", 0) or 0)
+    if check:  # a drift check: exactly its steps, and with --validate one validation run right after them
+        trainer["max_steps"] = check + (1 if recorder.get("validate") else 0)
+        if recorder.get("validate"):
+            accumulate = trainer.get("accumulate_grad_batches", 1)
+            trainer.update(check_val_every_n_epoch=None,
+                           val_check_interval=check * (accumulate if isinstance(accumulate, int) else 1))
     if trainer.get("num_sanity_val_steps") == 0:  # a setting that breaks validation must fail its trial, not the fit
         trainer["num_sanity_val_steps"] = 2
     callbacks = [cb for cb in as_list(trainer, "callbacks") if short(class_name(cb)) not in _DROPPED_IN_TRIALS]

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import re
 import sys
@@ -34,7 +35,15 @@ from lit_compute.files import write_whole
 from lit_compute.tuning.config_yaml import ConfigError, config_hash, load_config
 from lit_compute.tuning.knobs import KNOB_ORDER, Knob, Machine, apply_settings, find_knobs
 from lit_compute.tuning.search import Budget, Options, Outcome, Search, rate_text
-from lit_compute.tuning.summary import final_line, not_applied, table, tuned_faster, tuned_yaml, untuned_yaml
+from lit_compute.tuning.summary import (
+    drift_text,
+    final_line,
+    not_applied,
+    table,
+    tuned_faster,
+    tuned_yaml,
+    untuned_yaml,
+)
 from lit_compute.tuning.trials import DiskFullError, Journal, TrialResult, TrialSpec, run_trial
 
 
@@ -197,7 +206,8 @@ class _Tuner:
         extra = sum(k.warmup_s for k in self.knobs if k.name in spec.settings)
         return self.startup_s + warmup + spec.seconds + extra
 
-    def measure(self, spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
+    def measure(self, spec: TrialSpec, estimate: float, limit: float,
+                recorder_extra: dict[str, Any] | None = None) -> TrialResult:
         if self.interrupted:  # a Ctrl-C something swallowed: stop before starting anything more
             raise KeyboardInterrupt
         index, self.index = self.index, self.index + 1
@@ -214,7 +224,7 @@ class _Tuner:
             self._progress(too_big)
             return too_big
         try:
-            result = run_trial(config, spec, index, self.log_dir, timeout, self.recorder)
+            result = run_trial(config, spec, index, self.log_dir, timeout, {**self.recorder, **(recorder_extra or {})})
             self.journal.add(result)
         except DiskFullError as err:
             raise TuneError(err.strerror) from None
@@ -295,7 +305,8 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
          log_dir: str | Path = "tune_logs", knobs: list[str] | None = None, skip: list[str] | None = None,
          min_gain: float = 0.03, loss_tolerance: float = 0.05, trajectory_tolerance: float = 0.35, loss_steps: int = 8, warmup_steps: int = 3,
          short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 3, fresh: bool = False,
-         echo: Any = None, device_memory: str | float | None = None) -> TuneResult:
+         echo: Any = None, device_memory: str | float | None = None, check_steps: int = 0,
+         validate: bool = False) -> TuneResult:
     """Tune ``config`` (a ``lit-compute fit`` YAML) within ``budget`` and write the fastest configuration to ``out``.
 
     Args:
@@ -336,6 +347,13 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         unknown = sorted(set(value or []) - set(KNOB_ORDER))
         if unknown:
             raise TuneError(f"--{name} {','.join(unknown)}: no such knob; choose from {', '.join(KNOB_ORDER)}")
+    if check_steps and check_steps < warmup_steps + 2:
+        raise TuneError(f"--check-steps {check_steps}: a drift check needs more steps than the warm-up "
+                        f"({warmup_steps}); give at least {warmup_steps + 2}, e.g. --check-steps 200")
+    if check_steps < 0:
+        raise TuneError(f"--check-steps {check_steps} must be positive (e.g. --check-steps 200), or 0 for none")
+    if validate and not check_steps:
+        raise TuneError("--validate compares validation after a drift check's steps: give --check-steps N too")
     if not 0 <= min_gain < 1:
         raise TuneError(f"--min-gain {min_gain} must be in [0, 1) (0.03 keeps knobs at least 3% faster)")
     for name, tolerance in (("loss-tolerance", loss_tolerance), ("trajectory-tolerance", trajectory_tolerance)):
@@ -367,7 +385,7 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         tuner.device_memory = capacity
         try:
             with _remembered_ctrl_c(tuner):
-                return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo)
+                return _tune(tuner, config_path, out_path, budget_s, knobs, skip, echo, check_steps, validate)
         except KeyboardInterrupt:
             raise TuneInterrupted(tuner.journal.path) from None
 
@@ -395,8 +413,23 @@ def _remembered_ctrl_c(tuner: _Tuner) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _drift_check(tuner: _Tuner, outcome: Outcome, steps: int, validate: bool, echo: Any) -> str:
+    """``--check-steps``: the baseline and the tuned configuration trained ``steps`` steps each from the same seed
+    (and with ``--validate`` validated right after), outside the budget; how far the tuned one drifted."""
+    rung = f"check{steps}{'v' if validate else ''}"
+    extra = {"check_steps": steps, "validate": validate}
+    echo(f"drift check: baseline and tuned, {steps} steps each{' and a validation run' if validate else ''} "
+         "(outside the budget)")
+    results = []
+    for settings in ({}, dict(outcome.settings)):
+        spec = TrialSpec(settings, rung, 0, 1.0)
+        estimate = tuner.startup_s + (steps + 10) * tuner.step_s * (3 if validate else 1)
+        results.append(tuner.measure(spec, estimate, math.inf, recorder_extra=extra))
+    return drift_text(results[0], results[1], tuner.recorder["warmup_steps"], tuner.options.loss_tolerance)
+
+
 def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, knobs: list[str] | None,
-          skip: list[str] | None, echo: Any) -> TuneResult:
+          skip: list[str] | None, echo: Any, check_steps: int = 0, validate: bool = False) -> TuneResult:
     log_dir, options = tuner.log_dir, tuner.options
     echo(f"lit-compute tune: {config_path}, budget {budget_s:.0f} s, trials in {log_dir}/")
     baseline = tuner.baseline()
@@ -410,6 +443,8 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     outcome = search.run(baseline)
     peaks = machine.extras.get("peaks", {})
     summary = final_line(outcome)
+    if check_steps and tuned_faster(outcome):
+        summary += " " + _drift_check(tuner, outcome, check_steps, validate, echo)
     text = table(outcome, tuner.knobs, peaks)
     lines = not_applied(skipped, outcome)
     out_written: Path | None = None
@@ -460,6 +495,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
     parser.add_argument("--markdown", default=None,
                         help="also write the table and the result, with the command, commit, date and machine, to FILE")
+    parser.add_argument("--check-steps", type=int, default=0,
+                        help="after the search, train the baseline and the tuned config N steps each from the same "
+                             "seed and say how far the tuned loss drifted (outside the budget)")
+    parser.add_argument("--validate", action="store_true",
+                        help="with --check-steps: also validate both after their N steps and compare the metrics")
     parser.add_argument("--device-memory", default=None,
                         help="tune for a device of this memory (24GB): trials predicted not to fit are not started")
     args = parser.parse_args(argv)
@@ -472,7 +512,8 @@ def main(argv: list[str]) -> int:
              min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
              trajectory_tolerance=args.trajectory_tolerance, loss_steps=args.loss_steps,
              short_seconds=args.short_seconds, long_seconds=args.long_seconds, side_by_side=args.side_by_side,
-             fresh=args.fresh, device_memory=args.device_memory)
+             fresh=args.fresh, device_memory=args.device_memory, check_steps=args.check_steps,
+             validate=args.validate)
         if args.markdown:
             from lit_compute.bench._common import figure_header, machine_line
 

@@ -297,6 +297,10 @@ def test_bad_arguments_are_one_clear_error_before_any_trial(tmp_path):
         tune("configs/quickstart.yaml", knobs=["precison"], log_dir=tmp_path)
     with pytest.raises(TuneError, match=r"--config 'nope.yaml': no such file"):
         tune("nope.yaml", log_dir=tmp_path)
+    with pytest.raises(TuneError, match=r"--validate compares validation after a drift check's steps: give --check-steps N"):
+        tune("configs/quickstart.yaml", validate=True, log_dir=tmp_path)
+    with pytest.raises(TuneError, match=r"--check-steps 3: a drift check needs more steps than the warm-up \(3\); give at least 5"):
+        tune("configs/quickstart.yaml", check_steps=3, log_dir=tmp_path)
     assert not list(tmp_path.iterdir())
 
 
@@ -591,3 +595,26 @@ def test_a_ctrl_c_something_swallowed_still_stops_the_tune_before_its_next_trial
     real.interrupted = True
     with pytest.raises(KeyboardInterrupt):
         real.measure(TrialSpec({}, "short"), 1.0, 10.0)
+
+
+def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validation():
+    from lit_compute.tuning.summary import drift_text
+
+    def run(losses, val=None, status="ok"):
+        r = TrialResult(key="k", slug="s", settings={}, rung="check8", repeat=0, status=status, rate=1.0,
+                        reason="" if status == "ok" else "ValueError: boom", measured={"losses": losses})
+        if val:
+            r.measured["val_metrics"] = val
+        return r
+
+    base = run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0], {"val_loss": 2.0})
+    same = drift_text(base, run([4.1, 3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0], {"val_loss": 2.02}), 2, 0.05)
+    assert same.startswith("Numerics over 8 steps (same seed and batches): the tuned run's training loss after "
+                           "warm-up (steps 3-8) 1.167 vs 1.167 (+0.0%); over the last quarter (steps 7-8) 1 vs 1 (+0.0%)")
+    assert "validation after the last step: val_loss 2.02 vs 2 (+1.0%)" in same and "within the 5% tolerance" in same
+    drifted = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.2, 1.2]), 2, 0.05)
+    assert "over the last quarter (steps 7-8) 1.2 vs 1 (+20.0%)" in drifted
+    assert "drifted 20.0%, more than the 5% tolerance (--loss-tolerance)" in drifted
+    assert drift_text(base, run([], status="crashed"), 2, 0.05) == \
+        "Numerics not checked: the tuned run crashed: ValueError: boom."
+    assert drift_text(base, run([]), 2, 0.05).startswith("Numerics not checked: 0 step(s) with a loss on both sides")

@@ -79,3 +79,16 @@ class WideRegression(SleepyRegression):
     def __init__(self, coef: float = 0.0, lr: float = 0.01) -> None:
         super().__init__(coef, lr)
         self.lin = torch.nn.Sequential(torch.nn.Linear(8, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
+
+
+class ValidatedRegression(SleepyRegression):
+    """Logs ``val_loss`` from a validation step (the drift check's --validate compares it)."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), y))
+
+
+class ValidatedRegressionData(RandomRegressionData):
+    def val_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
