@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,31 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     summary.comm_fraction, summary.comm_overlap_fraction, summary.comm_exposed_fraction = _host_collectives(
         events, lo, hi)
     return summary
+
+
+def host_collective_durations(trace: dict[str, Any] | str | Path) -> tuple[list[float], int]:
+    """The durations (seconds) of a host backend's (gloo's) collectives inside the trace's profiled steps, in the
+    order they started, and the number of steps: what :func:`transfer_time_per_step` pairs across ranks."""
+    data: dict[str, Any] = trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
+    events = [e for e in data.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+             if _STEP.match(str(e.get("name", ""))) and not str(e.get("cat", "")).lower().startswith("gpu_")]
+    if not steps:
+        return [], 0
+    lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
+    comm = sorted((float(e["ts"]), float(e.get("dur", 0))) for e in events if str(e.get("name", "")).startswith("gloo:")
+                  and lo <= float(e["ts"]) < hi)
+    return [d / 1e6 for _, d in comm], len(steps)
+
+
+def transfer_time_per_step(traces: Sequence[dict[str, Any] | str | Path]) -> float | None:
+    """Seconds per step the collectives themselves took, from every rank's trace of the same steps: each collective's
+    shortest duration over the ranks (the rank that arrived last waited for nobody; the others' extra time was
+    waiting for it), summed over the window and divided by its steps. None when the ranks' traces do not hold the
+    same collectives."""
+    per_rank = [host_collective_durations(t) for t in traces]
+    counts = {len(d) for d, _ in per_rank}
+    steps = {n for _, n in per_rank}
+    if len(per_rank) < 2 or len(counts) != 1 or 0 in counts or len(steps) != 1 or 0 in steps:
+        return None
+    return sum(min(ds) for ds in zip(*(d for d, _ in per_rank))) / steps.pop()

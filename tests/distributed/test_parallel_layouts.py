@@ -155,3 +155,12 @@ def test_a_slow_rank_is_named_with_its_cause_when_the_others_wait_inside_the_for
     # both forwards last as long (rank 0 waits in its collectives): the forward alone would name nobody
     if cause == "compute":
         assert abs(_last(acc, "rank/0/forward_ms") - _last(acc, "rank/1/forward_ms")) < 100
+
+
+def test_the_reports_rank_table_shows_the_time_blocked_in_collectives(runs, tmp_path):
+    from lit_compute.report.document import build_report
+
+    text, _ = build_report([str(runs / "fsdp2_slow_data")], tmp_path / "report.md", None, None, plots=False)
+    table = text[text.index("### Ranks"):]
+    assert "| blocked in collectives (ms) |" in table.splitlines()[4] and "| 1 (slowest) |" in table
+    assert "rank 1 is a straggler" in table and "Cause: data" in table

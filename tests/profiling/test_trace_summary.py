@@ -45,3 +45,20 @@ def test_exposed_communication_is_a_union_of_intervals_not_a_sum():
     assert summary.comm_overlap_fraction == pytest.approx(4 / 15)
     assert summary.comm_exposed_fraction == pytest.approx(11 / 20)
     assert summary.scalars()["comm/exposed_fraction"] == pytest.approx(0.55)
+
+
+def test_the_collectives_own_time_is_each_ones_shortest_duration_over_the_ranks():
+    from lit_compute.profiling.trace_summary import transfer_time_per_step
+
+    def trace(durations_us):
+        steps = [{"ph": "X", "name": f"ProfilerStep#{i}", "ts": 1000.0 * i, "dur": 1000.0} for i in (1, 2)]
+        comm = [{"ph": "X", "name": "gloo:all_reduce", "ts": 1000.0 + 400.0 * k, "dur": d, "tid": 7}
+                for k, d in enumerate(durations_us)]
+        outside = [{"ph": "X", "name": "gloo:all_reduce", "ts": 5000.0, "dur": 999.0, "tid": 7}]  # after the window
+        return {"traceEvents": steps + comm + outside}
+
+    # rank 0 waited 40 us in the first all-reduce, rank 1 38 us in the second: the transfers were 10 and 12 us
+    rank0, rank1 = trace([10.0, 50.0, 5.0]), trace([50.0, 12.0, 5.0])
+    assert transfer_time_per_step([rank0, rank1]) == pytest.approx((10 + 12 + 5) / 2 / 1e6)
+    assert transfer_time_per_step([rank0, trace([50.0, 12.0])]) is None  # not the same collectives
+    assert transfer_time_per_step([rank0]) is None
