@@ -242,11 +242,26 @@ def untuned_yaml(source_text: str, source: str, final: str, outcome: Outcome, sk
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + source_text
 
 
+_LOWER_IS_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "nll", "wer", "cer")
+_HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "bleu", "iou", "map", "top1", "top5")
+
+
+def _worse(name: str, rel: float) -> float | None:
+    """How much worse a relative change of metric ``name`` is (positive: worse), None when its direction is unknown."""
+    lowered = name.lower()
+    if any(w in lowered for w in _LOWER_IS_BETTER):
+        return rel
+    if any(w in lowered for w in _HIGHER_IS_BETTER):
+        return -rel
+    return None
+
+
 def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: float) -> str:
     """How far the tuned run's numerics drifted from the baseline's over a drift check (``--check-steps``): the
     training loss after warm-up and over the last quarter of the steps (the same seed and batches: the two
     trajectories are comparable step by step), and with ``--validate`` the validation metrics after the last step.
-    A drift larger than ``tolerance`` (relative) is called out."""
+    A change for the worse beyond ``tolerance`` (relative; a loss higher, an accuracy lower) is called out; one as
+    large for the better is reported as a different path, not a fault."""
     if not (base.status == "ok" and tuned.status == "ok"):
         failed = [f"the {name} run {r.status}: {r.reason}" for name, r in (("baseline", base), ("tuned", tuned))
                   if r.status != "ok"]
@@ -257,16 +272,12 @@ def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: fl
         return (f"Numerics not checked: {n} step(s) with a loss on both sides (training_step returns no loss and "
                 "logs none the tune can read)." if n == 0 else f"Numerics not checked: only {n} step(s) with a loss.")
     start, last = warmup, max(warmup, n - max(1, n // 4))
-
-    def mean(values: list[float], lo: int) -> float:
-        return statistics.fmean(values[lo:n])
-
-    drifts = []
+    changes: list[tuple[str, float]] = []  # (metric name, relative change tuned vs baseline)
     parts = []
     for label, lo in ((f"after warm-up (steps {start + 1}-{n})", start), (f"over the last quarter (steps {last + 1}-{n})", last)):
-        mb, mt = mean(b, lo), mean(t, lo)
+        mb, mt = statistics.fmean(b[lo:n]), statistics.fmean(t[lo:n])
         rel = (mt - mb) / abs(mb) if mb else 0.0
-        drifts.append(abs(rel))
+        changes.append(("loss", rel))
         parts.append(f"{label} {mt:.4g} vs {mb:.4g} ({100 * rel:+.1f}%)")
     text = f"Numerics over {n} steps (same seed and batches): the tuned run's training loss " + "; ".join(parts)
     vb, vt = base.measured.get("val_metrics") or {}, tuned.measured.get("val_metrics") or {}
@@ -275,13 +286,20 @@ def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: fl
         values = []
         for key in shared:
             rel = (vt[key] - vb[key]) / abs(vb[key]) if vb[key] else 0.0
-            drifts.append(abs(rel))
+            changes.append((key, rel))
             values.append(f"{key} {vt[key]:.4g} vs {vb[key]:.4g} ({100 * rel:+.1f}%)")
         text += "; validation after the last step: " + ", ".join(values)
     elif vb or vt:
         text += "; validation: no metric both runs logged"
-    worst = max(drifts)
-    verdict = (f" - drifted {100 * worst:.1f}%, more than the {100 * tolerance:g}% tolerance (--loss-tolerance): "
-               "check the tuned config's accuracy before relying on it" if worst > tolerance else
-               f" - within the {100 * tolerance:g}% tolerance (--loss-tolerance)")
-    return text + verdict + "."
+    worse = [(name, w) for name, rel in changes if (w := _worse(name, rel)) is not None and w > tolerance]
+    unknown = [(name, rel) for name, rel in changes if _worse(name, rel) is None and abs(rel) > tolerance]
+    biggest = max((abs(rel) for _, rel in changes), default=0.0)
+    if worse or unknown:
+        name, value = max(worse + unknown, key=lambda item: abs(item[1]))
+        return text + (f" - {name} {'worse' if worse else 'different'} by {100 * abs(value):.1f}%, more than the "
+                       f"{100 * tolerance:g}% tolerance (--loss-tolerance): check the tuned config's accuracy before "
+                       "relying on it.")
+    if biggest > tolerance:
+        return text + (f" - the runs took different paths (up to {100 * biggest:.1f}% apart), every difference "
+                       "for the better: no sign that the tuned numerics hurt.")
+    return text + f" - within the {100 * tolerance:g}% tolerance (--loss-tolerance)."

@@ -614,7 +614,12 @@ def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validat
     assert "validation after the last step: val_loss 2.02 vs 2 (+1.0%)" in same and "within the 5% tolerance" in same
     drifted = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.2, 1.2]), 2, 0.05)
     assert "over the last quarter (steps 7-8) 1.2 vs 1 (+20.0%)" in drifted
-    assert "drifted 20.0%, more than the 5% tolerance (--loss-tolerance)" in drifted
+    assert "loss worse by 20.0%, more than the 5% tolerance (--loss-tolerance)" in drifted
+    # lower losses and a higher accuracy are a different path, not a fault; a lower accuracy is worse
+    better = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 0.8, 0.8], {"val_loss": 1.5}), 2, 0.05)
+    assert "every difference for the better" in better and "up to 25.0% apart" in better
+    base.measured["val_metrics"] = {"val/acc": 0.9}
+    assert "val/acc worse by 10.0%" in drift_text(base, run(base.measured["losses"], {"val/acc": 0.81}), 2, 0.05)
     assert drift_text(base, run([], status="crashed"), 2, 0.05) == \
         "Numerics not checked: the tuned run crashed: ValueError: boom."
     assert drift_text(base, run([]), 2, 0.05).startswith("Numerics not checked: 0 step(s) with a loss on both sides")
