@@ -159,12 +159,14 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize(("data_parallel", "tensor_parallel"), [(1, 2), (2, 1)], ids=["tensor-parallel", "fsdp2"])
+@pytest.mark.parametrize(("data_parallel", "tensor_parallel"), [(1, 2), (2, 1), (2, 2)],
+                         ids=["tensor-parallel", "fsdp2", "fsdp2-x-tensor-parallel"])
 def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path, data_parallel,
                                                                                 tensor_parallel):
-    """Each layout the config documents (its default, tensor parallel 2; and FSDP2 only), every component on. The
-    GPT has an example_input_array, which FlopsLogger's fit-start count ran before FSDP2's lazy set-up ('FSDPParam'
-    object has no attribute 'param_dtype' on both ranks)."""
+    """Each layout the config documents (its default, tensor parallel 2; FSDP2 only; and both, 2 x 2 on four
+    processes, with CommBenchmark over each mesh dimension), every component on. The GPT has an
+    example_input_array, which FlopsLogger's fit-start count ran before FSDP2's lazy set-up ('FSDPParam' object has
+    no attribute 'param_dtype' on both ranks)."""
     import math
 
     import yaml
@@ -177,6 +179,11 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     config["trainer"]["callbacks"][3]["init_args"].update(start_step=6, warmup=1, active=2)  # the profiler window
     config["trainer"]["logger"][1]["init_args"]["port"] = 0  # PrometheusLogger on a free port
     config["data"]["init_args"]["mode"] = "packed"  # one shape: the memory prediction is of that shape
+    world = data_parallel * tensor_parallel
+    config["trainer"]["devices"] = world
+    if world == 4:
+        config["trainer"]["callbacks"].append({"class_path": "lit_compute.CommBenchmark",
+                                               "init_args": {"max_mb": 0.05, "seconds": 2}})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = run_script(tmp_path, GPT_MODEL_PARALLEL, str(tmp_path / "config.yaml"), *GPT_SMALL, timeout=400)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -187,7 +194,7 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
             and "ModelParallelStrategy" in run)
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
     hardware = scalar_values(acc, "compute/hardware_flops_per_step")[-1][1]
-    assert total == pytest.approx(2 * local, rel=1e-6)  # two peers with the same count
+    assert total == pytest.approx(world * local, rel=1e-6)  # peers with the same count
     # model FLOPs of the global step = the unsharded model's on the same global batch (TP: one batch of 4; FSDP2: a
     # batch of 4 on each of 2 replicas); the work every TP peer repeats (embeddings, norms, the tied head) counts once
     from lit_compute.flops import count_flops
@@ -203,7 +210,11 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
             "memory/peak_gb_rank_max"} <= tags
     assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
     traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
-    assert [t.split("_")[-1] for t in traces] == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
+    assert [t.split("_")[-1] for t in traces] == [f"rank{r}.pt.trace.json" for r in range(world)]
+    if world == 4:  # the collectives measured over the world and over each mesh dimension's groups
+        for where in ("comm", "comm/data_parallel", "comm/tensor_parallel"):
+            assert all(v > 0 for _, v in scalar_values(acc, f"{where}/allreduce_busbw_gbps")), where
+        return  # the memory prediction below simulates two ranks
     if data_parallel == 2:  # the example's forward GFLOPs per sample comes with the first counted batch instead
         assert scalar_values(acc, "compute/forward_gflops_per_sample")
     # each rank's peak memory, predicted before any step (each rank simulated in this process), within 10% of what
