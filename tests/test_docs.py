@@ -29,6 +29,8 @@ NOT_MEASURED = {
     ("docs/tune.md", "3%"): "--min-gain's default and the interval's target width (tuning/tune.py)",
     ("docs/tune.md", "5%"): "--loss-tolerance's default and the budget's allowance for the last trial (tuning/tune.py)",
     ("docs/tune.md", "35%"): "--trajectory-tolerance's default (tuning/tune.py)",
+    ("docs/distributed.md", "25%"): "StepTimeMonitor's comm_fraction default (monitoring/step_time_monitor.py)",
+    ("docs/metrics.md", "25%"): "StepTimeMonitor's comm_fraction default (monitoring/step_time_monitor.py)",
     ("CHANGELOG.md", "95%"): "the confidence level of the tune's paired intervals (tuning/search.py)",
     ("docs/flops.md", "1 TFLOP/s"): "the rate below which FLOP/s are also written in GFLOP/s (writer.py)",
     ("docs/memory.md", "5%"): "the tolerance tests/memory/test_memory_monitor.py asserts",

@@ -79,3 +79,22 @@ def find_straggler(wait_ms: Sequence[float], forward_ms: Sequence[float],
     return Straggler(rank=rank, skew=skew, cause=cause, extra_ms=own[rank] - median_own, wait_ms=wait_ms[rank],
                      forward_ms=compute[rank], median_wait_ms=median_wait, median_forward_ms=median_compute,
                      comm_ms=comm[rank], median_comm_ms=_median([comm[r] for r in others]))
+
+
+def communication_bound(comm_ms: Sequence[float], step_ms: Sequence[float], share: float) -> str | None:
+    """Advice when the collectives themselves are slow: even the rank that waited least for the others (the one
+    they wait for) spent more than ``share`` of the step blocked in collectives. None otherwise, or when a value is
+    unknown. In a collective every rank finishes together, so a slow link costs every rank alike: it is named as
+    the communication, never as one rank."""
+    if len(comm_ms) < 2 or len(comm_ms) != len(step_ms) or not all(math.isfinite(v) for v in (*comm_ms, *step_ms)):
+        return None
+    least, step = min(comm_ms), max(step_ms)
+    if step <= 0 or least <= share * step:
+        return None
+    return (f"StepTimeMonitor: the communication is slow, not one rank: every rank, even the one the others wait for "
+            f"least, spent at least {least:.1f} ms of its {step:.1f} ms step ({least / step:.0%}) blocked in "
+            f"collectives (threshold comm_fraction={share}). In a collective every rank finishes together, so a slow "
+            "network or one rank's slower link costs all of them alike and the timings cannot say whose: measure the "
+            "links (lit-compute bench allreduce, CommBenchmark in the run), overlap more (larger DDP buckets, FSDP2's "
+            "reshard_after_forward=False), or send less (TunedDDPStrategy's comm_hook, a smaller tensor-parallel "
+            "group).")

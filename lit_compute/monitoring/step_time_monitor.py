@@ -12,7 +12,7 @@ from lit_compute._batch import TokenSpec
 from lit_compute._compat import available_cpu_cores, parallel_layout
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
-from lit_compute.monitoring.rank_skew import find_straggler
+from lit_compute.monitoring.rank_skew import communication_bound, find_straggler
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_text
 
@@ -81,6 +81,9 @@ class StepTimeMonitor(MeasuringCallback):
         - text ``time/advice``: the input-bound diagnosis, when it fires.
         - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
           row with the same rank slowest: the slow rank, whether it waited on data or computed longer, and by how much.
+        - text ``time/comm_advice``: when, at two logging steps in a row, every rank spent more than
+          ``comm_fraction`` of the step blocked in collectives and no rank's own work stood out: the communication
+          is slow (a network or a link), not one rank.
 
     Token batches (a mapping or object with ``input_ids``; padding from its ``attention_mask``, or a pad id the
     datamodule declares as ``pad_token_id``) are found automatically; ``tokens`` says where they are otherwise.
@@ -91,6 +94,8 @@ class StepTimeMonitor(MeasuringCallback):
         stall_fraction: Data-wait fraction above which the run is called input-bound.
         tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect).
         straggler_skew: ``rank_skew`` above which the slowest rank is called a straggler.
+        comm_fraction: Share of the step above which time blocked in collectives on *every* rank (the one the
+            others wait for included) is called slow communication.
 
     Example:
         >>> import lightning.pytorch as pl
@@ -102,9 +107,13 @@ class StepTimeMonitor(MeasuringCallback):
                  window: Annotated[int, Check(ge=2)] = 50,
                  stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
                  tokens: TokenSpec | None = None,
-                 straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25) -> None:
+                 straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25,
+                 comm_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.25) -> None:
         super().__init__()
         self.straggler_skew = straggler_skew
+        self.comm_fraction = comm_fraction
+        self.comm_advice: str | None = None
+        self._comm_logs = 0  # logging steps in a row whose collectives were slow on every rank
         self.straggler_advice: str | None = None
         self._skewed_logs = 0  # logging steps in a row with the same rank skewed
         self._skewed_rank: int | None = None
@@ -124,12 +133,13 @@ class StepTimeMonitor(MeasuringCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"advice": self.advice, "straggler_advice": self.straggler_advice}
+        return {"advice": self.advice, "straggler_advice": self.straggler_advice, "comm_advice": self.comm_advice}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.advice = state_dict.get("advice")
         self.straggler_advice = state_dict.get("straggler_advice")
+        self.comm_advice = state_dict.get("comm_advice")
 
     @override
     def _setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -237,6 +247,13 @@ class StepTimeMonitor(MeasuringCallback):
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)
             log_text(trainer, "time/straggler_advice", self.straggler_advice)
+        slow_comm = None if skewed else communication_bound(per_rank["comm_ms"], per_rank["step_ms"],
+                                                            self.comm_fraction)
+        self._comm_logs = self._comm_logs + 1 if slow_comm else 0
+        if slow_comm and self._comm_logs >= 2 and self.comm_advice is None:
+            self.comm_advice = slow_comm
+            self._warn_once("communication", slow_comm)
+            log_text(trainer, "time/comm_advice", slow_comm)
         return out
 
     def _check_stall(self, trainer: pl.Trainer) -> None:

@@ -164,3 +164,14 @@ def test_the_reports_rank_table_shows_the_time_blocked_in_collectives(runs, tmp_
     table = text[text.index("### Ranks"):]
     assert "| blocked in collectives (ms) |" in table.splitlines()[4] and "| 1 (slowest) |" in table
     assert "rank 1 is a straggler" in table and "Cause: data" in table
+
+
+def test_a_slow_link_is_named_as_communication_not_as_a_rank(runs):
+    # each collective completes 50 ms late on rank 1: rank 0 then waits for it at the next one, so both ranks spend
+    # the time blocked in collectives, no rank's own work stands out, and the run says the communication is slow
+    acc = _events(runs, "fsdp2_slow_comm")
+    for rank in (0, 1):
+        assert _last(acc, f"rank/{rank}/comm_wait_ms") > 0.25 * _last(acc, f"rank/{rank}/step_ms")
+    (advice,) = text_values(acc, "time/comm_advice")
+    assert "the communication is slow, not one rank" in advice and "comm_fraction=0.25" in advice
+    assert "time/straggler_advice/text_summary" not in acc.Tags()["tensors"]

@@ -40,3 +40,12 @@ def test_the_forwards_time_in_collectives_is_not_own_work():
     assert (s.rank, s.cause) == (1, "data")
     assert find_straggler([2.0, 242.0], [250.0, 10.0]).rank == 0  # what the forward alone said
     assert find_straggler([2.0, 2.0], [250.0, 250.0], forward_comm_ms=[241.0, math.nan]) is None
+
+
+def test_slow_communication_is_named_only_when_every_rank_waits_in_collectives():
+    from lit_compute.monitoring.rank_skew import communication_bound
+
+    advice = communication_bound([120.0, 110.0], [300.0, 300.0], 0.25)
+    assert advice and "at least 110.0 ms of its 300.0 ms step (37%)" in advice and "cannot say whose" in advice
+    assert communication_bound([200.0, 10.0], [300.0, 300.0], 0.25) is None  # one rank waits: a straggler's sign
+    assert communication_bound([120.0, math.nan], [300.0, 300.0], 0.25) is None

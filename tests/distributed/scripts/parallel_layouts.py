@@ -5,7 +5,8 @@
 - a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
 - stragglers under FSDP2 and tensor parallelism, where the other rank waits inside the forward's collectives: rank 1
   sleeps 200 ms per batch in its loader (data) or before its forward (compute), on the real clock (a sleep is what
-  a slow rank looks like to the others);
+  a slow rank looks like to the others); and FSDP2 where each collective completes 50 ms late on rank 1 (a slow
+  link: every rank ends up waiting alike);
 - FSDP2 with CommBenchmark (all three collectives, world and mesh groups) and a profiler window;
 - FSDP2 where the ranks' batch shapes differ (each new one counted on its own rank);
 - FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
@@ -111,7 +112,8 @@ class MLP(pl.LightningModule):
 
 def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4,
         callbacks=(), slow: str | None = None) -> None:
-    """``slow``: None (the driven clock), ``"data"`` or ``"compute"``: rank 1 sleeps 200 ms per batch there."""
+    """``slow``: None (the driven clock), ``"data"`` or ``"compute"``: rank 1 sleeps 200 ms per batch there;
+    ``"comm"``: rank 1 sleeps 50 ms in each collective's wait."""
     driven = [] if slow else [DrivenClock()]
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, log_every_n_steps=2,
                          logger=pl.loggers.TensorBoardLogger(str(out), name=name), enable_checkpointing=False,
@@ -120,7 +122,19 @@ def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | Non
     rank = trainer.global_rank
     loader = DataLoader(Samples(rank, 1 if slow == "data" else slow_rank, 0.2 if slow == "data" else 0.0),
                         batch_size=GLOBAL_BATCH // data_parallel)
-    trainer.fit(MLP(0.2 if slow == "compute" and rank == 1 else 0.0), train_dataloaders=loader)
+    work = torch.distributed.distributed_c10d.Work
+    real_wait = work.wait
+    if slow == "comm" and rank == 1:  # a slow link on rank 1: each of its collectives completes 50 ms late there
+
+        def slow_wait(self, *args, **kwargs):
+            time.sleep(0.05)
+            return real_wait(self, *args, **kwargs)
+
+        work.wait = slow_wait
+    try:
+        trainer.fit(MLP(0.2 if slow == "compute" and rank == 1 else 0.0), train_dataloaders=loader)
+    finally:
+        work.wait = real_wait
 
 
 def uneven_shapes(out: Path) -> None:
@@ -182,6 +196,8 @@ if __name__ == "__main__":
         for cause in ("data", "compute"):
             run(OUT, f"{layout}_slow_{cause}", ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
                 dp, max_steps=7, slow=cause)
+    run(OUT, "fsdp2_slow_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=7,
+        slow="comm")
     run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
         callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
     uneven_shapes(OUT)
