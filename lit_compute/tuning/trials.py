@@ -112,7 +112,8 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     check = int(recorder.get("check_steps", 0) or 0)
     if check:  # a drift check: exactly its steps, and with --validate one validation run right after them
         trainer["max_steps"] = check + (1 if recorder.get("validate") else 0)
-        if recorder.get("validate"):
+        if recorder.get("validate"):  # on the whole validation set: a batch-count limit would cover fewer samples
+            trainer.pop("limit_val_batches", None)  # at a smaller micro-batch, and the two runs would differ
             accumulate = trainer.get("accumulate_grad_batches", 1)
             trainer.update(check_val_every_n_epoch=None,
                            val_check_interval=check * (accumulate if isinstance(accumulate, int) else 1))

@@ -45,12 +45,15 @@ def _folder(logs: Path, name: str = "tiny") -> Path:
 
 def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that_trains(tmp_path):
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
+    validated = {**CONFIG, "trainer": {**CONFIG["trainer"], "limit_val_batches": 2},
+                 "model": {"class_path": "tests.tuning.tune_models.ValidatedRegression"},
+                 "data": {**CONFIG["data"], "class_path": "tests.tuning.tune_models.ValidatedRegressionData"}}
+    config.write_text(yaml.safe_dump(validated))
     out, logs = tmp_path / "tiny.tuned.yaml", tmp_path / "tune_logs"
     command = [sys.executable, "-m", "lit_compute.cli", "tune", "--config", str(config), "--budget", "4m",
                "--out", str(out), "--log-dir", str(logs), "--knobs", "channels_last,fused_optimizer,micro_batch",
                "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1",
-               "--markdown", str(tmp_path / "figures" / "tune.md"), "--check-steps", "10"]
+               "--markdown", str(tmp_path / "figures" / "tune.md"), "--check-steps", "10", "--validate"]
     first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -84,6 +87,7 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     # batches, so the losses match) and the drift said
     assert "drift check: baseline and tuned, 10 steps each" in text
     assert "Numerics over 10 steps (same seed and batches): the tuned run's training loss after warm-up (steps 4-10)" in text
+    assert "; validation after the last step: val_loss " in text  # each check trial validated after its 10 steps
     assert "within the 5% tolerance (--loss-tolerance)" in text
 
     figure = (tmp_path / "figures" / "tune.md").read_text()  # the table and the result under the figure header
@@ -199,16 +203,3 @@ def test_a_killed_tune_leaves_no_trial_running(tmp_path):
     finally:
         tune.kill()
 
-
-def test_a_drift_check_trial_runs_its_steps_and_validates_after_them(tmp_path):
-    config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.ValidatedRegression",
-                                  "init_args": {"coef": 0.0}},
-              "data": {"class_path": "tests.tuning.tune_models.ValidatedRegressionData", "init_args": {"batch_size": 16}}}
-    config["trainer"] = {**CONFIG["trainer"], "limit_val_batches": 2}
-    result = run_trial(config, TrialSpec({}, "check12v", 0, 1.0), 0, tmp_path, 300,
-                       {"warmup_steps": 3, "loss_steps": 4, "check_steps": 12, "validate": True})
-    assert result.status == "ok", result.reason
-    measured = result.measured
-    assert len(measured["losses"]) == 12 and measured["steps_seen"] == 12
-    assert measured["stop_reason"] == "validated after 12 steps"
-    assert set(measured["val_metrics"]) == {"val_loss"} and measured["val_metrics"]["val_loss"] > 0
