@@ -118,6 +118,65 @@ def paths_differing(old: Any, new: Any, prefix: ConfigPath = ()) -> list[ConfigP
     return [] if old == new else [prefix]
 
 
+# -- the user's comments ------------------------------------------------------------------------------------
+def user_comments(text: str) -> tuple[dict[ConfigPath, str], dict[ConfigPath, list[str]]]:
+    """The comments of a YAML file by the config path they sit beside: ``inline[path]`` at the end of the line that
+    sets ``path``, ``above[path]`` the full-line comments just before it (the file's opening comments go above its
+    first key). Located with PyYAML's own node marks, so any YAML the tune reads is understood; a file that does not
+    compose gives none."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}, {}
+    lines = text.splitlines()
+    starts: dict[int, ConfigPath] = {}  # line -> the deepest path whose key or item starts there
+    token_end: dict[int, int] = {}  # line -> the column after the last key or scalar ending on it
+
+    def note(node: yaml.Node) -> None:
+        if node.end_mark.line == node.start_mark.line:
+            token_end[node.end_mark.line] = max(token_end.get(node.end_mark.line, 0), node.end_mark.column)
+
+    def begins(line: int, path: ConfigPath) -> None:
+        if line not in starts or len(path) > len(starts[line]):
+            starts[line] = path
+
+    def walk(node: yaml.Node, path: ConfigPath) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                here = (*path, key.value)
+                begins(key.start_mark.line, here)
+                note(key)
+                walk(value, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                begins(item.start_mark.line, (*path, i))
+                walk(item, (*path, i))
+        else:
+            note(node)
+
+    if root is None:
+        return {}, {}
+    walk(root, ())
+    inline: dict[ConfigPath, str] = {}
+    above: dict[ConfigPath, list[str]] = {}
+    pending: list[str] = []
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#"):  # its own indentation kept (one space after the hash is the emitter's)
+            text = stripped[1:].rstrip()
+            pending.append(text[1:] if text.startswith(" ") else text)
+            continue
+        if number not in starts:
+            continue
+        path = starts[number]
+        if pending:
+            above[path], pending = pending, []
+        rest = line[token_end.get(number, len(line)):].lstrip().lstrip(":").strip()
+        if rest.startswith("#"):
+            inline[path] = rest[1:].strip()
+    return inline, above
+
+
 # -- writing YAML with comments ------------------------------------------------------------------------------
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
@@ -130,11 +189,17 @@ def _comment(comments: Mapping[ConfigPath, str], path: ConfigPath) -> str:
 
 
 def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPath, str], lines: list[str],
-          first_prefix: str | None = None) -> None:
+          first_prefix: str | None = None, above: Mapping[ConfigPath, list[str]] | None = None) -> None:
     pad = " " * indent
+    above = above or {}
     items = value.items() if isinstance(value, dict) else enumerate(value)
     for n, (key, item) in enumerate(items):
         here = (*path, key)
+        # full-line comments before the line: a list item's and its first key's both go above the dash line
+        comment_pad = first_prefix.replace("-", " ") if n == 0 and first_prefix is not None else pad
+        for text in above.get(here, []) + (above.get((*here, next(iter(item))), []) if isinstance(value, list)
+                                            and isinstance(item, dict) and item else []):
+            lines.append(f"{comment_pad}# {text}" if text else f"{comment_pad}#")
         if isinstance(value, dict):
             head = f"{pad}{_scalar(key)}:"
         else:
@@ -143,12 +208,13 @@ def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPat
             head = first_prefix + head.lstrip()
         if isinstance(item, (dict, list)) and item:
             if isinstance(value, list) and isinstance(item, dict):
-                _emit(item, here, indent + 2, comments, lines, first_prefix=f"{pad}- ")
+                _emit(item, here, indent + 2, comments, lines, first_prefix=f"{pad}- ",
+                      above={k: v for k, v in above.items() if k != (*here, next(iter(item)))})
                 if comments.get(here):
                     lines[_first_line_of(lines, pad)] += _comment(comments, here)
                 continue
             lines.append(head + _comment(comments, here))
-            _emit(item, here, indent + 2, comments, lines)
+            _emit(item, here, indent + 2, comments, lines, above=above)
         else:
             lines.append(f"{head} {_scalar(item)}{_comment(comments, here)}")
 
@@ -162,10 +228,11 @@ def _first_line_of(lines: list[str], pad: str) -> int:
 
 
 def dump_yaml(config: Mapping[str, Any], comments: Mapping[ConfigPath, str] | None = None,
-              header: list[str] | None = None) -> str:
-    """``config`` as block-style YAML with ``comments[path]`` at the end of the line that sets ``path``."""
+              header: list[str] | None = None, above: Mapping[ConfigPath, list[str]] | None = None) -> str:
+    """``config`` as block-style YAML with ``comments[path]`` at the end of the line that sets ``path`` and the
+    lines ``above[path]`` as full-line comments before it."""
     lines = [f"# {line}" if line else "#" for line in (header or [])]
-    _emit(dict(config), (), 0, comments or {}, lines)
+    _emit(dict(config), (), 0, comments or {}, lines, above=above)
     text = "\n".join(lines) + "\n"
     if yaml.safe_load(text) != yaml.safe_load(yaml.safe_dump(dict(config))):  # pragma: no cover - emitter bug
         raise AssertionError("dump_yaml wrote a document that does not read back as the config")

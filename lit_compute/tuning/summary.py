@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lit_compute.formatting import markdown_table
-from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing
+from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing, user_comments
 from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
 from lit_compute.tuning.search import Outcome, Verdict, paired_ratio, rate_text
 from lit_compute.tuning.trials import TrialResult
@@ -112,9 +112,11 @@ def _gains(outcome: Outcome) -> dict[str, Verdict]:
 
 
 def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, source: str,
-               skipped: list[NotApplicable], final: str) -> str:
+               skipped: list[NotApplicable], final: str, source_text: str | None = None) -> str:
     """The user's config with the accepted knobs applied, a comment on each line a knob changed saying what it
-    bought, and a header naming the source, the date and the measured speed-up."""
+    bought, and a header naming the source, the date and the measured speed-up. With ``source_text`` (the user's
+    file) its comments are kept beside the same settings; on a line a knob changed, the user's comment moves
+    above it and the line ends in the tune's."""
     comments: dict[ConfigPath, str] = {}
     tuned = dict(config)
     gains = _gains(outcome)
@@ -134,7 +136,14 @@ def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, sour
               "Changed lines end in a `# tune:` comment saying what each bought (throughput ratio to the configuration",
               "before it). Knobs left as they were:"]
     header += _left_and_tried(outcome, skipped, "Tried and rejected:")
-    return dump_yaml(tuned, comments, header=header)
+    inline, above = user_comments(source_text) if source_text else ({}, {})
+    above = {path: list(lines) for path, lines in above.items()}
+    for path, text in inline.items():
+        if path in comments:
+            above.setdefault(path, []).append(text)
+        else:
+            comments[path] = text
+    return dump_yaml(tuned, comments, header=header + [""], above=above)
 
 
 def _left_and_tried(outcome: Outcome, skipped: list[NotApplicable], tried_title: str) -> list[str]:

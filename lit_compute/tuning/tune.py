@@ -449,7 +449,8 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     lines = not_applied(skipped, outcome)
     out_written: Path | None = None
     if tuned_faster(outcome):
-        write_whole(out_path, tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary))
+        write_whole(out_path, tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary,
+                                         source_text=config_path.read_text()))
         out_written = out_path
     else:  # always an --out: the user's file as it is, saying what was tried
         write_whole(out_path, untuned_yaml(config_path.read_text(), str(config_path), summary, outcome, skipped))

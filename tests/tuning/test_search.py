@@ -273,6 +273,26 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
     assert "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)" in summary
     assert "| t00 | baseline (your config) | long |" in table(outcome, knobs, {"float32": 1e12})
 
+    # the user's comments survive beside the same settings; on a line a knob changed, above it
+    source = ("# My ResNet-50 run.\n# Second line of the header.\nseed_everything: 0\ntrainer:\n"
+              "  max_epochs: 2  # two passes\n  precision: 32-true  # we start in float32\n  callbacks:\n"
+              "    # measure the step\n    - class_path: lit_compute.StepTimeMonitor\n"
+              "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best\n"
+              "model:\n  class_path: lit_compute.models.ImageClassifier\n  init_args:\n    arch: resnet50  # the big one\n"
+              "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
+              "    batch_size: 32\n    num_workers: 0  # none yet\n")
+    assert yaml.safe_load(source) == _config()
+    kept = tuned_yaml(_config(), knobs, outcome, "my.yaml", skipped, final_line(outcome), source_text=source)
+    assert yaml.safe_load(kept) == apply_settings(_config(), knobs, outcome.settings)
+    kept_lines = kept.splitlines()
+    first = kept_lines.index("seed_everything: 0")
+    assert kept_lines[first - 2:first] == ["# My ResNet-50 run.", "# Second line of the header."]
+    for line in ("  max_epochs: 2  # two passes", "    arch: resnet50  # the big one", "    num_workers: 0  # none yet",
+                 "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best"):
+        assert line in kept_lines, line
+    step_monitor = kept_lines.index("    - class_path: lit_compute.StepTimeMonitor")
+    assert kept_lines[step_monitor - 1] == "    # measure the step"
+
 
 def test_dump_yaml_keeps_every_value_and_only_comments_what_changed():
     config = load_config("configs/quickstart.yaml")
