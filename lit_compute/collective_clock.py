@@ -51,8 +51,12 @@ def _targets() -> list[tuple[Any, str]]:
 
 
 def _timed(original: Any) -> Any:
+    import torch
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # traced by torch.compile: the collective itself, nothing of ours
+            return original(*args, **kwargs)
         me = threading.get_ident()
         watching = [(cb, clock) for thread, cb, clock in list(_watchers.values()) if thread == me]
         if not watching or getattr(_depth, "inside", False):  # nobody on this thread, or nested in a timed call
