@@ -42,6 +42,13 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} minutes ({seconds:.0f} s)"
 
 
+def _write_readme_lines(readme: Path, lines: str) -> None:
+    """Put ``lines`` between README.md's ``commands`` markers."""
+    text = readme.read_text()
+    start, end = "<!-- commands:start -->", "<!-- commands:end -->"
+    readme.write_text(text[:text.index(start) + len(start)] + "\n" + lines + text[text.index(end):])
+
+
 def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
@@ -55,9 +62,11 @@ def main() -> int:
         # the clone's suite checks every figure file, this one included: it holds the demo's time while the suite
         # (the command being timed) runs
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        interim = f"`make demo` took {minutes(demo_s)}; `make test` is being timed.\n"
         (clone / "docs" / "figures" / "commands.md").write_text(
             f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} -->\n\n"
-            f"`make demo` took {minutes(demo_s)}; `make test` is being timed.\n")
+            + interim)
+        _write_readme_lines(clone / "README.md", interim)  # the README quotes only what that file holds
         status, test_s, out = timed(["make", "test"], clone)
         if status:
             return status
@@ -70,10 +79,7 @@ def main() -> int:
     figures = ROOT / "docs" / "figures" / "commands.md"
     figures.write_text(f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
                        f"-->\n\n{lines}")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    start, end = "<!-- commands:start -->", "<!-- commands:end -->"
-    readme.write_text(text[:text.index(start) + len(start)] + "\n" + lines + text[text.index(end):])
+    _write_readme_lines(ROOT / "README.md", lines)
     sys.stdout.write(f"written: {figures} and README.md\n{lines}")
     return 0
 
