@@ -175,3 +175,12 @@ def test_a_slow_link_is_named_as_communication_not_as_a_rank(runs):
     (advice,) = text_values(acc, "time/comm_advice")
     assert "the communication is slow, not one rank" in advice and "comm_fraction=0.25" in advice
     assert "time/straggler_advice/text_summary" not in acc.Tags()["tensors"]
+
+
+def test_a_users_grad_norm_callback_rides_the_one_all_reduce(runs):
+    ranks = [json.loads((runs / f"gradnorm_rank{r}.json").read_text()) for r in (0, 1)]
+    acc = _events(runs, "gradnorm")
+    logged = dict(scalar_values(acc, "train/grad_norm"))
+    assert sorted(logged) == [1, 3, 5, 7] == [s for s, _ in scalar_values(acc, "compute/global_tflops_per_sec")]
+    for step, value in logged.items():  # the mean over ranks of each rank's own norm
+        assert value == pytest.approx((ranks[0][str(step)] + ranks[1][str(step)]) / 2, rel=1e-6)

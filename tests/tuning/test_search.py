@@ -643,3 +643,48 @@ def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validat
     assert drift_text(base, run([], status="crashed"), 2, 0.05) == \
         "Numerics not checked: the tuned run crashed: ValueError: boom."
     assert drift_text(base, run([]), 2, 0.05).startswith("Numerics not checked: 0 step(s) with a loss on both sides")
+
+
+def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(tmp_path):
+    """The pieces --check-steps N --validate is made of, without a tune's processes: the trial config (exactly N
+    steps, one validation right after them on the whole validation set), the recorder in check mode (a real fit in
+    this process), and the tune's check asking for the baseline and the winner with the recorder's check options."""
+    import lightning.pytorch as pl
+
+    from lit_compute.tuning.recorder import TrialRecorder
+    from lit_compute.tuning.search import Outcome
+    from lit_compute.tuning.tune import _drift_check
+    from tests.tuning.tune_models import ValidatedRegression, ValidatedRegressionData
+
+    config = {**_config(), "trainer": {"accumulate_grad_batches": 2, "limit_val_batches": 2}}
+    recorder = {"warmup_steps": 2, "loss_steps": 4, "check_steps": 6, "validate": True}
+    trainer_args = trial_config(config, tmp_path / "m.json", tmp_path, "t", TrialSpec({}, "check6v", 0, 1.0),
+                                recorder)["trainer"]
+    assert (trainer_args["max_steps"], trainer_args["val_check_interval"]) == (7, 12)
+    assert trainer_args["check_val_every_n_epoch"] is None and "limit_val_batches" not in trainer_args
+
+    out = tmp_path / "check.json"
+    trainer = pl.Trainer(accelerator="cpu", max_steps=7, val_check_interval=6, check_val_every_n_epoch=None,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[TrialRecorder(str(out), warmup_steps=2, check_steps=6,
+                                                                              validate=True)])
+    trainer.fit(ValidatedRegression(coef=0.0), datamodule=ValidatedRegressionData())
+    measured = json.loads(out.read_text())
+    assert len(measured["losses"]) == 6 and measured["steps_seen"] == 6
+    assert measured["stop_reason"] == "validated after 6 steps" and set(measured["val_metrics"]) == {"val_loss"}
+
+    asked = []
+
+    class Tuner:
+        startup_s, step_s, recorder, options = 1.0, 0.1, {"warmup_steps": 2}, Options()
+
+        def measure(self, spec, estimate, limit, recorder_extra=None):
+            asked.append((spec.settings, spec.rung, recorder_extra))
+            return TrialResult(key=spec.key, slug="s", settings=spec.settings, rung=spec.rung, repeat=0, status="ok",
+                               rate=1.0, measured=dict(measured))
+
+    outcome = Outcome(baseline=_result({}, "long", 1.0), settings={"micro_batch": 8})
+    text = _drift_check(Tuner(), outcome, 6, True, lambda line: None)
+    assert asked == [({}, "check6v", {"check_steps": 6, "validate": True}),
+                     ({"micro_batch": 8}, "check6v", {"check_steps": 6, "validate": True})]
+    assert text.startswith("Numerics over 6 steps (same seed and batches)") and "val_loss" in text

@@ -45,15 +45,12 @@ def _folder(logs: Path, name: str = "tiny") -> Path:
 
 def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that_trains(tmp_path):
     config = tmp_path / "tiny.yaml"
-    validated = {**CONFIG, "trainer": {**CONFIG["trainer"], "limit_val_batches": 2},
-                 "model": {"class_path": "tests.tuning.tune_models.ValidatedRegression"},
-                 "data": {**CONFIG["data"], "class_path": "tests.tuning.tune_models.ValidatedRegressionData"}}
-    config.write_text(yaml.safe_dump(validated))
+    config.write_text(yaml.safe_dump(CONFIG))
     out, logs = tmp_path / "tiny.tuned.yaml", tmp_path / "tune_logs"
     command = [sys.executable, "-m", "lit_compute.cli", "tune", "--config", str(config), "--budget", "4m",
                "--out", str(out), "--log-dir", str(logs), "--knobs", "channels_last,fused_optimizer,micro_batch",
                "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1",
-               "--markdown", str(tmp_path / "figures" / "tune.md"), "--check-steps", "10", "--validate"]
+               "--markdown", str(tmp_path / "figures" / "tune.md")]
     first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -83,12 +80,6 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert "rejected: oom: out of memory" in text
     assert "micro-batch 8 x 2 accumulated (same global batch 16)" in text
     assert "Tuned: " in text and "x samples/s measured side by side (1 run(s) each, alternating)" in text
-    # --check-steps: both configurations trained 10 steps from the same seed (the micro-batches add up to the same
-    # batches, so the losses match) and the drift said
-    assert "drift check: baseline and tuned, 10 steps each" in text
-    assert "Numerics over 10 steps (same seed and batches): the tuned run's training loss after warm-up (steps 4-10)" in text
-    assert "; validation after the last step: val_loss " in text  # each check trial validated after its 10 steps
-    assert "within the 5% tolerance (--loss-tolerance)" in text
 
     figure = (tmp_path / "figures" / "tune.md").read_text()  # the table and the result under the figure header
     assert figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m") and "--markdown" \

@@ -9,7 +9,8 @@
   link: every rank ends up waiting alike);
 - FSDP2 with CommBenchmark (all three collectives, world and mesh groups) and a profiler window;
 - FSDP2 where the ranks' batch shapes differ (each new one counted on its own rank);
-- FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward.
+- FSDP2 with ``fully_shard_fp32_norms``: each rank writes the dtypes seen inside forward;
+- the README's GradNormMonitor example under DDP: each rank writes its own norms.
 
 Usage: python parallel_layouts.py OUT_DIR   (Lightning launches the second rank by re-running this script)
 """
@@ -186,6 +187,27 @@ def fp32_norms() -> None:
     trainer.fit(NormNet(), train_dataloaders=DataLoader(TensorDataset(x), batch_size=GLOBAL_BATCH // 2))
 
 
+def grad_norms(out: Path) -> None:
+    """The README's GradNormMonitor example (a user's own MeasuringCallback) under DDP: its norm rides the one
+    logging all-reduce; each rank writes its own norms."""
+    import lit_compute
+
+    sys.path.insert(0, str(Path(lit_compute.__file__).resolve().parents[1] / "examples"))  # the repository's
+    from grad_norm_monitor import GradNormMonitor
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Recording(GradNormMonitor):
+        def on_train_end(self, trainer, pl_module):
+            (out / f"gradnorm_rank{trainer.global_rank}.json").write_text(json.dumps(self.local))
+
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+                         max_steps=8, log_every_n_steps=2, limit_val_batches=0, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         logger=pl.loggers.TensorBoardLogger(str(out), name="gradnorm"),
+                         callbacks=[Recording(), FlopsLogger(peak_flops=1e11), StepTimeMonitor()])
+    trainer.fit(BoringModel())
+
+
 if __name__ == "__main__":
     OUT = Path(sys.argv[1])
     run(OUT, "ddp", DDPStrategy(process_group_backend="gloo"), 2)
@@ -202,3 +224,4 @@ if __name__ == "__main__":
         callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
     uneven_shapes(OUT)
     fp32_norms()
+    grad_norms(OUT)
