@@ -23,6 +23,7 @@ Floor 0: imports nothing of lit_compute's.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ _lock = threading.Lock()
 _watchers: dict[int, tuple[int, Watcher, Callable[[], float]]] = {}  # id -> (thread id, callback, clock)
 _originals: list[tuple[Any, str, Any]] = []
 _depth = threading.local()
+_handles = itertools.count(1)
 
 
 def _targets() -> list[tuple[Any, str]]:
@@ -86,9 +88,7 @@ def watch(callback: Watcher, clock: Callable[[], float]) -> int:
                 original = getattr(owner, name)
                 _originals.append((owner, name, original))
                 setattr(owner, name, _timed(original))
-        handle = id(callback) ^ threading.get_ident() ^ len(_watchers) << 48
-        while handle in _watchers:
-            handle += 1
+        handle = next(_handles)
         _watchers[handle] = (threading.get_ident(), callback, clock)
         return handle
 

@@ -98,6 +98,20 @@ def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tup
     return exposure([_interval(e) for e in comm_events], compute, lo, hi)
 
 
+def _profiler_steps(events: list[dict[str, Any]]) -> tuple[list[tuple[int, float, float]], list[float]]:
+    """The ``ProfilerStep#N`` CPU ranges ``(N, start, end)`` and the ends of their GPU copies (see
+    :func:`summarize_trace`)."""
+    steps, gpu_ends = [], []
+    for e in events:
+        if e.get("ph") != "X" or not (m := _STEP.match(str(e.get("name", "")))):
+            continue
+        if str(e.get("cat", "")).lower().startswith("gpu_"):
+            gpu_ends.append(float(e["ts"]) + float(e.get("dur", 0)))
+        else:
+            steps.append((int(m.group(1)), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    return steps, gpu_ends
+
+
 def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     """Step time, data-loader share, peak memory, GPU idle share, and the share of time in collectives and how
     much of it compute overlapped (NCCL kernels on GPU; gloo's collectives on host backends), of a Chrome trace."""
@@ -107,14 +121,7 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     # on the GPU timeline (cat "gpu_user_annotation", first to last kernel of the step, usually later than
     # the CPU range because kernels run asynchronously). Steps and their times come from the CPU ranges; the
     # GPU copies extend the window to where the GPU finished the window's work.
-    steps, gpu_ends = [], []
-    for e in events:
-        if e.get("ph") != "X" or not (m := _STEP.match(str(e.get("name", "")))):
-            continue
-        if str(e.get("cat", "")).lower().startswith("gpu_"):
-            gpu_ends.append(float(e["ts"]) + float(e.get("dur", 0)))
-        else:
-            steps.append((int(m.group(1)), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    steps, gpu_ends = _profiler_steps(events)
     summary = WindowSummary()
     if not steps:
         return summary
@@ -152,11 +159,10 @@ def host_collective_durations(trace: dict[str, Any] | str | Path) -> tuple[list[
     order they started, and the number of steps: what :func:`transfer_time_per_step` pairs across ranks."""
     data: dict[str, Any] = trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
     events = [e for e in data.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
-    steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
-             if _STEP.match(str(e.get("name", ""))) and not str(e.get("cat", "")).lower().startswith("gpu_")]
+    steps, _ = _profiler_steps(events)
     if not steps:
         return [], 0
-    lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
+    lo, hi = min(s for _, s, _ in steps), max(e for _, _, e in steps)
     comm = sorted((float(e["ts"]), float(e.get("dur", 0))) for e in events if str(e.get("name", "")).startswith("gloo:")
                   and lo <= float(e["ts"]) < hi)
     return [d / 1e6 for _, d in comm], len(steps)

@@ -93,10 +93,9 @@ def rank_section(run: Run) -> list[str]:
     ranks = sorted({int(tag.split("/")[1]) for tag in run.scalars if tag.startswith("rank/") and tag.endswith("/step_ms")})
     if len(ranks) < 2:
         return []
-    slowest_logged = run.mean("time/slowest_rank")
+    logged = run.values("time/slowest_rank")
     own = {r: (run.mean(f"rank/{r}/data_wait_ms") or 0.0) + (run.mean(f"rank/{r}/forward_ms") or 0.0) for r in ranks}
-    slowest = (int(round(run.scalars["time/slowest_rank"][-1][1])) if slowest_logged is not None
-               else max(ranks, key=lambda r: own[r]))
+    slowest = int(round(logged[-1])) if logged else max(ranks, key=lambda r: own[r])
 
     def comm(r: int) -> str:
         value = run.mean(f"rank/{r}/comm_wait_ms")
