@@ -247,7 +247,7 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
 
 #: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
 RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "nodes x devices", "parallel layout",
-                 "strategy", "data", "cpu cores", "torch", "lightning", "planned", "loader workers")
+                 "strategy", "data", "cpu cores", "torch", "lightning", "planned", "loader workers", "torch threads")
 
 
 def run_info(trainer: pl.Trainer) -> str:
@@ -271,6 +271,7 @@ def run_info(trainer: pl.Trainer) -> str:
         lightning.__version__,
         _planned(trainer),
         _compat.train_loader_workers(trainer),
+        torch.get_num_threads(),
     ]
     return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
 

@@ -201,30 +201,45 @@ def test_fit_then_test_logs_the_ddp_configuration_once(tmp_path):
 
 FIT_THEN_TEST = r"""
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 import lit_compute  # registers ddp_tuned*
+
+
+class Hook(pl.Callback):
+    def on_train_end(self, trainer, pl_module):  # the wrapped model's hook, and the ranks' weights after PowerSGD
+        weights = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        gathered = [torch.zeros_like(weights) for _ in range(trainer.world_size)]
+        torch.distributed.all_gather(gathered, weights)
+        if trainer.is_global_zero:
+            print("HOOK", trainer.strategy.model._get_ddp_logging_data().get("comm_hook"),
+                  "SAME", all(torch.equal(gathered[0], g) for g in gathered))
+
 
 if __name__ == "__main__":
     named = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
     print("STRATEGY", type(named.strategy).__name__)  # a name after `import lit_compute`, Lightning imported first
-    # the registered names build this same class (test above); one spawned strategy covers the loops
-    for strategy in (lit_compute.TunedDDPStrategy(start_method="spawn", comm_hook="bf16"),):
-        trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=3, limit_val_batches=2, limit_test_batches=2,
-                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, strategy=strategy)
-        model = BoringModel()
-        trainer.fit(model)
-        trainer.test(model)
-        trainer.validate(model)
-        print("DONE", type(trainer.strategy).__name__)
+    # the registered names build this same class (test above); one spawned strategy covers the loops, PowerSGD
+    # taking over the gradients' exchange from its second iteration
+    strategy = lit_compute.TunedDDPStrategy(start_method="spawn", comm_hook="powersgd", powersgd_start_iter=2)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=4, limit_val_batches=2, limit_test_batches=2,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, strategy=strategy, callbacks=[Hook()])
+    model = BoringModel()
+    trainer.fit(model)
+    trainer.test(model)
+    trainer.validate(model)
+    print("DONE", type(trainer.strategy).__name__)
 """
 
 
 def test_fit_then_test_on_one_trainer_with_two_gloo_ranks(tmp_path):
+    """Fit, test and validate on one trainer of a spawned TunedDDPStrategy, training with PowerSGD on gloo."""
     result = run_script(tmp_path, FIT_THEN_TEST, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert result.stdout.count("DONE TunedDDPStrategy") == 1, result.stdout[-3000:]
     assert "STRATEGY TunedDDPStrategy" in result.stdout
+    assert "HOOK powerSGD_hook SAME True" in result.stdout, result.stdout[-3000:]
 
 
 # -- the FLOP counter ------------------------------------------------------------------------------------------------

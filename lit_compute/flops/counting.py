@@ -44,13 +44,15 @@ _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 
 
 #: The op classes bytes and FLOPs are kept by (``FlopCount.by_class``): what a roofline needs to price a step on
-#: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound).
-OP_CLASSES = ("matmul", "attention", "norm", "elementwise", "optimizer")
+#: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound; convolutions are kept apart
+#: from matmuls because chips reach different fractions of their peak on them).
+OP_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "optimizer")
 _NORM_TOKENS = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "instance_norm")
 
 
 def op_class(name: str, optimizer: bool = False) -> str:
-    """The class of an op (``aten.addmm`` -> ``matmul``); ``optimizer`` for every op of an optimizer's step."""
+    """The class of an op (``aten.addmm`` -> ``matmul``, ``aten.convolution_backward`` -> ``conv``); ``optimizer`` for
+    every op of an optimizer's step."""
     lowered = name.lower()
     if optimizer or lowered.split(".")[-1].startswith(("_foreach", "_fused_adam", "_fused_sgd")):
         return "optimizer"
@@ -59,7 +61,7 @@ def op_class(name: str, optimizer: bool = False) -> str:
     if any(t in lowered for t in _NORM_TOKENS):
         return "norm"
     if is_heavy_op(name):
-        return "matmul"
+        return "conv" if any(t.startswith("conv") for t in re.split(r"[._]", lowered.split("::")[-1])) else "matmul"
     return "elementwise"
 
 

@@ -36,12 +36,16 @@ __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scena
            "predict", "read_run"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
-#: run did not run on. ``vector`` and ``tensor`` were set by ``lit-compute bench whatif --fit-defaults`` on two published
-#: results - ResNet-50 v1.5 on one V100 (FP32 367 and mixed 1,200 images/s, NVIDIA DeepLearningExamples, pytorch-21.03)
-#: - which the docs page names as such and never quotes as validation; ``bandwidth`` is what BabelStream-class copies
-#: reach of HBM (about 85%); ``network`` what a ring all-reduce reaches of a link (NCCL's tests: about 80%); a
-#: kernel launch costs about 5 microseconds.
-DEFAULT_EFFICIENCY = {"tensor": 0.43, "vector": 0.78, "bandwidth": 0.85, "network": 0.8, "launch_s": 5e-6}
+#: run did not run on. The four FLOP fractions were set by ``lit-compute bench whatif --fit-defaults`` on four published
+#: V100 results (NVIDIA DeepLearningExamples): ``conv_vector`` and ``conv_tensor`` on ResNet-50 v1.5 (FP32 367 and mixed
+#: 1,200 images/s, pytorch-21.03), ``vector`` and ``tensor`` (matmuls, attention) on BERT-large pre-training phase 1
+#: (FP32 50 and mixed 224 sequences/s, pytorch-21.11). The docs page names them as such and never quotes them as
+#: validation (the A100 rows of the same READMEs are the check). ``bandwidth`` is what BabelStream-class copies reach
+#: of HBM (about 85%); ``network`` what a ring all-reduce reaches of a link (NCCL's tests: about 80%); a kernel launch
+#: costs about 5 microseconds.
+DEFAULT_EFFICIENCY = {"tensor": 0.742, "vector": 0.927, "conv_tensor": 0.433, "conv_vector": 0.784, "bandwidth": 0.85,
+                      "network": 0.8, "launch_s": 5e-6}
+_HEAVY = ("matmul", "conv", "attention")  # the op classes that run on tensor cores
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
 
@@ -78,6 +82,9 @@ class RunFacts:
     fsdp_units: int = 0
     memory: dict[str, float] | None = None  # MemoryMonitor's parts at the peak, bytes
     loader_workers: int | None = None
+    cpu_cores: int | None = None  # the cores each process could run on (its affinity)
+    torch_threads: int | None = None  # the compute threads of each process
+    devices_per_node: int = 1
 
     @property
     def samples_per_step(self) -> int:
@@ -116,6 +123,17 @@ class Calibration:
     launch_s: float
     network: float
     source: str
+    conv_tensor: float | None = None  # convolutions' own fractions (None: those of the matmuls)
+    conv_vector: float | None = None
+
+    def efficiency(self, kind: str, tensor_cores: bool) -> float:
+        """The fraction of the FLOP peak an op class reaches: convolutions and matmuls each their own, on tensor
+        cores (half or TF32) or without (float32); every other class the vector one."""
+        if kind == "conv":
+            value = self.conv_tensor if tensor_cores else self.conv_vector
+            if value is not None:
+                return value
+        return self.tensor if tensor_cores and kind in _HEAVY else self.vector
 
 
 @dataclass
@@ -176,6 +194,12 @@ def read_run(path: str | Path) -> RunFacts:
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
     busbw = run.last("comm/allreduce_busbw_gbps")
     workers = run.info("loader workers")
+    per_node = re.fullmatch(r"(\d+) x (\d+)", run.info("nodes x devices") or "")
+
+    def whole(key: str) -> int | None:
+        value = run.info(key)
+        return int(value) if value and value.isdigit() else None
+
     memory = None
     if "memory/peak_gb" in run.scalars:
         step, _ = max(run.scalars["memory/peak_gb"], key=lambda p: p[1])
@@ -194,7 +218,8 @@ def read_run(path: str | Path) -> RunFacts:
         tokens_per_sample=token_rate / samples_rate if token_rate and samples_rate else None,
         comm_fraction=run.mean("profiler/comm_fraction"), comm_overlap=run.mean("profiler/comm_overlap_fraction"),
         busbw=busbw * 1e9 if busbw else None, memory=memory,
-        loader_workers=int(workers) if workers and workers.isdigit() else None,
+        loader_workers=int(workers) if workers and workers.isdigit() else None, cpu_cores=whole("cpu cores"),
+        torch_threads=whole("torch threads"), devices_per_node=int(per_node.group(2)) if per_node else 1,
         curves={op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
                 for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
         ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0))
@@ -246,7 +271,7 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
     sign = (1 if mixed(precision) else 0) - (1 if mixed(run.precision) else 0)
     if not sign:
         return 0.0, 0.0
-    matmuls = run.by_class.get("matmul", (0, 0, 0))[2] + run.by_class.get("attention", (0, 0, 0))[2]
+    matmuls = sum(run.by_class.get(kind, (0, 0, 0))[2] for kind in _HEAVY)
     return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * (2.0 if cpu else 1.0) * matmuls
 
 
@@ -257,11 +282,14 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
     out = {}
     run_cpu, cpu = run.device.lower() in ("cpu", "this"), scenario.chip.kind == "cpu"
     weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul", run_cpu) / max(1, run.tensor_parallel)
-    for kind, (flops, moved, kernels) in run.by_class.items():
+    # the weights' traffic (read in forward and backward, their gradient written) does not grow with the batch: it is
+    # booked to the convolutions first, the rest to the matmuls (the classes do not say whose weights are whose)
+    for kind, (flops, moved, kernels) in sorted(run.by_class.items(), key=lambda item: item[0] != "conv"):
         if kind == "optimizer":
             f, b = flops, moved
-        elif kind == "matmul":
+        elif kind in ("conv", "matmul"):
             fixed = min(moved, weight_bytes)
+            weight_bytes -= fixed
             f, b = flops * ratio, fixed + (moved - fixed) * ratio
         else:
             f, b = flops * ratio, moved * ratio
@@ -285,9 +313,8 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
                           "another --precision or add the peak with --hardware-file")
     total = flops_bound = bytes_bound = 0.0
     for kind, (flops, moved, kernels) in classes.items():
-        heavy = kind in ("matmul", "attention")
-        peak = tensor_peak * cal.tensor if heavy and dtype != "float32" else (
-            (tensor_peak if heavy else vector_peak) * cal.vector)
+        heavy = kind in _HEAVY
+        peak = (tensor_peak if heavy else vector_peak) * cal.efficiency(kind, heavy and dtype != "float32")
         t_flops = flops / peak if flops else 0.0
         t_bytes = moved / (chip.bandwidth * cal.bandwidth) if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
@@ -322,7 +349,7 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
 def default_calibration() -> Calibration:
     d = DEFAULT_EFFICIENCY
     return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
-                       "defaults (docs/whatif.md: set on published V100 results)")
+                       "defaults (docs/whatif.md: set on published V100 results)", d["conv_tensor"], d["conv_vector"])
 
 
 def messages(run: RunFacts, scenario: Scenario) -> dict[str, list[float]]:
@@ -403,6 +430,11 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     overlap = run.comm_overlap if run.comm_overlap is not None else 0.0
     if comm and run.comm_overlap is None:
         notes.append("no overlap of collectives with compute assumed (the run measured none: add ProfilerWindow)")
+    slowdown = host_contention(run, scenario)
+    if comm and slowdown > 1.0 and overlap:
+        comm *= 1.0 + overlap * (slowdown - 1.0)
+        notes.append(f"collectives overlapped with compute run {slowdown:.2g}x slower: on a CPU their thread shares "
+                     "the cores with the computing ones")
     exposed = comm * (1.0 - overlap)
     step = compute + exposed + input_serial
     bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"
@@ -428,6 +460,20 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
                       tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
                       mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,
                       cost_per_million=cost, notes=notes)
+
+
+def host_contention(run: RunFacts, scenario: Scenario) -> float:
+    """How much slower a collective runs while it overlaps compute, on the run's own CPUs: a host backend (gloo)
+    moves the bytes on a thread of the process, which then shares the rank's cores (the process's cores over the
+    ranks of a node) with the ``torch threads`` computing the backward: ``(threads + 1) / cores``, at least 1. A GPU
+    has its own engines for that (1.0); so does a CPU target other than the run's own (its cores are not known)."""
+    if scenario.chip.kind != "cpu" or scenario.chip.name not in ("this", run.device.lower()):
+        return 1.0
+    if not run.cpu_cores or not run.torch_threads:
+        return 1.0
+    ranks_per_node = max(1, min(scenario.devices_per_node, scenario.devices))
+    cores = max(1.0, run.cpu_cores / ranks_per_node)
+    return max(1.0, (run.torch_threads + 1) / cores)
 
 
 def _node_link(chip: Chip) -> Link:

@@ -160,7 +160,8 @@ def test_bytes_are_counted_per_op_class_and_views_move_nothing():
     with_view = count_flops(torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False,
                             count_on="real")
     assert with_view.by_class == {"elementwise": (0, 2 * 4 * 8 * 64, 1)}  # the flatten moved nothing; relu one kernel
-    assert [op_class(n) for n in ("aten.addmm", "aten._scaled_dot_product_flash_attention_for_cpu",
-                                  "aten.native_layer_norm", "aten.add", "aten._foreach_mul_")] == [
-        "matmul", "attention", "norm", "elementwise", "optimizer"]
+    assert [op_class(n) for n in ("aten.addmm", "aten.convolution_backward",
+                                  "aten._scaled_dot_product_flash_attention_for_cpu", "aten.native_layer_norm",
+                                  "aten.add", "aten._foreach_mul_", "aten.convert_element_type")] == [
+        "matmul", "conv", "attention", "norm", "elementwise", "optimizer", "elementwise"]
     assert op_class("aten.mul", optimizer=True) == "optimizer"

@@ -189,3 +189,38 @@ def test_messages_follow_the_strategy_and_a_measured_curve_prices_each_size():
     measured = predict(run, Scenario(CHIP, "32-true", 16, 1, 2), UNIT, measured_links=True)
     expected = sum(size * 2 * 1 / 2 / _curve_busbw(curve, size) for size in ddp["allreduce"])
     assert measured.comm_total_s == pytest.approx(expected)
+
+
+def test_convolutions_and_matmuls_each_reach_their_own_fraction_of_the_peak():
+    run = _run(by_class={"conv": (100 * G, 1 * G, 0), "matmul": (100 * G, 1 * G, 0)})
+    cal = Calibration(0.5, 0.25, 1.0, 0.0, 1.0, "test", conv_tensor=0.2, conv_vector=1.0)
+    # float32: matmuls at the vector fraction (100 GFLOP at 25 GFLOP/s), convolutions at their own (at 100)
+    assert predict(run, Scenario(CHIP, "32-true", 16), cal).compute_s == pytest.approx(4.0 + 1.0)
+    # bf16 on tensor cores: matmuls at half the 400 GFLOP/s peak, convolutions at a fifth; bytes stay below
+    assert predict(run, Scenario(CHIP, "bf16-true", 16), cal).compute_s == pytest.approx(0.5 + 1.25)
+    # the weights' traffic that does not grow with the batch is booked once, to the convolutions first
+    two = predict(_run(by_class={"conv": (0, 1 * G, 0), "matmul": (0, 1 * G, 0)}), Scenario(CHIP, "32-true", 32), UNIT)
+    weights = 3 * 10_000_000 * 4
+    assert two.compute_s == pytest.approx((weights + (1 * G - weights) * 2 + 2 * G) / (10 * G))
+    # without their own fractions (a calibration measured on the run) convolutions take the matmuls'
+    assert Calibration(0.5, 0.25, 1.0, 0.0, 1.0, "t").efficiency("conv", True) == 0.5
+
+
+def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
+    from lit_compute.planning.whatif import host_contention
+
+    curve = [(1e3, 1e9), (1e9, 1e9)]
+    run = _run(trainable=20_000_000, curves={"allreduce": curve}, comm_overlap=0.5, cpu_cores=2, torch_threads=1,
+               device="cpu", world_size=2)
+    this = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu")
+    two_ranks = Scenario(this, "32-true", 16, 1, 2)
+    # two ranks on two cores: one core each, shared by its compute thread and gloo's: twice as slow when overlapped
+    assert host_contention(run, two_ranks) == 2.0
+    idle = predict(_run(trainable=20_000_000, curves={"allreduce": curve}, comm_overlap=0.5), two_ranks, UNIT,
+                   measured_links=True)
+    p = predict(run, two_ranks, UNIT, measured_links=True)
+    assert p.comm_total_s == pytest.approx(idle.comm_total_s * 1.5)  # the overlapped half at twice its idle time
+    assert any("share" in n for n in p.notes)
+    # cores to spare, a GPU, or another CPU whose cores the run does not know: no contention
+    assert host_contention(_run(cpu_cores=8, torch_threads=1, device="cpu"), two_ranks) == 1.0
+    assert host_contention(run, Scenario(CHIP, "32-true", 16, 1, 2)) == 1.0
