@@ -250,8 +250,8 @@ def gpu_part() -> list[list[Any]]:
             facts[key] = traced_facts(model, batch)
         p = predict(facts[key], Scenario(find_chip(chip), precision, batch), default_calibration())
         if role == "sets the default":
-            key = _default_key(model, precision)
-            role = f"sets the default {key} = {DEFAULT_EFFICIENCY[key]:.3g}"
+            name = _default_key(model, precision)
+            role = f"sets the default {name} = {DEFAULT_EFFICIENCY[name]:.3g}"
         rows.append([f"{model} on {chip}, {precision}, batch {batch}", f"{role}: {source}",
                      f"{p.samples_per_s:,.0f}", f"{published:,}", _error(p.samples_per_s, published)])
     return rows
