@@ -62,11 +62,17 @@ class Chip:
     measured: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
     kind: str = "gpu"  # "gpu", "cpu" or "tpu": autocast keeps different ops in float32 on each
+    class_peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # op class -> dtype -> its own peak
 
     def peak(self, dtype: str) -> float | None:
         """The dense peak for a dtype name (``float32`` falls back to ``tf32`` nowhere: a float32 run counts against
         the float32 peak unless the caller asks for ``tf32``)."""
         return self.peaks.get(dtype)
+
+    def peak_of(self, kind: str, dtype: str) -> float | None:
+        """The peak an op class (``matmul``, ``conv``, ``attention``) runs at in a dtype: its own where measured (this
+        machine's bf16 kernels speed each class up by a different factor), else the chip's."""
+        return self.class_peaks.get(kind, {}).get(dtype) or self.peak(dtype)
 
 
 LINKS: dict[str, Link] = {
@@ -215,24 +221,31 @@ def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * n * 4 / best
 
 
-def measure_mixed_speedup(repeats: int = 5) -> float:
-    """How much faster a training step's matmuls and convolutions run under bf16 autocast than in float32 on this
-    CPU, casts included (the geometric mean over an MLP block and a convolution block, forward and backward): what a
-    CPU's bf16 GEMM peak overstates (its kernels and casts in training reach far less of it than a large GEMM)."""
+def measure_mixed_speedup(repeats: int = 10) -> dict[str, float]:
+    """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
+    casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
+    on causal scaled-dot-product attention (on some CPUs its bf16 backward is slower than float32's). What a CPU's
+    bf16 GEMM peak overstates: its kernels and casts in training reach far less of it than a large GEMM."""
     import time
 
     import torch
 
-    blocks = [(torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)),
-               torch.randn(256, 512)),
-              (torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
-                                   torch.nn.Conv2d(64, 32, 3, padding=1)), torch.randn(16, 32, 32, 32))]
-    ratios = []
-    for block, x in blocks:
+    def attention_block(x: Any) -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(x, x * 0.5, x * 0.25, is_causal=True)
+
+    blocks: dict[str, tuple[Any, Any]] = {
+        "matmul": (torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)),
+                   torch.randn(256, 512)),
+        "conv": (torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+                                     torch.nn.Conv2d(64, 32, 3, padding=1)), torch.randn(16, 32, 32, 32)),
+        "attention": (attention_block, torch.randn(8, 4, 128, 64))}
+    ratios = {}
+    for kind, (block, data) in blocks.items():
         times = []
         for mixed in (False, True):
             best = math.inf
             for i in range(repeats + 1):
+                x = data.clone().requires_grad_(kind == "attention")
                 start = time.perf_counter()
                 with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
                     out = block(x)
@@ -240,8 +253,8 @@ def measure_mixed_speedup(repeats: int = 5) -> float:
                 if i:  # the first is a warm-up
                     best = min(best, time.perf_counter() - start)
             times.append(best)
-        ratios.append(times[0] / times[1])
-    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        ratios[kind] = times[0] / times[1]
+    return ratios
 
 
 def this_machine() -> Chip:
@@ -267,8 +280,10 @@ def this_machine() -> Chip:
     except (OSError, ValueError):
         entries = {}
     entry = entries.get(key) if isinstance(entries, dict) else None
+    speedups = entry.get("mixed_speedup") if isinstance(entry, dict) else None
     if not (isinstance(entry, dict) and isinstance(entry.get("bandwidth"), (int, float))
-            and isinstance(entry.get("mixed_speedup"), (int, float))):
+            and isinstance(speedups, dict) and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0
+                                                   for k in ("matmul", "conv", "attention"))):
         entry = {"bandwidth": measure_bandwidth(), "mixed_speedup": measure_mixed_speedup()}
         if fp32.quiet:  # cached like the peak: only when measured on a quiet machine
             try:
@@ -276,12 +291,15 @@ def this_machine() -> Chip:
                 write_whole(path, json.dumps({**(entries if isinstance(entries, dict) else {}), key: entry}))
             except OSError:
                 pass
-    mixed = fp32.flops * float(entry["mixed_speedup"])
+    speedups = {k: float(v) for k, v in entry["mixed_speedup"].items()}
+    # the chip's own bf16 peak: the matmuls' and convolutions' (geometric mean); each class its own beside it
+    mixed = fp32.flops * math.sqrt(speedups["matmul"] * speedups["conv"])
     return Chip("this", {"float32": fp32.flops, "bfloat16": mixed, "float16": mixed}, float(entry["bandwidth"]),
                 float(psutil.virtual_memory().total), "loopback",
-                f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); bf16 training blocks "
-                f"{float(entry['mixed_speedup']):.2f}x float32's speed", measured=True,
-                extras={"mixed_speedup": float(entry["mixed_speedup"])}, kind="cpu")
+                f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
+                "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
+                measured=True, extras={"mixed_speedup": speedups}, kind="cpu",
+                class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()})
 
 
 LINKS["loopback"] = Link("loopback", 5 * G, 20e-6, "processes of one machine over gloo (the run's CommBenchmark "

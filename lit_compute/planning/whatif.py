@@ -182,13 +182,15 @@ def read_run(path: str | Path) -> RunFacts:
         run = load_run(runs[-1])
     except ReportError as err:
         raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
-    tables = [read_op_class_table(t) for t in run.texts.get("compute/op_classes", [])]
-    tables = [t for t in tables if t and t.get("by_class") and t.get("samples")]
+    tables = [t for t in map(read_op_class_table, run.texts.get("compute/op_classes", []))
+              if t and t.get("by_class") and t.get("samples")]
     if not tables:
         raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
                           "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
                           "lit-compute whatif at that run")
-    table: dict[str, Any] = tables[-1]  # type: ignore[assignment]  # the filter above keeps dicts only
+    # the micro-batch's table: an epoch's last, partial batch is counted too when its shape is new, and it may be the
+    # last counted (the largest batch; of equal ones, the latest)
+    table: dict[str, Any] = max(reversed(tables), key=lambda t: int(t["samples"]))
     layout = re.search(r"data parallel (\d+) x tensor parallel (\d+)", run.info("parallel layout") or "")
     step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
@@ -314,7 +316,8 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
     total = flops_bound = bytes_bound = 0.0
     for kind, (flops, moved, kernels) in classes.items():
         heavy = kind in _HEAVY
-        peak = (tensor_peak if heavy else vector_peak) * cal.efficiency(kind, heavy and dtype != "float32")
+        own = (chip.peak_of(kind, dtype) or tensor_peak) if heavy else vector_peak
+        peak = own * cal.efficiency(kind, heavy and dtype != "float32")
         t_flops = flops / peak if flops else 0.0
         t_bytes = moved / (chip.bandwidth * cal.bandwidth) if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s

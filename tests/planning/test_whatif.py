@@ -142,10 +142,11 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
 
     trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, log_every_n_steps=2,
                            callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=2), MemoryMonitor()])
-    trainer.fit(tiny_model(), datamodule=tiny_data())
+    trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=6))  # 32 images: five batches of 6, then one of 2
     run_dir = trainer.logger.log_dir
     facts = read_run(run_dir)
-    assert facts.samples == 8 and facts.step_s and facts.loader_workers == 0 and facts.memory
+    # the facts are the micro-batch's, not those of the last batch counted (the epoch's partial one)
+    assert facts.samples == 6 and facts.step_s and facts.loader_workers == 0 and facts.memory
     assert set(facts.by_class) >= {"matmul", "norm", "elementwise", "optimizer"}
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
@@ -224,3 +225,18 @@ def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
     # cores to spare, a GPU, or another CPU whose cores the run does not know: no contention
     assert host_contention(_run(cpu_cores=8, torch_threads=1, device="cpu"), two_ranks) == 1.0
     assert host_contention(run, Scenario(CHIP, "32-true", 16, 1, 2)) == 1.0
+
+
+def test_an_op_class_with_its_own_measured_peak_runs_at_it():
+    """This machine's bf16 kernels speed each heavy class up by their own factor (a CPU's bf16 attention backward can
+    be slower than float32's): the class runs at its own peak, the others at the chip's."""
+    from lit_compute.planning.hardware import measure_mixed_speedup
+
+    chip = Chip("this", {"float32": 100 * G, "bfloat16": 200 * G}, 1e6 * G, 32 * G, "loopback", "test", kind="cpu",
+                class_peaks={"attention": {"bfloat16": 50 * G}})
+    assert chip.peak_of("attention", "bfloat16") == 50 * G and chip.peak_of("matmul", "bfloat16") == 200 * G
+    assert chip.peak_of("attention", "float32") == 100 * G  # a dtype it has no own peak for: the chip's
+    run = _run(by_class={"matmul": (100 * G, 0, 0), "attention": (100 * G, 0, 0)})
+    assert predict(run, Scenario(chip, "bf16-true", 16), UNIT).compute_s == pytest.approx(0.5 + 2.0)
+    speedups = measure_mixed_speedup(repeats=1)
+    assert set(speedups) == {"matmul", "conv", "attention"} and all(v > 0 for v in speedups.values())
