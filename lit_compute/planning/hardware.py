@@ -221,14 +221,27 @@ def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * n * 4 / best
 
 
-def measure_mixed_speedup(repeats: int = 10) -> dict[str, float]:
+@dataclass(frozen=True)
+class MixedSpeedup:
+    """bf16 autocast's speed-up over float32 per heavy op class on this CPU, and whether every trial of it was quiet
+    (this process got at least :data:`~lit_compute.flops.peaks.QUIET_CPU_SHARE` of its threads' CPU time)."""
+
+    ratios: dict[str, float]
+    quiet: bool
+
+
+def measure_mixed_speedup(repeats: int = 10, trials: int = 5) -> MixedSpeedup:
     """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
     casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
     on causal scaled-dot-product attention (on some CPUs its bf16 backward is slower than float32's). What a CPU's
-    bf16 GEMM peak overstates: its kernels and casts in training reach far less of it than a large GEMM."""
+    bf16 GEMM peak overstates: its kernels and casts in training reach far less of it than a large GEMM. Each class
+    is the median of ``trials`` ratios of best-of-``repeats`` times, the trials interleaved across the classes; the
+    CPU time this process got is checked like the peak's (a busy machine is not cached)."""
     import time
 
     import torch
+
+    from lit_compute.flops.peaks import QUIET_CPU_SHARE
 
     def attention_block(x: Any) -> Any:
         return torch.nn.functional.scaled_dot_product_attention(x, x * 0.5, x * 0.25, is_causal=True)
@@ -239,22 +252,27 @@ def measure_mixed_speedup(repeats: int = 10) -> dict[str, float]:
         "conv": (torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
                                      torch.nn.Conv2d(64, 32, 3, padding=1)), torch.randn(16, 32, 32, 32)),
         "attention": (attention_block, torch.randn(8, 4, 128, 64))}
-    ratios = {}
-    for kind, (block, data) in blocks.items():
-        times = []
-        for mixed in (False, True):
-            best = math.inf
-            for i in range(repeats + 1):
-                x = data.clone().requires_grad_(kind == "attention")
-                start = time.perf_counter()
-                with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-                    out = block(x)
-                out.float().sum().backward()
-                if i:  # the first is a warm-up
-                    best = min(best, time.perf_counter() - start)
-            times.append(best)
-        ratios[kind] = times[0] / times[1]
-    return ratios
+    ratios: dict[str, list[float]] = {kind: [] for kind in blocks}
+    threads = max(1, torch.get_num_threads())
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(max(1, trials)):
+        for kind, (block, data) in blocks.items():
+            times = []
+            for mixed in (False, True):
+                best = math.inf
+                for i in range(repeats + 1):
+                    x = data.clone().requires_grad_(kind == "attention")
+                    start = time.perf_counter()
+                    with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                        out = block(x)
+                    out.float().sum().backward()
+                    if i:  # the first is a warm-up
+                        best = min(best, time.perf_counter() - start)
+                times.append(best)
+            ratios[kind].append(times[0] / times[1])
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
+    return MixedSpeedup({k: sorted(v)[len(v) // 2] for k, v in ratios.items()}, share >= QUIET_CPU_SHARE)
 
 
 def this_machine() -> Chip:
@@ -284,8 +302,9 @@ def this_machine() -> Chip:
     if not (isinstance(entry, dict) and isinstance(entry.get("bandwidth"), (int, float))
             and isinstance(speedups, dict) and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0
                                                    for k in ("matmul", "conv", "attention"))):
-        entry = {"bandwidth": measure_bandwidth(), "mixed_speedup": measure_mixed_speedup()}
-        if fp32.quiet:  # cached like the peak: only when measured on a quiet machine
+        mixed_speedup = measure_mixed_speedup()
+        entry = {"bandwidth": measure_bandwidth(), "mixed_speedup": mixed_speedup.ratios}
+        if fp32.quiet and mixed_speedup.quiet:  # cached like the peak: only when measured on a quiet machine
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_whole(path, json.dumps({**(entries if isinstance(entries, dict) else {}), key: entry}))
