@@ -6,7 +6,9 @@
 # Uses the machine's own python3 (or $PYTHON) with its torch and lightning, and this checkout on PYTHONPATH (nothing to
 # build). Wheels placed in .whl/ (nvidia-dali-cuda120, jsonargparse, ...) are installed to /tmp/site first.
 # Prints and saves under ${OUT:-gpu_checks_out}/: versions.txt, bench_gpu.txt (`lit-compute bench gpu`, one
-# table) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
+# table; bench_gpu.md: its table, rewritten after each check, under the figure header, with the commit from git or
+# $LIT_COMPUTE_COMMIT) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
+# BENCH_TIMEOUT and PYTEST_TIMEOUT (seconds) bound the two parts.
 set -uo pipefail
 out=${OUT:-gpu_checks_out}
 py=${PYTHON:-python3}
@@ -32,9 +34,9 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, lightning {l
       f"DALI {dali_version}, {gpu}")
 PY
 status=0
-timeout 480 "$py" -m lit_compute.cli bench gpu 2>&1 | tee "$out/bench_gpu.txt" || status=1
+timeout "${BENCH_TIMEOUT:-420}" "$py" -m lit_compute.cli bench gpu --markdown "$out/bench_gpu.md" 2>&1 | tee "$out/bench_gpu.txt" || status=1
 tests="tests/test_gpu.py tests/precision"
 "$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/data/test_dali_datamodule.py"
 # shellcheck disable=SC2086
-timeout 240 "$py" -m pytest -q -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
+timeout "${PYTEST_TIMEOUT:-240}" "$py" -m pytest -q -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
 exit $status

@@ -18,12 +18,14 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import lightning.pytorch as pl
 import torch
 
-from lit_compute.bench._common import emit, machine_line, markdown
+from lit_compute.bench._common import emit, figure_header, machine_line, markdown
 from lit_compute.data.dali_datamodule import dali_available
+from lit_compute.files import write_whole
 
 
 def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) -> Any:
@@ -193,14 +195,112 @@ def check_fsdp(tmp: str) -> str:
             f"{100 * hfu[-1]:.1f}%, {tokens[-1]:,.0f} tokens/s")
 
 
+#: tables a check adds below the checks' table in --markdown's file
+SECTIONS: list[str] = []
+
+#: what the whatif check trains here: (model as whatif_bench traces it, micro-batch, precision)
+WHATIF_RUNS = [("resnet50", 256, "bf16-mixed"), ("resnet50", 256, "tf32"), ("gpt", 16, "bf16-mixed"),
+               ("gpt", 16, "tf32")]
+WHATIF_NAMES = {"resnet50": "torchvision ResNet-50 (224 px, SGD)",
+                "gpt": "lit_compute GPT (12 layers, 768 wide, 1,024 tokens, AdamW)"}
+
+
+class _StepOnDevice(pl.LightningModule):
+    """A model trained on inputs made on the device inside the step: no loader in the measurement, the rate is the
+    step's own (what the prediction prices when the run's loader kept up)."""
+
+    def __init__(self, net: Any, step: Callable[[Any, int], Any], batch: int, sgd: bool) -> None:
+        super().__init__()
+        self.net, self.step_fn, self.batch, self.sgd = net, step, batch, sgd
+
+    def training_step(self, index: Any, batch_idx: int) -> Any:
+        with torch.device(self.device):
+            return self.step_fn(self.net, self.batch)
+
+    def configure_optimizers(self) -> Any:
+        if self.sgd:
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.875, foreach=True)
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, foreach=True)
+
+
+class _RateClock(pl.Callback):
+    """Samples per second over the steps after ``warmup`` (the device synchronized at both ends)."""
+
+    def __init__(self, warmup: int, batch: int) -> None:
+        self.warmup, self.batch, self.start, self.rate = warmup, batch, 0.0, 0.0
+
+    def _now(self) -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx + 1 == self.warmup:
+            self.start = self._now()
+        elif batch_idx + 1 == trainer.max_steps:
+            self.rate = self.batch * (batch_idx + 1 - self.warmup) / (self._now() - self.start)
+
+
+def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup: int = 10,
+                 accelerator: str = "gpu") -> float:
+    """Samples/s of ``model`` (as ``lit-compute bench whatif`` traces it) trained by Lightning at ``batch`` and
+    ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, ResNet channels-last."""
+    from torch.utils.data import DataLoader
+
+    from lit_compute.bench.whatif_bench import _model
+
+    net, step = _model(model)
+    if model == "resnet50":
+        net = net.to(memory_format=torch.channels_last)
+    clock = _RateClock(warmup, batch)
+    tf32 = precision == "tf32"
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False, benchmark=True,
+                             precision="32-true" if tf32 else precision, callbacks=[clock],  # type: ignore[arg-type]
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(_StepOnDevice(net, step, batch, sgd=model == "resnet50"), DataLoader(cast(Any, range(steps))))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    return clock.rate
+
+
+def check_whatif(tmp: str) -> str:
+    """``lit-compute whatif``'s prediction for this GPU from the step counted on fake tensors (no GPU involved; the
+    default efficiencies, which were set on published V100 results, not on this chip) against the samples/s that a
+    Lightning run measures here at the same micro-batch and precision."""
+    from lit_compute.bench.whatif_bench import traced_facts
+    from lit_compute.planning.hardware import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    chip = find_chip(torch.cuda.get_device_name(0))
+    rows, errors = [], []
+    for model, batch, precision in WHATIF_RUNS:
+        predicted = predict(traced_facts(model, batch), Scenario(chip, precision, batch),
+                            default_calibration()).samples_per_s
+        measured = measure_rate(model, batch, precision)
+        errors.append(100 * (predicted / measured - 1))
+        rows.append([f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}", f"{predicted:,.0f}",
+                     f"{measured:,.0f}", f"{errors[-1]:+.1f}%"])
+        emit(f"  {rows[-1]}")
+    table = markdown(["workload", "predicted samples/s", "measured samples/s", "error"], rows)
+    emit(table)
+    SECTIONS.append(f"\n### lit-compute whatif on {chip.name}: predicted from the step counted on fake tensors, at "
+                    f"the default efficiencies, vs measured here\n\n{table}\n")
+    within = sum(abs(e) <= 30 for e in errors)
+    return f"table above: {within} of {len(errors)} within 30%, worst {max(errors, key=abs):+.1f}%"
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
-    ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
+    ("whatif predicted vs measured on this GPU", check_whatif),
     ("MFU ResNet-50 / ViT-B/16 bf16 (table, measure)", check_mfu),
-    ("DALI GPU vs torchvision loader", check_loaders),
+    ("FSDPStrategy GPT + FP32BatchNormFSDPPrecision", check_fsdp),
     ("FP32BatchNormPrecision 16-mixed + GradScaler", check_fp16),
     ("ProfilerWindow gpu_idle_fraction", check_profiler),
     ("TunedDDPStrategy single-process NCCL", check_nccl),
-    ("FSDPStrategy GPT + FP32BatchNormFSDPPrecision", check_fsdp),
+    ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
+    ("DALI GPU vs torchvision loader", check_loaders),
 ]
 
 
@@ -208,6 +308,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words")
+    parser.add_argument("--markdown", default=None,
+                        help="also write the checks' table, with the figure header, to this file (rewritten after "
+                             "each check: a run stopped part-way leaves the checks it finished)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         emit("lit-compute bench gpu: no NVIDIA GPU on this machine (torch.cuda.is_available() is False); nothing run.")
@@ -226,5 +329,9 @@ def main(argv: list[str]) -> int:
                 failed += 1
                 emit(traceback.format_exc())
             rows.append([name, ok, result, f"{time.perf_counter() - start:.0f}s"])
+            emit(f"{name}: {ok} ({rows[-1][-1]}): {result}")
+            if args.markdown:
+                write_whole(args.markdown, figure_header("lit-compute bench gpu", machine_line())
+                           + markdown(["check", "status", "result", "time"], rows) + "\n" + "".join(SECTIONS))
     emit(markdown(["check", "status", "result", "time"], rows))
     return 1 if failed else 0

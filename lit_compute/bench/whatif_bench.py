@@ -211,10 +211,17 @@ def _model(name: str) -> tuple[Any, Any]:
         import torchvision
 
         def step(net: Any, batch: int) -> Any:
-            x, y = torch.empty(batch, 3, 224, 224), torch.zeros(batch, dtype=torch.long)
+            x, y = torch.randn(batch, 3, 224, 224), torch.zeros(batch, dtype=torch.long)
             return torch.nn.functional.cross_entropy(net(x), y)
 
         return torchvision.models.resnet50(), step
+    if name == "gpt":
+        from lit_compute.models import GPT
+
+        def gpt_step(net: Any, batch: int) -> Any:
+            return net._loss({"input_ids": torch.zeros(batch, 1024, dtype=torch.long)})
+
+        return GPT(block_size=1024, n_layer=12, n_head=12, n_embd=768), gpt_step
     from transformers import BertConfig, BertModel
 
     config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
