@@ -91,6 +91,30 @@ def test_float32_peak_on_cuda_follows_each_tf32_switch(tmp_path):
     assert used > 0.5 * tf32
 
 
+def test_measured_float32_peak_on_cuda_follows_each_tf32_switch(tmp_path):
+    """peak='measure' in float32: the convolutions (cuDNN's TF32 switch, on by default) against the measured TF32
+    GEMM peak, the rest against the float32 one (a float32-only peak gave a ResNet an MFU near 100%)."""
+    from lit_compute.flops.peaks import cached_peak_flops
+
+    fp32 = cached_peak_flops("cuda", torch.float32, tf32=False).flops
+    tf32 = cached_peak_flops("cuda", torch.float32, tf32=True).flops
+    assert tf32 > 2 * fp32  # Ampere and later: TF32 tensor cores
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    used = {}
+    try:
+        for conv_tf32 in (True, False):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, conv_tf32
+            trainer = _gpu_trainer(tmp_path / str(conv_tf32), max_steps=3, callbacks=[FlopsLogger(peak="measure")])
+            trainer.fit(tiny_model(), train_dataloaders=_loader())
+            peaks = scalar_values(read_events(trainer.logger.log_dir), "compute/peak_tflops")
+            used[conv_tf32] = peaks[-1][1] * 1e12
+            assert all(0 < v <= 1 for _, v in scalar_values(read_events(trainer.logger.log_dir), "compute/mfu"))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert 0.5 * tf32 < used[True] < tf32  # mostly convolutions: near the TF32 peak
+    assert used[False] == pytest.approx(fp32, rel=0.01)
+
+
 def test_profiler_window_on_cuda_counts_each_step_once_and_measures_gpu_idle(tmp_path):
     window = ProfilerWindow(start_step=3, warmup=1, active=2)
     trainer = _gpu_trainer(tmp_path, max_steps=8, limit_train_batches=8, callbacks=[window])
@@ -121,7 +145,8 @@ def test_fsdp_gpt_logs_mfu_hfu_tokens_and_keeps_layernorm_float32(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if not seen:
                 ln = pl_module.blocks[0].ln_1
-                ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", m.weight.dtype))
+                # "and None": a forward hook that returns a value replaces the module's output
+                ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", m.weight.dtype) and None)
                 seen["hooked"] = True
 
     trainer = _gpu_trainer(tmp_path, max_steps=6, devices=1, strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
@@ -163,8 +188,10 @@ def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
         def __init__(self):
             super().__init__()
             self.net = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 4))
-            self.net[1].register_forward_hook(lambda m, i, o: seen.setdefault("ln", (i[0].dtype, m.weight.dtype)))
-            self.net[2].register_forward_hook(lambda m, i, o: seen.setdefault("fc", m.weight.dtype))
+            # "and None": a forward hook that returns a value replaces the module's output
+            self.net[1].register_forward_hook(lambda m, i, o: seen.setdefault("ln", (i[0].dtype, m.weight.dtype))
+                                              and None)
+            self.net[2].register_forward_hook(lambda m, i, o: seen.setdefault("fc", m.weight.dtype) and None)
 
         def configure_model(self):
             fully_shard_fp32_norms(self.net, self.device_mesh["data_parallel"], param_dtype=torch.bfloat16)

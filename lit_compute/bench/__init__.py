@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     """Run a benchmark; ``--markdown FILE`` (any benchmark) also writes what it printed to FILE, under the header
     naming the command, the commit, the date and the machine that every figure file in the docs carries."""
     markdown = None
-    if "--markdown" in argv[1:] and argv[0] not in ("memory", "whatif"):  # those two write their own
+    if "--markdown" in argv[1:] and argv[0] not in ("memory", "whatif", "gpu"):  # those write their own
         i = argv.index("--markdown")
         if i + 1 >= len(argv):
             sys.stderr.write("lit-compute bench: error: --markdown needs a file name\n")

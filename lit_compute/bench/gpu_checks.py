@@ -171,13 +171,17 @@ def check_fsdp(tmp: str) -> str:
 
     seen: dict[str, Any] = {}
 
+    def see_ln(module: Any, args: Any, output: Any) -> None:  # a forward hook returning None keeps the output
+        seen.setdefault("ln", str(module.weight.dtype))
+
+    def see_qkv(module: Any, args: Any, output: Any) -> None:
+        seen.setdefault("qkv", str(output.dtype))
+
     class Look(pl.Callback):
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             if "hook" not in seen:
-                ln = pl_module.blocks[0].ln_1
-                seen["hook"] = ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", str(m.weight.dtype)))
-                qkv = pl_module.blocks[0].qkv
-                qkv.register_forward_hook(lambda m, i, o: seen.setdefault("qkv", str(o.dtype)))
+                seen["hook"] = pl_module.blocks[0].ln_1.register_forward_hook(see_ln)
+                pl_module.blocks[0].qkv.register_forward_hook(see_qkv)
 
     model = GPT(block_size=1024, n_layer=12, n_head=12, n_embd=768)
     data = TokenDataModule(mode="packed", batch_size=8, seq_len=1024, max_tokens=1_000_000)

@@ -31,6 +31,7 @@ from lit_compute.bench._common import (
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops, precision_dtype
+from lit_compute.flops.peaks import tf32_enabled, weigh_tf32
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import StepTimeMonitor
 from lit_compute.precision import fp32_norm_precision
@@ -124,13 +125,18 @@ def main(argv: list[str]) -> int:
     with torch.device("meta"):
         meta_model = ImageClassifier(args.model, num_classes=10).net.train()
     # batch 2: BatchNorm in train mode refuses a batch of one
-    flops_per_sample = count_flops(meta_model, torch.zeros(2, 3, args.image_size, args.image_size), count_on="meta").total / 2
+    count = count_flops(meta_model, torch.zeros(2, 3, args.image_size, args.image_size), count_on="meta")
+    flops_per_sample = count.total / 2
     peaks = {}
     results = []
     for row in rows:
         dtype = precision_dtype(row["precision"])
         if dtype not in peaks:
             peaks[dtype] = measure_peak_flops(device, dtype) * args.devices
+            if device == "cuda" and dtype == torch.float32:  # cuDNN's TF32 switch is not the matmuls'
+                peaks[dtype] = args.devices * (weigh_tf32(count.by_op, *(
+                    measure_peak_flops(device, dtype, tf32=tf32_enabled(kind)) for kind in ("conv", "matmul")))
+                    or peaks[dtype] / args.devices)
         measured = run_row(row, args, log_dir)
         measured["mfu"] = flops_per_sample * measured["samples_per_sec"] / peaks[dtype]
         results.append(measured)

@@ -344,10 +344,13 @@ def _has_dtensor(args: Any, kwargs: Any) -> bool:
 
 
 def is_sharded(module: nn.Module) -> bool:
-    """True for a module FSDP2 (``fully_shard``) or tensor parallelism manages: DTensor parameters, or an FSDP2
-    unit whose set-up runs lazily at the strategy's first forward (a forward of ours before it breaks it)."""
-    fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
-    if fsdp_module is not None and any(isinstance(m, fsdp_module) for m in module.modules()):
+    """True for a module FSDP (``fully_shard`` or ``FullyShardedDataParallel``) or tensor parallelism manages:
+    DTensor parameters, or an FSDP unit whose set-up runs lazily at the strategy's first forward (a forward of ours
+    before it breaks it: FSDP1 takes the first unit that runs for its root)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kinds = tuple(k for k in (getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None))
+                  if isinstance(k, type))
+    if kinds and any(isinstance(m, kinds) for m in module.modules()):
         return True
     return _has_dtensor(tuple(module.parameters()), {})
 

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -209,25 +210,49 @@ def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str
 
     if dtype_key(dtype, "cpu") != "float32" or not flops_by_op:
         return peak("any")
+    return weigh_tf32(flops_by_op, peak("conv"), peak("matmul")) or peak("any")
+
+
+def weigh_tf32(flops_by_op: dict[str, int], conv_peak: float | None, other_peak: float | None) -> float | None:
+    """The float32 peak that makes the time add up when convolutions run at ``conv_peak`` and the other ops at
+    ``other_peak`` (cuDNN's and the matmuls' TF32 switches are separate): ``total / sum(flops_op / peak_op)``;
+    None without both peaks or without FLOPs."""
     conv = sum(f for op, f in flops_by_op.items() if "convolution" in op)
     other = sum(flops_by_op.values()) - conv
-    conv_peak, other_peak = peak("conv"), peak("matmul")
-    if conv_peak is None or other_peak is None or conv + other <= 0:
-        return peak("any")
+    if not conv_peak or not other_peak or conv + other <= 0:
+        return None
     return (conv + other) / (conv / conv_peak + other / other_peak)
 
 
 def measure_peak_flops(
     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
-    seconds: float = 1.0,
+    seconds: float = 1.0, tf32: bool | None = None,
 ) -> float:
     """Measure the achievable dense GEMM FLOP/s on ``device`` in ``dtype`` (best of several timed runs).
 
     On CPU this uses ``torch.get_num_threads()`` threads, as training does. The matrix side defaults to 2048
-    on CPU and 8192 on GPU. The loop stops after about ``seconds``. See :func:`measure_peak` for the same with
-    the machine's contention measured.
+    on CPU and 8192 on GPU. The loop stops after about ``seconds``. ``tf32`` (float32 on CUDA): measure with TF32
+    matmuls on or off (None: as ``torch.backends.cuda.matmul.allow_tf32`` is now). See :func:`measure_peak` for the
+    same with the machine's contention measured.
     """
-    return measure_peak(device, dtype, size=size, seconds=seconds, rounds=1).flops
+    return measure_peak(device, dtype, size=size, seconds=seconds, rounds=1, tf32=tf32).flops
+
+
+def _uses_tf32(device: torch.device, dtype: torch.dtype, tf32: bool | None) -> bool:
+    """Whether a float32 GEMM on ``device`` runs on TF32 units: ``tf32``, or the matmul switch as it is now."""
+    if device.type != "cuda" or dtype != torch.float32:
+        return False
+    return tf32_enabled("matmul") if tf32 is None else tf32
+
+
+@contextlib.contextmanager
+def _matmul_tf32(on: bool) -> Iterator[None]:
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 #: A CPU measurement round is quiet when this process got at least this share of the CPU time its threads could
@@ -247,14 +272,23 @@ class PeakMeasurement:
 
 
 def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
-                 seconds: float = 1.5, rounds: int = 5) -> PeakMeasurement:
+                 seconds: float = 1.5, rounds: int = 5, tf32: bool | None = None) -> PeakMeasurement:
     """The dense GEMM peak of ``device`` in ``dtype``, with the machine's load sampled while measuring.
 
     The time is split into ``rounds``; in each the best of several GEMMs is kept and, on CPU, the CPU time this
     process got is compared with what its ``torch.get_num_threads()`` threads could have used (a share under
     :data:`QUIET_CPU_SHARE` means other processes took the cores). The result is the best quiet round, or the
-    best round with ``quiet=False`` when none was quiet. On GPUs every round counts as quiet."""
+    best round with ``quiet=False`` when none was quiet. On GPUs every round counts as quiet. ``tf32``: see
+    :func:`measure_peak_flops`."""
     dev = torch.device(device)
+    if dev.type == "cuda" and dtype == torch.float32:
+        with _matmul_tf32(_uses_tf32(dev, dtype, tf32)):
+            return _measure_peak(dev, dtype, size, seconds, rounds)
+    return _measure_peak(dev, dtype, size, seconds, rounds)
+
+
+def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, seconds: float,
+                  rounds: int) -> PeakMeasurement:
     n = size or (8192 if dev.type == "cuda" else 2048)
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
@@ -312,7 +346,7 @@ class MeasuredPeak:
         return text
 
 
-def _peak_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+def _peak_key(device: torch.device, dtype: torch.dtype, tf32: bool | None = None) -> tuple[str, str]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
@@ -320,11 +354,13 @@ def _peak_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
         with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
-    return name, f"{device.type}|{name}|{str(dtype).removeprefix('torch.')}|threads={threads}|torch={torch.__version__}"
+    kind = "tf32" if _uses_tf32(device, dtype, tf32) else str(dtype).removeprefix("torch.")
+    return name, f"{device.type}|{name}|{kind}|threads={threads}|torch={torch.__version__}"
 
 
 def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                      remeasure: bool = False, at_least: float | None = None) -> MeasuredPeak:
+                      remeasure: bool = False, at_least: float | None = None,
+                      tf32: bool | None = None) -> MeasuredPeak:
     """This machine's measured dense GEMM peak in ``dtype``, measured once and cached in
     ``$LIT_COMPUTE_CACHE/peaks.json`` with the conditions it was measured under (device, threads, torch version,
     load average, time), so MFU is against the same peak in every run.
@@ -334,9 +370,10 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
     while other processes took the cores serves this run only, with ``quiet=False``, and replaces nothing.
     ``remeasure=True`` measures again; ``at_least`` (FLOP/s a run achieved) measures again when the cached value
     is below it. A new measurement above the cached value proves the cached one wrong: it is replaced when the new
-    one is quiet, removed otherwise."""
+    one is quiet, removed otherwise. ``tf32`` (float32 on CUDA): the TF32 GEMM peak or the float32 one (None: as
+    the matmul switch is now); each is its own entry."""
     dev = torch.device(device)
-    name, key = _peak_key(dev, dtype)
+    name, key = _peak_key(dev, dtype, tf32)
     path = default_cache_dir() / "peaks.json"
     entries: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
@@ -352,9 +389,10 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
             cached = MeasuredPeak(**fields, cached=True)
     if cached is not None and not remeasure and (at_least is None or cached.flops >= at_least):
         return cached
-    measured = measure_peak(dev, dtype)
+    measured = measure_peak(dev, dtype, tf32=tf32)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=str(dtype).removeprefix("torch."),
+    kind = "tf32" if _uses_tf32(dev, dtype, tf32) else str(dtype).removeprefix("torch.")
+    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=kind,
                         threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
                         measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load, quiet=measured.quiet,
                         cpu_share=measured.cpu_share)
@@ -405,8 +443,8 @@ class PeakPolicy:
             return None
         if self.peak == "none":
             return None
-        if self.measured:
-            measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure")
+        if self.measured:  # float32 on CUDA: TF32's peak when either switch is on, until refine() weighs them
+            measured = cached_peak_flops(device, dtype, remeasure=self.peak == "remeasure", tf32=self._tf32("any"))
             self.value, self.source = measured.flops, measured.describe()
             return measured
         self.value = peak_flops(device, dtype)
@@ -431,14 +469,30 @@ class PeakPolicy:
                            "Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.")]
         return None, []
 
+    def _tf32(self, kind: str) -> bool | None:
+        """Whether float32 work of ``kind`` runs on TF32 units here (None: not float32 on CUDA)."""
+        if self.device is None or self.device.type != "cuda" or self.dtype != torch.float32:
+            return None
+        return tf32_enabled(kind)
+
     def refine(self, flops_by_op: dict[str, int]) -> None:
-        """float32 on CUDA: convolutions and matmuls have separate TF32 switches; weigh the table peak by the count."""
-        if self.peak != "table" or self.peak_flops is not None or self._refined or self.device is None:
+        """float32 on CUDA: convolutions and matmuls have separate TF32 switches (cuDNN's on by default, the
+        matmuls' off); weigh the table's or the measured peaks by the count."""
+        if self.peak not in ("table", "measure", "remeasure") or self.peak_flops is not None or self._refined:
             return
-        if self.device.type != "cuda" or self.dtype != torch.float32:
+        if self._tf32("any") is None or self.device is None:
             return
         self._refined = True
-        value = peak_flops(self.device, torch.float32, flops_by_op)
+        if self.peak == "table":
+            value = peak_flops(self.device, torch.float32, flops_by_op)
+        else:
+            conv, other = (cached_peak_flops(self.device, torch.float32, tf32=self._tf32(kind)).flops
+                           for kind in ("conv", "matmul"))
+            value = weigh_tf32(flops_by_op, conv, other)
+            if value:
+                self.source += (f"; convolutions against the {'TF32' if self._tf32('conv') else 'float32'} peak, "
+                                f"other ops against the {'TF32' if self._tf32('matmul') else 'float32'} one, "
+                                "weighed by their counted FLOPs")
         if value:
             self.value = value
 
@@ -457,7 +511,7 @@ class PeakPolicy:
                 f"{flops_rate(self.value / 1e12)} ({self.source})")
         if self.measured and not self._rechecked and self.device is not None:
             self._rechecked = True
-            again = cached_peak_flops(self.device, self.dtype, at_least=achieved)
+            again = cached_peak_flops(self.device, self.dtype, at_least=achieved, tf32=self._tf32("any"))
             self.value, self.source = max(again.flops, self.value), again.describe()
             metrics = self._metrics(tflops, hw_tflops, devices)
             if metrics["compute/mfu"] <= 1 and metrics.get("compute/hfu", 0.0) <= 1:

@@ -23,7 +23,7 @@ from ..conftest import make_trainer, read_events, scalar_values, tiny_data, tiny
 def _measurements(monkeypatch, *values):
     """measure_peak returns these (flops, quiet) in turn."""
     it = iter(values)
-    monkeypatch.setattr(peaks, "measure_peak", lambda device, dtype: PeakMeasurement(*next(it), cpu_share=0.9))
+    monkeypatch.setattr(peaks, "measure_peak", lambda device, dtype, **_: PeakMeasurement(*next(it), cpu_share=0.9))
 
 
 def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_request(tmp_path, monkeypatch):
