@@ -113,8 +113,8 @@ def figure_header(command: str, machine: str) -> str:
             commit += " with uncommitted changes"
     except (OSError, sp.SubprocessError):
         commit = "unknown"
-    if commit == "unknown":  # a copy without git (a borrowed GPU machine): the commit its sender named
-        commit = os.environ.get("LIT_COMPUTE_COMMIT", commit)
+    # a copy on a borrowed machine: the commit its sender named wins (the copy's own git, if any, can be stale)
+    commit = os.environ.get("LIT_COMPUTE_COMMIT") or commit
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
             f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n")
