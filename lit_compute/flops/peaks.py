@@ -290,6 +290,9 @@ def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.
 def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, seconds: float,
                   rounds: int) -> PeakMeasurement:
     n = size or (8192 if dev.type == "cuda" else 2048)
+    per_round = seconds / max(1, rounds)
+    if size is None and dev.type == "cpu":
+        n = _affordable_side(n, dtype, per_round)
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     flops = 2.0 * n**3
@@ -302,7 +305,6 @@ def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, secon
     torch.mm(a, b)  # warm-up (kernel selection, caches)
     sync()
     results: list[tuple[float, float | None]] = []
-    per_round = seconds / max(1, rounds)
     for _ in range(max(1, rounds)):
         best, runs = float("inf"), 0
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -319,6 +321,22 @@ def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, secon
     shares = [share for _, share in results if share is not None]
     return PeakMeasurement(flops=max(quiet) if quiet else max(f for f, _ in results), quiet=bool(quiet),
                            cpu_share=min(shares) if shares else None)
+
+
+def _affordable_side(n: int, dtype: torch.dtype, per_round: float, probe: int = 256) -> int:
+    """The matrix side to time on a CPU: ``n``, unless one product of that side would take longer than ten
+    rounds (a dtype the CPU has no native instructions for, such as bfloat16 without AVX512-BF16 or AMX, runs
+    20 or more times slower than float32): then a side whose product takes about one round, timed from a small
+    product (at least ``probe``). Keeps the measurement about as long as asked on any CPU."""
+    a = torch.randn(probe, probe).to(dtype)
+    torch.mm(a, a)
+    t0 = time.perf_counter()
+    torch.mm(a, a)
+    took = max(time.perf_counter() - t0, 1e-9)
+    full = took * (n / probe) ** 3
+    if full <= 10 * per_round:
+        return n
+    return max(probe, min(n, int(n * (per_round / full) ** (1 / 3)) // 64 * 64))
 
 
 @dataclass(frozen=True)

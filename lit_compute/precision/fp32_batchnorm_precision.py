@@ -35,6 +35,36 @@ _REFUSED_FSDP = tuple((value, "is refused: float16 gradients reduced without los
                        "'16-mixed' or 'bf16-mixed'") for value in ("16-true", "16", "half"))
 
 
+def slow_bf16_cpu() -> str | None:
+    """Why bfloat16 runs slowly on this CPU, or None: an x86 CPU on which torch uses nothing wider than AVX2 has no
+    bfloat16 instructions (AVX512-BF16, AMX), and oneDNN's bfloat16 matmuls and convolutions take a path many
+    times slower than float32's."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    if "AVX512" in capability or "AMX" in capability:
+        return None
+    return f"torch's CPU capability here is {capability}: no AVX512-BF16 or AMX"
+
+
+_SLOW_BF16_WARNED: set[str] = set()
+
+
+def warn_if_bf16_is_slow_here(name: str, precision: str, device: str | None) -> None:
+    """Once per process and plugin: a bfloat16 precision on a CPU without bfloat16 instructions, with the fix."""
+    reason = slow_bf16_cpu() if device == "cpu" and str(precision).startswith("bf16") else None
+    if reason is None or name in _SLOW_BF16_WARNED:
+        return
+    _SLOW_BF16_WARNED.add(name)
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    rank_zero_warn(f"{name}(precision={precision!r}) on this CPU: {reason}, so bfloat16 matmuls and convolutions "
+                   "run many times slower than float32 here. Train in '32-true' on this machine (leave the plugin "
+                   "out), or use a CPU with AVX512-BF16 or AMX, or a GPU.")
+
+
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
     """True for every ``_BatchNorm`` (BatchNorm1d/2d/3d, SyncBatchNorm) and classes whose name contains one of ``names``."""
     if isinstance(module, _BatchNorm):
@@ -193,6 +223,7 @@ class FP32BatchNormPrecision(MixedPrecision):
             self.device = device if device in ("cuda", "cpu", "mps", "xpu") else "cpu"
         if self.precision == "16-mixed" and self.scaler is None:
             self.scaler = self._build_scaler(self.device)
+        warn_if_bf16_is_slow_here(type(self).__name__, self.precision, self.device)
         if self._pending_state and self.scaler is not None:
             self.scaler.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -242,6 +273,11 @@ class FP32BatchNormHalfPrecision(HalfPrecision):
         name = type(self).__name__
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
         super().__init__(cast(Any, precision))
+
+    def connect(self, model: nn.Module, optimizers: list, lr_schedulers: list) -> tuple:
+        device = next((p.device.type for p in model.parameters()), "cpu")
+        warn_if_bf16_is_slow_here(type(self).__name__, self.precision, device)
+        return super().connect(model, optimizers, lr_schedulers)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         # Lightning's model summary forwards ``example_input_array`` as it is (no convert_input): float32 into

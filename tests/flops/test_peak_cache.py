@@ -130,3 +130,20 @@ def test_the_policy_computes_mfu_and_hfu_in_one_place():
     assert policy.utilisation(tflops=math.nan, hw_tflops=1.0, devices=2) == ({}, None)
     metrics, warning = policy.utilisation(tflops=3.0, hw_tflops=5.0, devices=2)  # HFU 1.25: nothing logged
     assert metrics == {} and "1.250x the peak of 2 TFLOP/s (given as FlopsLogger(peak_flops=...))" in warning
+
+
+def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
+    """bfloat16 on a CPU without AVX512-BF16/AMX runs a 2048-wide product in minutes: the side shrinks so that one
+    product takes about a round (the clock is driven: each reading one tick later)."""
+    from lit_compute.flops import peaks as peaks_module
+
+    def clock(tick: float):
+        now = iter(i * tick for i in range(10**6))
+        return lambda: next(now)
+
+    monkeypatch.setattr(peaks_module.time, "perf_counter", clock(1e-5))  # a fast 256-wide product: keep 2048
+    assert peaks_module._affordable_side(2048, torch.float32, per_round=0.3) == 2048
+    monkeypatch.setattr(peaks_module.time, "perf_counter", clock(0.05))  # 0.05 s for 256: 2048 would take 26 s
+    side = peaks_module._affordable_side(2048, torch.float32, per_round=0.3)
+    assert 256 <= side < 2048 and side % 64 == 0
+    assert 0.05 * (side / 256) ** 3 <= 0.3 * 1.5  # about one round

@@ -36,6 +36,33 @@ def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
     assert trainer.precision == precision
 
 
+@pytest.mark.parametrize("capability, warned", [("AVX2", True), ("AVX512", False)])
+def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_path, monkeypatch, capability,
+                                                                              warned):
+    import platform
+    import warnings
+
+    from lit_compute.precision import fp32_batchnorm_precision as module
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(module, "_SLOW_BF16_WARNED", set())
+    said = []
+    plugins = (FP32BatchNormPrecision("bf16-mixed"), FP32BatchNormPrecision("bf16-mixed"),
+               FP32BatchNormHalfPrecision("bf16-true"))
+    for i, plugin in enumerate(plugins):
+        trainer = make_trainer(tmp_path / str(i), max_steps=1, limit_val_batches=0, plugins=[plugin])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(_ConvNet(), train_dataloaders=_loader(n=8))
+        said += [str(w.message) for w in caught if "AVX512-BF16" in str(w.message)]
+    if warned:  # once per plugin class in a process, however many trainers
+        assert [text.split("(")[0] for text in said] == ["FP32BatchNormPrecision", "FP32BatchNormHalfPrecision"]
+        assert "AVX2" in said[0] and "'32-true'" in said[0]
+    else:
+        assert said == []
+
+
 def test_group_norm_kept_in_float32_when_named(tmp_path):
     model = _ConvNet()
     trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormHalfPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])])
