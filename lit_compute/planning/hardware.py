@@ -230,13 +230,15 @@ class MixedSpeedup:
     quiet: bool
 
 
-def measure_mixed_speedup(repeats: int = 10, trials: int = 5) -> MixedSpeedup:
+def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 20.0) -> MixedSpeedup:
     """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
     casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
     on causal scaled-dot-product attention (on some CPUs its bf16 backward is slower than float32's). What a CPU's
     bf16 GEMM peak overstates: its kernels and casts in training reach far less of it than a large GEMM. Each class
     is the median of ``trials`` ratios of best-of-``repeats`` times, the trials interleaved across the classes; the
-    CPU time this process got is checked like the peak's (a busy machine is not cached)."""
+    CPU time this process got is checked like the peak's (a busy machine is not cached). Bounded in time on a CPU
+    whose bf16 is slow (no AVX512-BF16 or AMX: many times float32's time): a mode stops repeating after a tenth of
+    ``seconds`` once it has two timed runs, and no trial starts after ``seconds`` once one has finished."""
     import time
 
     import torch
@@ -255,12 +257,16 @@ def measure_mixed_speedup(repeats: int = 10, trials: int = 5) -> MixedSpeedup:
     ratios: dict[str, list[float]] = {kind: [] for kind in blocks}
     threads = max(1, torch.get_num_threads())
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    for _ in range(max(1, trials)):
+    for trial in range(max(1, trials)):
+        if trial and time.perf_counter() - wall0 > seconds:
+            break
         for kind, (block, data) in blocks.items():
             times = []
             for mixed in (False, True):
-                best = math.inf
+                best, mode0 = math.inf, time.perf_counter()
                 for i in range(repeats + 1):
+                    if i > 2 and time.perf_counter() - mode0 > seconds / 10:
+                        break
                     x = data.clone().requires_grad_(kind == "attention")
                     start = time.perf_counter()
                     with torch.autocast("cpu", torch.bfloat16, enabled=mixed):

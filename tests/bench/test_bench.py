@@ -22,7 +22,7 @@ def _rows(out: str) -> list[list[str]]:
          "ratio to without"),
         (["overhead", "--callback", "profiler", "--steps", "5", "--rounds", "1", "--image-size", "32",
           "--batch-size", "4"], "ratio to without"),
-        (["precision", "--model", "resnet18", "--image-size", "32", "--steps", "4", "--rounds", "1"],
+        (["precision", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--steps", "4", "--rounds", "1"],
          "speed-up vs 32-true"),
         (["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
          "ratio to torchvision"),

@@ -61,10 +61,18 @@ def test_the_parts_are_what_the_model_holds_and_sum_to_the_peak(tmp_path):
     assert [s for s, _ in scalar_values(acc, "memory/peak_gb")] == [1, 3]
 
 
-def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path):
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                         nn.Linear(512, 4))
+
+
+@pytest.mark.parametrize("arch", ["mlp", "resnet18"])
+def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path, arch):
     """The cross-check on a CPU: torch.profiler's allocator total ("Total Allocated" of its memory events, counted
-    from the profile's start) over the same ResNet step, plus what was allocated before it (parameters and momentum
-    buffers), peaks within 5% of the tracker's peak (the profiler also sees workspace no tensor holds)."""
+    from the profile's start) over the same step, plus what was allocated before it (parameters and momentum
+    buffers). The profiler also sees workspace no tensor holds: a convolution's depends on the CPU's kernels (an
+    AVX2-only CPU's ResNet step allocated about 40% more than its tensors), so for the ResNet the allocator's peak
+    is at least the tracker's, and for an MLP (matmuls take no allocator workspace) the two agree within 5%."""
     import json
 
     import torchvision
@@ -78,7 +86,7 @@ def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path):
         opt.zero_grad(set_to_none=True)
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=4)
+    model = torchvision.models.resnet18(num_classes=4) if arch == "resnet18" else _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     step(model, opt)  # momentum buffers exist: the steady state
     kept = list(model.parameters()) + list(model.buffers()) + [s["momentum_buffer"] for s in opt.state.values()]
@@ -94,7 +102,12 @@ def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path):
     totals = [e["args"]["Total Allocated"] for e in events
               if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
     before = sum(t.untyped_storage().nbytes() for t in kept)
-    assert totals and max(totals) + before == pytest.approx(tracked, rel=0.05), (max(totals) + before, tracked)
+    assert totals, "the profiler recorded no memory events"
+    allocated = max(totals) + before
+    if arch == "mlp":
+        assert allocated == pytest.approx(tracked, rel=0.05), (allocated, tracked)
+    else:
+        assert allocated >= 0.95 * tracked, (allocated, tracked)
 
 
 @pytest.mark.timeout(180)

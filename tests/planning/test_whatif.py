@@ -240,3 +240,20 @@ def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     assert predict(run, Scenario(chip, "bf16-true", 16), UNIT).compute_s == pytest.approx(0.5 + 2.0)
     speedups = measure_mixed_speedup(repeats=1, trials=1)
     assert set(speedups.ratios) == {"matmul", "conv", "attention"} and all(v > 0 for v in speedups.ratios.values())
+
+
+def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
+    """On a CPU without bf16 instructions one bf16 block takes seconds: the measurement stops repeating a mode after
+    a tenth of its time budget (two timed runs done) and starts no trial past the budget. The clock is driven: each
+    reading is one second after the last."""
+    import itertools
+    import time
+
+    from lit_compute.planning.hardware import measure_mixed_speedup
+
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    speedups = measure_mixed_speedup(repeats=10, trials=5, seconds=20)
+    assert set(speedups.ratios) == {"matmul", "conv", "attention"}
+    # one trial of 3 classes x 2 modes x 3 runs: about 50 readings; unbounded, 5 x 3 x 2 x 11 runs: over 660
+    assert next(ticks) < 100
