@@ -31,7 +31,7 @@ from lit_compute.bench._common import (
 from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.flops import FlopsLogger, count_flops, measure_peak_flops, precision_dtype
-from lit_compute.flops.peaks import tf32_enabled, weigh_tf32
+from lit_compute.flops.peaks import weigh_tf32_switches
 from lit_compute.models import ImageClassifier
 from lit_compute.monitoring import StepTimeMonitor
 from lit_compute.precision import fp32_norm_precision
@@ -132,11 +132,10 @@ def main(argv: list[str]) -> int:
     for row in rows:
         dtype = precision_dtype(row["precision"])
         if dtype not in peaks:
-            peaks[dtype] = measure_peak_flops(device, dtype) * args.devices
+            weighed = None
             if device == "cuda" and dtype == torch.float32:  # cuDNN's TF32 switch is not the matmuls'
-                peaks[dtype] = args.devices * (weigh_tf32(count.by_op, *(
-                    measure_peak_flops(device, dtype, tf32=tf32_enabled(kind)) for kind in ("conv", "matmul")))
-                    or peaks[dtype] / args.devices)
+                weighed = weigh_tf32_switches(count.by_op, lambda on: measure_peak_flops(device, torch.float32, tf32=on))
+            peaks[dtype] = (weighed or measure_peak_flops(device, dtype)) * args.devices
         measured = run_row(row, args, log_dir)
         measured["mfu"] = flops_per_sample * measured["samples_per_sec"] / peaks[dtype]
         results.append(measured)

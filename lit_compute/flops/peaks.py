@@ -13,7 +13,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -224,6 +224,17 @@ def weigh_tf32(flops_by_op: dict[str, int], conv_peak: float | None, other_peak:
     return (conv + other) / (conv / conv_peak + other / other_peak)
 
 
+def weigh_tf32_switches(flops_by_op: dict[str, int], peak_of: Callable[[bool], float | None]) -> float | None:
+    """:func:`weigh_tf32` with the peaks as the switches are now: ``peak_of(tf32)`` is the float32 peak with TF32
+    on or off, asked once per distinct setting of cuDNN's and the matmuls' switches."""
+    peaks = {on: peak_of(on) for on in {tf32_enabled("conv"), tf32_enabled("matmul")}}
+    return weigh_tf32(flops_by_op, peaks[tf32_enabled("conv")], peaks[tf32_enabled("matmul")])
+
+
+def _dtype_name(device: torch.device, dtype: torch.dtype, tf32: bool | None) -> str:
+    return "tf32" if _uses_tf32(device, dtype, tf32) else str(dtype).removeprefix("torch.")
+
+
 def measure_peak_flops(
     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
     seconds: float = 1.0, tf32: bool | None = None,
@@ -372,8 +383,7 @@ def _peak_key(device: torch.device, dtype: torch.dtype, tf32: bool | None = None
         with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
-    kind = "tf32" if _uses_tf32(device, dtype, tf32) else str(dtype).removeprefix("torch.")
-    return name, f"{device.type}|{name}|{kind}|threads={threads}|torch={torch.__version__}"
+    return name, f"{device.type}|{name}|{_dtype_name(device, dtype, tf32)}|threads={threads}|torch={torch.__version__}"
 
 
 def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -409,8 +419,7 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
         return cached
     measured = measure_peak(dev, dtype, tf32=tf32)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    kind = "tf32" if _uses_tf32(dev, dtype, tf32) else str(dtype).removeprefix("torch.")
-    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=kind,
+    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=_dtype_name(dev, dtype, tf32),
                         threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
                         measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load, quiet=measured.quiet,
                         cpu_share=measured.cpu_share)
@@ -504,9 +513,8 @@ class PeakPolicy:
         if self.peak == "table":
             value = peak_flops(self.device, torch.float32, flops_by_op)
         else:
-            conv, other = (cached_peak_flops(self.device, torch.float32, tf32=self._tf32(kind)).flops
-                           for kind in ("conv", "matmul"))
-            value = weigh_tf32(flops_by_op, conv, other)
+            device = self.device
+            value = weigh_tf32_switches(flops_by_op, lambda on: cached_peak_flops(device, torch.float32, tf32=on).flops)
             if value:
                 self.source += (f"; convolutions against the {'TF32' if self._tf32('conv') else 'float32'} peak, "
                                 f"other ops against the {'TF32' if self._tf32('matmul') else 'float32'} one, "

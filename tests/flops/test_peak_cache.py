@@ -147,3 +147,29 @@ def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
     side = peaks_module._affordable_side(2048, torch.float32, per_round=0.3)
     assert 256 <= side < 2048 and side % 64 == 0
     assert 0.05 * (side / 256) ** 3 <= 0.3 * 1.5  # about one round
+
+
+def test_float32_peaks_are_weighed_by_each_tf32_switch_and_asked_once_per_setting(monkeypatch):
+    """cuDNN's TF32 switch (convolutions) and the matmuls' are separate: the float32 peak makes the time add up,
+    each op class at its switch's peak, and a setting both share is measured once."""
+    from lit_compute.flops import peaks as peaks_module
+
+    asked = []
+
+    def peak_of(tf32: bool) -> float:
+        asked.append(tf32)
+        return 400.0 if tf32 else 50.0
+
+    by_op = {"aten.convolution": 300, "aten.mm": 100}
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:  # torch's switches are not plain attributes: set and restored by hand
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+        assert peaks_module.weigh_tf32_switches(by_op, peak_of) == pytest.approx(400 / (300 / 400 + 100 / 50))
+        assert sorted(asked) == [False, True]
+        asked.clear()
+        torch.backends.cudnn.allow_tf32 = False
+        assert peaks_module.weigh_tf32_switches(by_op, peak_of) == pytest.approx(50.0)
+        assert asked == [False]
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
