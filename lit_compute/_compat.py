@@ -280,17 +280,66 @@ def model_parallel_sizes(strategy: Any) -> tuple[int, int] | None:
 def simulated_rank(rank: int, world_size: int) -> Iterator[None]:
     """This process plays ``rank`` of ``world_size`` in a fake process group (torch's ``fake`` backend: every
     collective returns at once and moves nothing), so a sharded model can be built and traced rank by rank in one
-    process, without launching the job."""
+    process, without launching the job. torch 2.6 and later register the backend themselves; older ones only when
+    their test helper is imported."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed import fake_pg  # registers the "fake" backend
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised in this process; simulate ranks in a fresh one")
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+    if "fake" not in dist.Backend.backend_list:  # pragma: no cover - torch < 2.6
+        from torch.testing._internal.distributed import fake_pg  # noqa: F401 - registers the "fake" backend
+    from torch._C._distributed_c10d import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+
+
+# -- what lit-compute estimate reaches: fake tensors, Lightning's optimizer set-up, a strategy's settings ----------
+def fake_tensor_mode() -> Any:
+    """A ``FakeTensorMode`` (shapes, dtypes and devices; no memory, no arithmetic) that accepts real inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_tensor(fake_mode: Any, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor of ``fake_mode`` with ``meta``'s shape and dtype on ``device``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor(fake_mode, meta, device)
+
+
+def replace_module_tensors(module: nn.Module, replace: Any) -> None:
+    """Swap every parameter and buffer of ``module`` and its children in place for ``replace(tensor, is_parameter)``
+    (``nn.Module._parameters`` and ``_buffers``: ``setattr`` would refuse a parameter that is a fake tensor)."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = replace(param, True)
+        for name, buf in list(sub._buffers.items()):
+            if buf is not None:
+                sub._buffers[name] = replace(buf, False)
+
+
+def init_optimizers(model: Any) -> list[Any]:
+    """The module's optimizers as Lightning builds them from ``configure_optimizers`` (the fit loop's own helper)."""
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+
+    optimizers, _ = _init_optimizers_and_lr_schedulers(model)
+    return optimizers
+
+
+def ddp_gradient_as_bucket_view(strategy: Any) -> bool:
+    """Whether a ``DDPStrategy`` was given ``gradient_as_bucket_view=True`` (then gradients live in the buckets)."""
+    return bool(getattr(strategy, "_ddp_kwargs", {}).get("gradient_as_bucket_view"))
+
+
+def set_device_mesh(model: Any, mesh: Any) -> None:
+    """Give a LightningModule the device mesh ``ModelParallelStrategy`` would (``self.device_mesh`` reads it)."""
+    model._device_mesh = mesh
 
 
 def train_loader_workers(trainer: Any) -> str:

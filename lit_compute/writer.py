@@ -10,8 +10,9 @@ written so far (TensorBoard's Custom Scalars layout is rewritten when a new one 
 - scalars outside an event (:func:`log_scalars`: a profiler window exported at the end of a run, a benchmark
   sweep whose steps are message sizes);
 - one-line messages for the terminal (:func:`say`), printed above a live progress bar instead of through it;
-- Markdown text to TensorBoard's text plugin (:func:`log_text`), the run-info table (:func:`run_info`, read back
-  by ``lit-compute report``) and the Custom Scalars layout (:func:`write_layout`).
+- Markdown text to TensorBoard's text plugin (:func:`log_text`), the run's record (:func:`write_run_record`:
+  ``run.json`` beside the events, read back by ``lit-compute report``, ``whatif`` and the tune) with its run-info
+  table for people, and the Custom Scalars layout (:func:`write_layout`).
 
 Loggers that follow TensorBoard's run and version (``PrometheusLogger``) are linked duck-typed by their
 ``follow(run, version)`` method (:func:`link_loggers`), so nothing here imports a logger class of lit_compute.
@@ -31,7 +32,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_compute import _compat
-from lit_compute.formatting import flops_rate_unit, markdown_table
+from lit_compute.formatting import flops_rate_unit
+from lit_compute.run_record import RECORD_FILE, RunRecord, write_record
 from lit_compute.tensorboard_layout import FLOP_RATE_TAGS, flops_rate_tag, layout_for
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ class Writer:
     first: dict[str, float] = field(default_factory=dict)  # each tag's first value
     charted: frozenset[str] = frozenset()  # the tags the Custom Scalars layout was last written for
     flops_unit: tuple[float, str] | None = None  # (scale in TFLOP/s, unit) of the run's FLOP/s charts, once known
+    record: RunRecord | None = None  # the run's record, made at its first write (run.json)
 
     def flops_rate_twins(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """The FLOP/s figures of ``metrics`` in the run's unit (``compute/gflops_per_sec`` on a CPU), for TensorBoard's
@@ -153,7 +156,8 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
                            "lit_compute's metrics are no longer sent to that logger; training goes on.",
                            category=UserWarning)
     if first:
-        log_text(trainer, "lit_compute/run", run_info(trainer), step=0)
+        write_run_record(trainer)
+        log_text(trainer, "lit_compute/run", writer.record.table() if writer.record else run_info(trainer), step=0)
     if writer.add_points({**clean, **twins}):  # a new tag, a tag's second or third point: a few times per run
         drawable = writer.drawable()
         if drawable != writer.charted:
@@ -245,43 +249,56 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
     return True
 
 
-#: The keys of the run-info table, in order (``lit-compute report`` reads them back by key).
-RUN_INFO_KEYS = ("precision", "precision plugin", "device", "world size", "nodes x devices", "parallel layout",
-                 "strategy", "data", "cpu cores", "torch", "lightning", "planned", "loader workers", "torch threads")
+def run_record(trainer: pl.Trainer) -> RunRecord:
+    """The run's :class:`~lit_compute.run_record.RunRecord`, made from the trainer at its first logging event (the
+    same on every rank; rank 0 writes it)."""
+    from lit_compute.hardware.chips import chip_for_name
+    from lit_compute.hardware.this_machine import cpu_name
 
-
-def run_info(trainer: pl.Trainer) -> str:
-    """One Markdown table describing the run, written once as text ``lit_compute/run`` (read back by
-    ``lit-compute report``: :meth:`lit_compute.report.runs.Run.info`)."""
     device = trainer.strategy.root_device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     datamodule = getattr(trainer, "datamodule", None)
     layout = _compat.parallel_layout(trainer)
-    values = [
-        trainer.precision,
-        type(trainer.precision_plugin).__name__,
-        name,
-        trainer.world_size,
-        f"{layout.nodes} x {layout.devices_per_node}",
-        layout.describe(),
-        type(trainer.strategy).__name__,
-        type(datamodule).__name__ if datamodule is not None else "dataloaders",
-        _compat.available_cpu_cores(),
-        torch.__version__,
-        lightning.__version__,
-        _planned(trainer),
-        _compat.train_loader_workers(trainer),
-        torch.get_num_threads(),
-    ]
-    return markdown_table(["key", "value"], [[k, v] for k, v in zip(RUN_INFO_KEYS, values)])
-
-
-def _planned(trainer: pl.Trainer) -> str:
-    """What the run set out to train (``64 steps``, ``2 epochs``), read back by the report's "stopped early"."""
     steps, epochs = getattr(trainer, "max_steps", -1), getattr(trainer, "max_epochs", None)
-    if isinstance(steps, int) and steps > 0:
-        return f"{steps} steps"
-    return f"{epochs} epochs" if epochs is not None else "n/a"
+    workers = _compat.train_loader_workers(trainer)
+    return RunRecord(
+        precision=str(trainer.precision), precision_plugin=type(trainer.precision_plugin).__name__, device=name,
+        chip=chip_for_name(name) if device.type == "cuda" else None, cpu=cpu_name(), nodes=layout.nodes,
+        devices_per_node=layout.devices_per_node, world_size=trainer.world_size, data_parallel=layout.data_parallel,
+        tensor_parallel=layout.tensor_parallel, strategy=type(trainer.strategy).__name__,
+        data=type(datamodule).__name__ if datamodule is not None else "dataloaders",
+        cpu_cores=_compat.available_cpu_cores(), torch_threads=torch.get_num_threads(),
+        loader_workers=int(workers) if workers.isdigit() else None, torch=torch.__version__,
+        lightning=lightning.__version__, planned_steps=steps if isinstance(steps, int) and steps > 0 else None,
+        planned_epochs=epochs if not (isinstance(steps, int) and steps > 0) and isinstance(epochs, int) else None)
+
+
+def run_info(trainer: pl.Trainer) -> str:
+    """The run-info table (text ``lit_compute/run``): the run's record rendered for people."""
+    return run_record(trainer).table()
+
+
+def write_run_record(trainer: pl.Trainer, op_classes: dict[str, Any] | None = None) -> None:
+    """Write the run's record as ``run.json`` in the TensorBoard logger's folder (rank 0), made at the first call;
+    ``op_classes``: a counted op-class table to keep in it (the micro-batch's, see
+    :meth:`~lit_compute.run_record.RunRecord.with_op_classes`). Written again only when it changed; a failed write
+    warns once and training goes on."""
+    writer = writer_for(trainer)
+    fresh = writer.record is None
+    if writer.record is None:
+        writer.record = run_record(trainer)
+    changed = writer.record.with_op_classes(op_classes) if op_classes else False
+    tb = tensorboard_logger(trainer)
+    if tb is None or not trainer.is_global_zero or not (fresh or changed) or id(tb) in writer.failed_loggers:
+        return
+    try:
+        write_record(tb.log_dir, writer.record)
+    except OSError as err:
+        if "run-record" not in writer.warned:
+            writer.warned.add("run-record")
+            rank_zero_warn(f"lit_compute: writing the run record ({RECORD_FILE}) failed with {_cause(err)}; "
+                           "lit-compute whatif and report cannot read this run's facts. Training goes on.",
+                           category=UserWarning)
 
 
 def link_loggers(trainer: pl.Trainer) -> None:

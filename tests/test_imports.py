@@ -71,11 +71,66 @@ def test_the_import_graph_has_no_cycle_even_counting_imports_inside_functions():
     assert graph["lit_compute.timeline"] <= {"lit_compute._batch", "lit_compute._compat", "lit_compute.collective_clock"}
     assert graph["lit_compute.collective_clock"] == set()
     assert graph["lit_compute._batch"] <= {"lit_compute._validate"}
-    for ground in ("lit_compute._compat", "lit_compute.formatting", "lit_compute.tensorboard_layout"):
+    for ground in ("lit_compute._compat", "lit_compute.formatting", "lit_compute.tensorboard_layout",
+                   "lit_compute.figures"):
         assert graph[ground] == set(), ground
     assert "lit_compute.monitoring.prometheus_logger" not in graph["lit_compute.writer"]
     report = set().union(*(graph[m] for m in MODULES if m.startswith("lit_compute.report")))
-    assert {m for m in report if not m.startswith("lit_compute.report")} == {"lit_compute.formatting"}
+    assert {m for m in report if not m.startswith("lit_compute.report")} == {"lit_compute.formatting",
+                                                                           "lit_compute.run_record"}
+
+
+#: The floors, lowest first: a module imports only from floors below its own (or from its own package). The
+#: components share floor 5 and never import each other; the commands are ordered among themselves.
+FLOORS = [
+    {"_compat", "_validate", "formatting", "files", "figures", "tensorboard_layout", "collective_clock", "cpu_load",
+     "packaged_configs"},
+    {"hardware", "run_record", "_batch", "model_state", "agreement"},
+    {"timeline"},
+    {"writer"},
+    {"callback"},
+    {"flops", "memory", "monitoring", "profiling", "precision", "distributed", "data", "models", "speedup"},
+    {"_lightning_cli", "report"},
+    {"planning"},
+    {"tuning"},
+    {"bench"},
+    {"cli", "(root)"},
+]
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def _floor(module: str) -> int:
+    room = _room(module)
+    return next(i for i, rooms in enumerate(FLOORS) if room in rooms)
+
+
+def test_every_import_runs_down_a_floor():
+    """0 upward imports: every module of lit_compute has a floor, and each import goes to a lower one (or stays in its
+    own package). Tuning and planning never import the benches; nothing below the commands imports planning; figure
+    headers come from the ground floor."""
+    unplaced = sorted({_room(m) for m in MODULES if not any(_room(m) in rooms for rooms in FLOORS)})
+    assert not unplaced, f"modules with no floor (add them to FLOORS and docs/architecture.md): {unplaced}"
+    upward = [f"{name} -> {target}" for name, path in MODULES.items() for target in _imports(name, path)
+              if _room(name) != _room(target) and _floor(target) >= _floor(name)
+              and not name.startswith(target + ".")]  # the package re-exporting its modules: by design
+    assert upward == []
+    for name, path in MODULES.items():
+        targets = {_room(t) for t in _imports(name, path)}
+        if _room(name) in ("tuning", "planning"):
+            assert "bench" not in targets, name
+        if _floor(name) < _floor("lit_compute.planning"):
+            assert "planning" not in targets, name
+    assert "def figure_header" not in (PACKAGE / "bench" / "_common.py").read_text()
+    assert "def figure_header" in (PACKAGE / "figures.py").read_text()
+
+
+def test_the_floor_check_finds_an_upward_import():
+    assert _floor("lit_compute.hardware.chips") < _floor("lit_compute.writer") < _floor("lit_compute.flops.peaks")
+    assert _floor("lit_compute.tuning.tune") < _floor("lit_compute.bench._common")
 
 
 def test_the_cycle_check_finds_a_cycle():

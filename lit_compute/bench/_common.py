@@ -12,8 +12,12 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_compute.flops.peaks import measure_peak_flops
+from lit_compute.figures import figure_header
 from lit_compute.formatting import markdown_table
+from lit_compute.hardware.this_machine import bf16_fast, machine_line
+
+__all__ = ["StepTimer", "cumulative_rows", "emit", "figure_header", "low_precision", "machine_line", "markdown", "median",
+           "random_image_loader"]
 
 
 def markdown(header: list[str], rows: list[list[Any]]) -> str:
@@ -28,20 +32,6 @@ def emit(text: str) -> None:
         return
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {torch.get_num_threads()} torch threads, {gpu}, torch {torch.__version__}"
 
 
 class StepTimer(pl.Callback):
@@ -89,32 +79,8 @@ def cumulative_rows(base: dict[str, Any], steps: list[tuple[str, str, dict[str, 
 
 
 def low_precision(device: str) -> str:
-    """bf16-mixed where bf16 matmuls are fast (GPUs with bf16, CPUs with bf16 units), else 16-mixed on GPU."""
-    if device == "cuda":
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    fp32 = measure_peak_flops("cpu", torch.float32, size=1024, seconds=0.3)
-    bf16 = measure_peak_flops("cpu", torch.bfloat16, size=1024, seconds=0.3)
-    return "bf16-mixed" if bf16 > 1.2 * fp32 else "32-true"
-
-
-def figure_header(command: str, machine: str) -> str:
-    """The header every figure file in the docs carries: the command that wrote it, the commit, the date, the
-    machine (a figure without it is not quoted)."""
-    import datetime
-    import subprocess as sp
-
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                        cwd=here).stdout.strip() or "unknown"
-        changed = sp.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], capture_output=True,
-                         text=True, timeout=10, cwd=os.path.dirname(here)).stdout.strip()
-        if commit != "unknown" and changed:  # the package's own code differs from the commit: say so
-            commit += " with uncommitted changes"
-    except (OSError, sp.SubprocessError):
-        commit = "unknown"
-    # a copy on a borrowed machine: the commit its sender named wins (the copy's own git, if any, can be stale)
-    commit = os.environ.get("LIT_COMPUTE_COMMIT") or commit
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
-            f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n")
+    """bf16-mixed where bf16 is fast (:func:`~lit_compute.hardware.this_machine.bf16_fast`: GPUs with bf16, CPUs whose
+    training blocks run faster in bf16), else 16-mixed on a GPU and 32-true on a CPU."""
+    if bf16_fast(device)[0]:
+        return "bf16-mixed"
+    return "16-mixed" if device == "cuda" else "32-true"

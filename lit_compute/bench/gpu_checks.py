@@ -275,7 +275,7 @@ def check_whatif(tmp: str) -> str:
     default efficiencies, which were set on published V100 results, not on this chip) against the samples/s that a
     Lightning run measures here at the same micro-batch and precision."""
     from lit_compute.bench.whatif_bench import traced_facts
-    from lit_compute.planning.hardware import find_chip
+    from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 
     chip = find_chip(torch.cuda.get_device_name(0))

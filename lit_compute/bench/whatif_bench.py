@@ -69,7 +69,7 @@ def _median_run(runs: list[Any]) -> Any:
 def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
     slow spell of the machine touches them all alike); each figure is the run of median step time."""
-    from lit_compute.planning.hardware import this_machine
+    from lit_compute.hardware.this_machine import this_machine
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run
 
     chip = this_machine()
@@ -108,7 +108,7 @@ def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
 def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """Each layout trained ``repeats`` times, the rounds interleaved; the row is the run of median measured time
     (its prediction from its own facts), the other runs' measured times printed beside it."""
-    from lit_compute.planning.hardware import this_machine
+    from lit_compute.hardware.this_machine import this_machine
     from lit_compute.planning.whatif import Scenario, calibrate, host_contention, predict, read_run
     from lit_compute.profiling.trace_summary import transfer_time_per_step
 
@@ -254,7 +254,7 @@ def _default_key(model: str, precision: str) -> str:
 
 
 def gpu_part() -> list[list[Any]]:
-    from lit_compute.planning.hardware import find_chip
+    from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import DEFAULT_EFFICIENCY, Scenario, default_calibration, predict
 
     rows, facts = [], {}
@@ -277,8 +277,8 @@ def fit_defaults() -> dict[str, float]:
     row: the convolutions' on ResNet-50 (FP32 without, mixed with tensor cores), the matmuls' on BERT-large (the same
     two); bandwidth, network and launch cost held at their defaults. Bisection, all four swept until none moves (each
     model has a little of the other's kind of op)."""
+    from lit_compute.hardware.chips import find_chip
     from lit_compute.planning import whatif
-    from lit_compute.planning.hardware import find_chip
 
     rows = {_default_key(r[0], r[2]): r for r in PUBLISHED if r[6] == "sets the default"}
     facts = {(r[0], r[3]): traced_facts(r[0], r[3]) for r in rows.values()}
@@ -298,7 +298,7 @@ def fit_defaults() -> dict[str, float]:
 
 # -- an input-bound run -----------------------------------------------------------------------------------------
 def input_part(out: str) -> list[list[Any]]:
-    from lit_compute.planning.hardware import find_chip
+    from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict, read_run
 
     args = [*_IMAGE, "--data.init_args.num_workers=1", "--data.init_args.image_size=224",

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from lit_compute import _compat
 from lit_compute.flops.counting import FlopCount
-from lit_compute.flops.tables import module_table, op_class_table
+from lit_compute.flops.tables import module_table, op_class_figures, op_class_table
 from lit_compute.formatting import human
-from lit_compute.writer import log_scalars, log_text, save_hparam, say
+from lit_compute.writer import log_scalars, log_text, save_hparam, say, write_run_record
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -36,8 +36,8 @@ def write_module_table(trainer: pl.Trainer, count: FlopCount, depth: int, sample
 
 
 def write_op_classes(trainer: pl.Trainer, count: FlopCount, sig: tuple) -> None:
-    """A counted training batch's FLOPs and bytes by op class (``compute/op_classes``, what ``lit-compute whatif``
-    prices), with the run's facts, at the step it ran in."""
+    """A counted training batch's FLOPs and bytes by op class: the table for people (``compute/op_classes``, at the
+    step it ran in) and the figures with the run's facts in the run's record (what ``lit-compute whatif`` prices)."""
     samples = next((s[0] for _, s, _ in sig[1] if s), None)
-    log_text(trainer, "compute/op_classes", op_class_table(count, samples, _compat.op_class_facts(trainer)),
-             step=_compat.batches_that_stepped(trainer))
+    log_text(trainer, "compute/op_classes", op_class_table(count, samples), step=_compat.batches_that_stepped(trainer))
+    write_run_record(trainer, op_class_figures(count, samples, _compat.op_class_facts(trainer)))

@@ -1,22 +1,17 @@
 """The text tables FlopsLogger writes to TensorBoard: model FLOPs by module (with the bytes they move and their
-arithmetic intensity) and FLOPs and bytes by op class, which ``lit-compute whatif`` reads back.
+arithmetic intensity) and FLOPs and bytes by op class (whose figures the run's record keeps for ``lit-compute whatif``).
 
 Pure formatting of a :class:`~lit_compute.flops.counting.FlopCount`; no Lightning here.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from lit_compute.flops.counting import OP_CLASSES, FlopCount
 from lit_compute.formatting import markdown_table
 
-__all__ = ["module_table", "op_class_table", "read_op_class_table"]
-
-_DATA = re.compile(r"<!-- lit_compute op classes: (\{.*?\}) -->", re.S)
-
+__all__ = ["module_table", "op_class_figures", "op_class_table"]
 
 def _intensity(flops: float, moved: float) -> str:
     return f"{flops / moved:.3g}" if moved else "n/a"
@@ -36,27 +31,18 @@ def module_table(count: FlopCount, depth: int, samples: int | None, share: str) 
     return head + table
 
 
-def op_class_table(count: FlopCount, samples: int | None, facts: dict[str, Any]) -> str:
+def op_class_figures(count: FlopCount, samples: int | None, facts: dict[str, Any]) -> dict[str, Any]:
+    """Hardware FLOPs, bytes and kernels of one training batch by op class, with ``facts`` (parameters, precision,
+    accumulation, communication): what the run's record keeps for ``lit-compute whatif``."""
+    return {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
+            "model_flops": count.total, "hardware_flops": count.hardware, **facts}
+
+
+def op_class_table(count: FlopCount, samples: int | None) -> str:
     """Hardware FLOPs and bytes of one training batch (forward, backward and the optimizer's step) by op class, as
-    Markdown, with the same figures and ``facts`` (samples, parameters, dtype, ...) as JSON in an HTML comment for
-    :func:`read_op_class_table`."""
+    Markdown for people (the figures themselves go to the run's record: :func:`op_class_figures`)."""
     rows = [[kind, f"{f / 1e9:.4g}", f"{b / 1e6:.4g}", _intensity(f, b), n]
             for kind in OP_CLASSES if kind in count.by_class for f, b, n in [count.by_class[kind]]]
-    data = {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
-            "model_flops": count.total, "hardware_flops": count.hardware, **facts}
     return (f"Hardware FLOPs and bytes read and written by one training batch of {samples or '?'} samples (forward, "
             "backward, optimizer step), by op class; FLOP/byte is the arithmetic intensity a roofline prices.\n\n"
-            + markdown_table(["op class", "GFLOPs", "MB moved", "FLOP/byte", "ops"], rows)
-            + f"\n\n<!-- lit_compute op classes: {json.dumps(data, sort_keys=True)} -->")
-
-
-def read_op_class_table(text: str) -> dict[str, Any] | None:
-    """The figures :func:`op_class_table` wrote (None when the text holds none)."""
-    found = _DATA.search(text)
-    if not found:
-        return None
-    try:
-        data = json.loads(found.group(1))
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+            + markdown_table(["op class", "GFLOPs", "MB moved", "FLOP/byte", "ops"], rows))

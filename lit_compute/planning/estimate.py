@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_compute import _compat
 from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
+from lit_compute.planning.capacity import capacity_of
+from lit_compute.planning.checkpoint_advice import Checkpointing, checkpoint_candidates
 
 __all__ = ["EstimateError", "EstimateRow", "Plan", "estimate", "trace_step"]
 
@@ -50,15 +52,6 @@ class EstimateRow:
     def as_json(self) -> dict[str, Any]:
         return {"micro_batch": self.micro_batch, "peak_bytes": self.peak_bytes,
                 **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS}, "fits": self.fits, "rank": self.rank}
-
-
-@dataclass
-class Checkpointing:
-    """Recomputing a block's activations in backward (``torch.utils.checkpoint``): what it saves, what it costs."""
-
-    module: str
-    saved_bytes: int
-    recompute_flops: int
 
 
 @dataclass
@@ -87,7 +80,6 @@ class _Pieces:
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     """The config's model (on fake tensors), trainer and one real batch of its training data."""
     from lightning.pytorch import LightningModule
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from lit_compute._lightning_cli import LitComputeCLI, quiet_lightning
 
@@ -99,7 +91,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     path = Path(config)
     if not path.is_file():
         raise EstimateError(f"--config {config}: no such file")
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = _compat.fake_tensor_mode()
 
     class FakeModelCLI(LitComputeCLI):
         """The config's classes as ``fit`` builds them, the LightningModule on fake tensors (no memory)."""
@@ -130,8 +122,6 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
 def fake_tensors(module: nn.Module, fake_mode: Any, device: torch.device) -> nn.Module:
     """Give every parameter and buffer of ``module`` (built on the meta device) a fake tensor on ``device``, in
     place; tied parameters stay tied."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     memo: dict[int, torch.Tensor] = {}  # id of the original parameter or buffer (kept alive: ids stay unique)
     originals: list[torch.Tensor] = []
 
@@ -139,17 +129,11 @@ def fake_tensors(module: nn.Module, fake_mode: Any, device: torch.device) -> nn.
         if id(t) not in memo:
             originals.append(t)
             meta = t.detach() if t.device.type == "meta" else t.detach().to("meta")
-            made = FakeTensor(fake_mode, meta, device)
+            made = _compat.fake_tensor(fake_mode, meta, device)
             memo[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if parameter else made
         return memo[id(t)]
 
-    for sub in module.modules():
-        for name, param in list(sub._parameters.items()):
-            if param is not None:
-                sub._parameters[name] = fake(param, True)  # type: ignore[assignment]
-        for name, buf in list(sub._buffers.items()):
-            if buf is not None:
-                sub._buffers[name] = fake(buf, False)
+    _compat.replace_module_tensors(module, fake)
     return module
 
 
@@ -196,9 +180,7 @@ def _attach(model: Any, trainer: Any) -> None:
 
 def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
     """The module's optimizers as Lightning builds them, given to its trainer (``self.trainer.optimizers``)."""
-    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
-
-    optimizers, _ = _init_optimizers_and_lr_schedulers(model)
+    optimizers = _compat.init_optimizers(model)
     model.trainer.strategy.connect(model)
     model.trainer.optimizers = optimizers
     return optimizers
@@ -298,7 +280,7 @@ def _bucket_bytes(pieces: _Pieces) -> int:
     from lightning.pytorch.strategies import DDPStrategy
 
     strategy = pieces.trainer.strategy
-    if not isinstance(strategy, DDPStrategy) or getattr(strategy, "_ddp_kwargs", {}).get("gradient_as_bucket_view"):
+    if not isinstance(strategy, DDPStrategy) or _compat.ddp_gradient_as_bucket_view(strategy):
         return 0
     return sum(p.numel() * p.element_size() for p in pieces.model.parameters() if p.requires_grad)
 
@@ -321,7 +303,7 @@ def _shard(pieces: _Pieces, data_parallel: int, tensor_parallel: int) -> None:
 
     mesh = init_device_mesh(pieces.trainer.strategy.root_device.type, (data_parallel, tensor_parallel),
                             mesh_dim_names=("data_parallel", "tensor_parallel"))
-    pieces.model._device_mesh = mesh
+    _compat.set_device_mesh(pieces.model, mesh)
     with pieces.fake_mode:
         pieces.model.configure_model()
 
@@ -339,7 +321,7 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     Args:
         config: A ``lit-compute fit`` YAML.
         micro_batches: Sizes to predict (default: the config's batch size, half and twice it).
-        device: A device name of :data:`~lit_compute.flops.peaks.MEMORY_TABLE` whose capacity to fit into.
+        device: A device name of :data:`~lit_compute.hardware.CHIPS` (a table key or a device name) whose capacity to fit into.
         memory: A capacity (``"80GB"``, ``"24GiB"`` or bytes); overrides ``device``.
         overrides: More ``lit-compute fit`` arguments (``--trainer.precision=bf16-mixed``).
         checkpoint_advice: Name the blocks to recompute when a size does not fit.
@@ -350,8 +332,6 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     Raises:
         EstimateError: a bad argument, an unknown device, a config whose batch has no batch dimension.
     """
-    from lit_compute import _compat
-
     capacity, source = capacity_of(device, memory)
     overrides = list(overrides or [])
     pieces = _build(config, overrides)
@@ -400,7 +380,9 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     if (capacity is not None and checkpoint_advice and any(r.fits is False for r in rows)
             and method[0] == "traced on fake tensors"):
         biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
-        plan.checkpointing = checkpoint_candidates(pieces, optimizers, biggest.micro_batch)
+        batch = resized(pieces.batch, pieces.batch_size, biggest.micro_batch, pieces.fake_mode)
+        plan.checkpointing = checkpoint_candidates(pieces.model, batch, pieces.fake_mode,
+                                                   pieces.trainer.precision_plugin.forward_context)
     return plan
 
 
@@ -418,8 +400,6 @@ def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
 def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], layout: tuple[int, int],
                     capacity: int | None, source: str) -> Plan:
     """Each rank of a ``ModelParallelStrategy`` job simulated in this process (see :func:`estimate`)."""
-    from lit_compute import _compat
-
     data_parallel, tensor_parallel = layout
     world = data_parallel * tensor_parallel
     ranks = list(range(world)) if world <= 8 else [0, world - 1]
@@ -479,85 +459,6 @@ def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateR
     return None, None
 
 
-def checkpoint_candidates(pieces: _Pieces, optimizers: list[Any], micro_batch: int, limit: int = 8) -> list[Checkpointing]:
-    """The blocks (the children of the model's largest ``nn.ModuleList``/``Sequential`` of repeated blocks, or its
-    top-level children) whose recomputation saves the most activation memory at ``micro_batch``: each block's saved
-    activations less its input, which checkpointing keeps; the cost is the block's forward FLOPs again."""
-
-    blocks = _repeated_blocks(pieces.model)
-    saved: dict[str, int] = {}
-    inputs: dict[str, int] = {}
-    batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
-    handles = []
-    current: list[str] = []
-
-    def pre(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple) -> None:
-            current.append(name)
-            inputs[name] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
-        return hook
-
-    def post(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple, out: Any) -> None:
-            if current and current[-1] == name:
-                current.pop()
-        return hook
-
-    for name, block in blocks:
-        handles += [block.register_forward_pre_hook(pre(name)), block.register_forward_hook(post(name))]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if current and isinstance(t, torch.Tensor):
-            saved[current[-1]] = saved.get(current[-1], 0) + t.untyped_storage().nbytes()
-        return t
-
-    try:
-        with pieces.fake_mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                pieces.trainer.precision_plugin.forward_context():
-            out = pieces.model.training_step(batch, 0)
-            del out
-    except Exception:  # noqa: BLE001 - advice is a nicety: no candidates
-        return []
-    finally:
-        for h in handles:
-            h.remove()
-    flops = _block_flops(pieces, blocks, batch)
-    found = [Checkpointing(name, max(0, saved.get(name, 0) - inputs.get(name, 0)), flops.get(name, 0))
-             for name, _ in blocks if saved.get(name)]
-    return sorted(found, key=lambda c: -c.saved_bytes)[:limit]
-
-
-def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's repeated blocks: members of every ``nn.ModuleList``/``nn.Sequential`` whose two or more members
-    are modules of one class with modules inside (a GPT's ``blocks.N``, a ResNet's ``layerK.N``), the outermost
-    ones; the model's top-level children when it has none."""
-    found: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
-            continue
-        members = list(module)
-        if len({type(m) for m in members}) != 1 or not any(True for _ in members[0].children()):
-            continue
-        if any(name == f or name.startswith(f + ".") for f, _ in found):
-            continue  # inside a block already chosen
-        found += [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(members)]
-    return found or list(model.named_children())
-
-
-def _block_flops(pieces: _Pieces, blocks: list[tuple[str, nn.Module]], batch: Any) -> dict[str, int]:
-    """Each block's forward hardware FLOPs at this batch (its recompute cost), from one counted forward."""
-    from lit_compute.flops.counting import SafeFlopCounterMode
-
-    counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pieces.model, hookless=True)
-    try:
-        with pieces.fake_mode, counter, torch.no_grad(), pieces.trainer.precision_plugin.forward_context():
-            pieces.model.training_step(batch, 0)
-    except Exception:  # noqa: BLE001
-        return {}
-    by_module = counter.result().forward_by_module
-    return {name: by_module.get(name, 0) for name, _ in blocks}
-
-
 def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> MemoryBreakdown:
     """The predicted peak of one training step of ``config`` at its own micro-batch, traced on fake tensors only
     (no real step: a model that cannot be traced raises :class:`EstimateError`). ``lit-compute tune
@@ -571,42 +472,6 @@ def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> Me
     except Exception as err:  # noqa: BLE001 - one line naming the module
         raise EstimateError(f"cannot be traced on fake tensors ({untraceable_module(err, pieces.model)}: "
                             f"{type(err).__name__})") from None
-
-
-# -- capacities -------------------------------------------------------------------------------------------------
-def parse_memory(text: str | float) -> int:
-    """``80GB`` (1e9), ``24GiB`` (2**30), ``512MB``, or bytes, as bytes."""
-    import re
-
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?[bB])?\s*", str(text))
-        if not match:
-            raise EstimateError(f"--memory {text!r} is not a size; write it as 80GB, 24GiB or 512MB")
-        number, unit = float(match.group(1)), (match.group(2) or "B").lower()
-        scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-                 "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[unit]
-        value = number * scale
-    if not math.isfinite(value) or value <= 0:
-        raise EstimateError(f"--memory {text!r} must be a positive size")
-    return int(value)
-
-
-def capacity_of(device: str | None, memory: str | float | None) -> tuple[int | None, str]:
-    """The capacity to fit into and where it came from."""
-    from lit_compute.flops.peaks import MEMORY_TABLE, chip_for_name
-
-    if memory is not None:
-        return parse_memory(memory), f"--memory {memory}"
-    if device is None:
-        return None, "no capacity given (--device or --memory)"
-    key = device.lower() if device.lower() in MEMORY_TABLE else chip_for_name(device)
-    if key is None or key not in MEMORY_TABLE:
-        raise EstimateError(f"--device {device!r} is not in the table; known: {', '.join(sorted(MEMORY_TABLE))} "
-                            "(or give --memory 80GB)")
-    capacity, source = MEMORY_TABLE[key]
-    return int(capacity), f"{key}: {capacity / 2**30:.0f} GiB = {capacity / 1e9:.1f} GB ({source})"
 
 
 def _gb(n: int | None) -> str:

@@ -10,6 +10,7 @@ import warnings
 
 from lit_compute.formatting import markdown_table
 from lit_compute.memory.tracker import PARTS
+from lit_compute.planning.capacity import CapacityError
 from lit_compute.planning.estimate import EstimateError, Plan, estimate
 
 __all__ = ["main", "render"]
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
             warnings.simplefilter("ignore")
             plan = estimate(args.config, micro_batches=sizes, device=args.device, memory=args.memory,
                             overrides=overrides)
-    except EstimateError as err:
+    except (EstimateError, CapacityError) as err:
         sys.stderr.write(f"lit-compute estimate: error: {err}\n")
         return 2
     if args.json:

@@ -25,12 +25,12 @@ bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_compute.planning.hardware import Chip, Link
+from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
+from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
 __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError", "calibrate",
            "predict", "read_run"]
@@ -66,7 +66,9 @@ class RunFacts:
     trainable: int = 0
     parameter_bytes: int = 0
     precision: str = "32-true"
-    device: str = "cpu"
+    device: str = "cpu"  # as torch names it ("NVIDIA H200") or "cpu"
+    chip: str | None = None  # the device's key in the hardware table (None: a CPU, or a device the table lacks)
+    cpu: str | None = None  # the CPU's model name
     world_size: int = 1
     data_parallel: int = 1
     tensor_parallel: int = 1
@@ -93,6 +95,18 @@ class RunFacts:
     @property
     def sharded(self) -> bool:
         return "ModelParallel" in self.strategy and self.data_parallel > 1
+
+    def runs_on(self, chip: Chip) -> bool:
+        """Whether ``chip`` is the hardware this run ran on, so its measured step calibrates the prediction: a GPU run
+        on the chip of its table row (``h200-sxm`` for a run on an "NVIDIA H200"), a CPU run on this machine's
+        measured CPU when it is the same CPU model (or the run did not record one)."""
+        if self.device.lower() in ("cpu", "this"):
+            if chip.kind != "cpu" or not (chip.name == "this" or chip.extras.get("this")):
+                return False
+            here = chip.extras.get("device_name")
+            return self.cpu is None or here is None or here == self.cpu
+        own = self.chip or chip_for_name(self.device)
+        return own is not None and chip.name == own
 
 
 @dataclass
@@ -171,9 +185,9 @@ class Prediction:
 
 # -- reading a run ---------------------------------------------------------------------------------------------
 def read_run(path: str | Path) -> RunFacts:
-    """The facts of a run folder (a TensorBoard version folder). Raises :class:`WhatifError` naming the component to
-    add when the counted table is missing."""
-    from lit_compute.flops.tables import read_op_class_table
+    """The facts of a run folder (a TensorBoard version folder): its record (``run.json``, or an 0.3.0 run's tables)
+    and its measured figures. Raises :class:`WhatifError` naming the component to add when the counted op-class
+    table is missing."""
     from lit_compute.report.runs import ReportError, find_runs, load_run
 
     folder = Path(path)
@@ -182,26 +196,15 @@ def read_run(path: str | Path) -> RunFacts:
         run = load_run(runs[-1])
     except ReportError as err:
         raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
-    tables = [t for t in map(read_op_class_table, run.texts.get("compute/op_classes", []))
-              if t and t.get("by_class") and t.get("samples")]
-    if not tables:
+    record = run.record
+    table = record.op_classes if record is not None else None
+    if record is None or not table:
         raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
                           "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
                           "lit-compute whatif at that run")
-    # the micro-batch's table: an epoch's last, partial batch is counted too when its shape is new, and it may be the
-    # last counted (the largest batch; of equal ones, the latest)
-    table: dict[str, Any] = max(reversed(tables), key=lambda t: int(t["samples"]))
-    layout = re.search(r"data parallel (\d+) x tensor parallel (\d+)", run.info("parallel layout") or "")
     step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
     busbw = run.last("comm/allreduce_busbw_gbps")
-    workers = run.info("loader workers")
-    per_node = re.fullmatch(r"(\d+) x (\d+)", run.info("nodes x devices") or "")
-
-    def whole(key: str) -> int | None:
-        value = run.info(key)
-        return int(value) if value and value.isdigit() else None
-
     memory = None
     if "memory/peak_gb" in run.scalars:
         step, _ = max(run.scalars["memory/peak_gb"], key=lambda p: p[1])
@@ -213,39 +216,20 @@ def read_run(path: str | Path) -> RunFacts:
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
         accumulate=int(table.get("accumulate_grad_batches") or 1), parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
-        precision=str(table.get("precision") or run.info("precision") or "32-true"), device=run.info("device") or "cpu",
-        world_size=int(run.info("world size") or 1), data_parallel=int(layout.group(1)) if layout else 1,
-        tensor_parallel=int(layout.group(2)) if layout else 1, strategy=run.info("strategy") or "",
+        precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
+        cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
+        tensor_parallel=record.tensor_parallel, strategy=record.strategy,
         step_s=step_ms / 1e3 if step_ms else None, wait_s=wait_ms / 1e3 if wait_ms is not None else None,
         tokens_per_sample=token_rate / samples_rate if token_rate and samples_rate else None,
         comm_fraction=run.mean("profiler/comm_fraction"), comm_overlap=run.mean("profiler/comm_overlap_fraction"),
-        busbw=busbw * 1e9 if busbw else None, memory=memory,
-        loader_workers=int(workers) if workers and workers.isdigit() else None, cpu_cores=whole("cpu cores"),
-        torch_threads=whole("torch threads"), devices_per_node=int(per_node.group(2)) if per_node else 1,
+        busbw=busbw * 1e9 if busbw else None, memory=memory, loader_workers=record.loader_workers,
+        cpu_cores=record.cpu_cores, torch_threads=record.torch_threads, devices_per_node=record.devices_per_node,
         curves={op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
                 for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
         ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0))
 
 
 # -- the model -------------------------------------------------------------------------------------------------
-def compute_dtype(precision: str) -> str:
-    """The peak a precision's matmuls run at: ``tf32`` (float32 with TF32 tensor cores), ``float32``, ``bfloat16``,
-    ``float16``."""
-    p = precision.lower()
-    if p == "tf32":
-        return "tf32"
-    if p.startswith("bf16"):
-        return "bfloat16"
-    if p.startswith("16"):
-        return "float16"
-    return "float32"
-
-
-def half_weights(precision: str) -> bool:
-    """True when the parameters themselves are 2 bytes (``bf16-true``, ``16-true``)."""
-    return precision.lower() in ("bf16-true", "16-true", "bf16", "16", "half")
-
-
 def _value_bytes(precision: str, kind: str, cpu: bool = False) -> float:
     """Bytes per value an op class moves under a precision. Mixed precision: the matmuls' operands in the compute
     dtype; on GPUs autocast's outputs flow on in half (elementwise ops and norms too); on CPUs autocast runs norms in
@@ -470,7 +454,7 @@ def host_contention(run: RunFacts, scenario: Scenario) -> float:
     moves the bytes on a thread of the process, which then shares the rank's cores (the process's cores over the
     ranks of a node) with the ``torch threads`` computing the backward: ``(threads + 1) / cores``, at least 1. A GPU
     has its own engines for that (1.0); so does a CPU target other than the run's own (its cores are not known)."""
-    if scenario.chip.kind != "cpu" or scenario.chip.name not in ("this", run.device.lower()):
+    if scenario.chip.kind != "cpu" or not run.runs_on(scenario.chip):
         return 1.0
     if not run.cpu_cores or not run.torch_threads:
         return 1.0
@@ -480,8 +464,6 @@ def host_contention(run: RunFacts, scenario: Scenario) -> float:
 
 
 def _node_link(chip: Chip) -> Link:
-    from lit_compute.planning.hardware import LINKS
-
     return LINKS.get(chip.link) or LINKS["pcie4"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute.formatting import human, markdown_table, percent
-from lit_compute.planning.hardware import (
+from lit_compute.hardware.chips import (
     CHIPS,
     LINKS,
     Chip,
@@ -69,21 +69,25 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
     """A prediction per chip x node count x network (one node: the chip's own link)."""
     rows = []
     for chip in chips:
-        own = chip.name == "this" or chip.name == run.device.lower()
         source = calibration_run or run
+        own = source.runs_on(chip)
         cal = calibrate(source, chip) if own else default_calibration()
         for n in nodes:
             for network in (networks if n > 1 else [None]):
                 scenario = Scenario(chip, precision, micro_batch, n, devices, network, prices.get(chip.name))
-                rows.append(predict(run, scenario, cal, measured_links=own and n == 1))
+                row = predict(run, scenario, cal, measured_links=own and n == 1)
+                if own:
+                    row.notes.append(f"{chip.name} is the hardware {source.path.name} ran on: calibrated on its measured "
+                                     f"step ({cal.source})")
+                rows.append(row)
     return rows
 
 
 def enough_up_to(run: RunFacts, chip: Chip, precision: str, micro_batch: int, devices: int, network: Any,
                  calibration_run: RunFacts | None = None) -> int:
     """The largest node count (doubling up to 1024) at which ``network`` is not the bottleneck."""
-    own = chip.name == "this"
-    cal = calibrate(calibration_run or run, chip) if own else default_calibration()
+    source = calibration_run or run
+    cal = calibrate(source, chip) if source.runs_on(chip) else default_calibration()
     best, n = 1, 2
     while n <= 1024:
         p = predict(run, Scenario(chip, precision, micro_batch, n, devices, network), cal)
@@ -91,6 +95,28 @@ def enough_up_to(run: RunFacts, chip: Chip, precision: str, micro_batch: int, de
             break
         best, n = n, n * 2
     return best
+
+
+def this_chip(chips: dict[str, Chip]) -> Chip:
+    """This machine (:func:`~lit_compute.hardware.this_machine.this_machine`): the CUDA device as its table row
+    where there is one, else this CPU, measured."""
+    from lit_compute.hardware.this_machine import this_machine
+
+    chip = this_machine()
+    chips.setdefault(chip.name, chip)
+    return chip
+
+
+def own_hardware(run: RunFacts, chips: dict[str, Chip]) -> Chip:
+    """The chip a run ran on: a GPU run's table row (by its recorded key or its device name), a CPU run's this
+    machine's CPU (measured here: the same CPU when the run was made here)."""
+    if run.device.lower() in ("cpu", "this"):
+        return this_chip(chips)
+    try:
+        return find_chip(run.chip or run.device, chips)
+    except HardwareError:
+        raise WhatifError(f"{run.path} ran on {run.device!r}, which is not in the hardware table: name the target "
+                          "with --hardware (h100-sxm, a100, ...) or add the device's row with --hardware-file") from None
 
 
 def _table(rows: list[Prediction], run: RunFacts) -> str:
@@ -108,7 +134,9 @@ def _table(rows: list[Prediction], run: RunFacts) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute whatif", description=__doc__)
     parser.add_argument("run", help="a TensorBoard run folder (lightning_logs/version_N) trained with FlopsLogger")
-    parser.add_argument("--hardware", default="this", help="chips, comma-separated (this = this machine)")
+    parser.add_argument("--hardware", default="run",
+                        help="chips, comma-separated: table keys (h100-sxm) or device names (NVIDIA A100-SXM4-80GB); "
+                             "run = the hardware the run ran on (the default), this = this machine")
     parser.add_argument("--precision", default=None, help="32-true, tf32, bf16-mixed, 16-mixed, bf16-true (default: the run's)")
     parser.add_argument("--micro-batch", type=int, default=None, help="samples per device per batch (default: the run's)")
     parser.add_argument("--nodes", default="1", help="node counts, comma-separated (1,8,64)")
@@ -122,11 +150,11 @@ def main(argv: list[str]) -> int:
     try:
         chips, links = (load_hardware_file(args.hardware_file) if args.hardware_file else (dict(CHIPS), dict(LINKS)))
         names = [n.strip() for n in args.hardware.split(",") if n.strip()]
-        if "this" in names:
-            from lit_compute.planning.hardware import this_machine
-
-            chips["this"] = this_machine()
-        targets = [find_chip(n, chips) for n in names]
+        if not names:
+            raise WhatifError(f"--hardware {args.hardware!r} names no chip; give table keys, device names, run or this")
+        run = read_run(args.run)
+        targets = [own_hardware(run, chips) if n.lower() == "run" else this_chip(chips) if n.lower() == "this"
+                   else find_chip(n, chips) for n in names]
         networks = [find_link(n, links) for n in args.network.split(",") if n.strip()]
         try:
             nodes = [int(n) for n in args.nodes.split(",") if n.strip()]
@@ -135,7 +163,6 @@ def main(argv: list[str]) -> int:
         if any(n < 1 for n in nodes) or args.devices_per_node < 1 or (args.micro_batch is not None and args.micro_batch < 1):
             raise WhatifError("--nodes, --devices-per-node and --micro-batch must be >= 1")
         prices = load_prices(args.prices, chips) if args.prices else {}
-        run = read_run(args.run)
         calibration_run = read_run(args.calibration) if args.calibration else None
         precision = args.precision or run.precision
         micro_batch = args.micro_batch or run.samples

@@ -59,6 +59,7 @@ class ProfilerWindow(MeasuringCallback):
 
     Logged metrics:
         - ``profiler/export_ms``: how long writing the window's trace and tables took (instrument time).
+        - ``profiler/window_first_step``: the window's first step, logged at its last (what the report draws).
         - ``profiler/step_time_ms``: mean duration of the window's ``ProfilerStep#N`` ranges.
         - ``profiler/dataloader_fraction``: share of the window spent in ``enumerate(DataLoader)`` (waiting for batches).
         - ``profiler/top_op_fraction``: share of all op self time taken by the most expensive op.
@@ -340,6 +341,7 @@ class ProfilerWindow(MeasuringCallback):
             ["op", "calls", "self time ms", "share"], top_rows), step=last)
         log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=last)
         scalars["profiler/export_ms"] = (timeline.raw() - started) * 1e3
+        scalars["profiler/window_first_step"] = float(first)
         event = timeline.event
         if event is not None and event.stage == "train" and event.step == last:
             event.log(scalars)  # written with the rest of this step's event, whether or not the step logs

@@ -16,20 +16,22 @@ COMM_SHARE = 0.2  # gradient all-reduce above this share of a step is worth a lo
 def advice(run: Run) -> list[str]:
     """Advice derived from the numbers, each line citing the number that triggered it."""
     lines = []
-    precision = run.info("precision") or ""
+    record = run.record
+    precision = record.precision if record else ""
+    data = record.data if record else ""
     wait = run.total("time/data_wait_fraction")
     if wait is not None and wait > INPUT_BOUND:
         if run.tokens:
             fix = ("tokenise once and cache the token ids (TokenDataModule does), raise DataLoader num_workers, and keep "
                    "collation light")
-        elif (run.info("data") or "").endswith("ImageDataModule") or "image" in (run.info("data") or "").lower():
+        elif data.endswith("ImageDataModule") or "image" in data.lower():
             fix = ("raise DataLoader num_workers (about 75% of the cores), set pin_memory=True on CUDA, or decode with "
                    "lit_compute.data.DALIImageDataModule")
         else:
             fix = "raise DataLoader num_workers, set pin_memory=True on CUDA, and move work out of __getitem__"
         lines.append(f"Input-bound: data wait is {percent(wait)} of step time (time/data_wait_fraction > "
                      f"{INPUT_BOUND:.0%}): {fix}.")
-    cpu, load, cores = run.mean("device/cpu_percent"), run.mean("device/load_avg_1m"), _number(run.info("cpu cores"))
+    cpu, load, cores = run.mean("device/cpu_percent"), run.mean("device/load_avg_1m"), (record.cpu_cores if record else None)
     if cpu is not None and cores and load is not None and load > 1.5 * cores and cpu < 60 * cores:
         lines.append(f"CPU-starved: the machine's load average is {human(load)} on {int(cores)} cores while this "
                      f"process got {human(cpu / 100)} of a core on average (device/cpu_percent {human(cpu)}%): other "
@@ -49,14 +51,13 @@ def advice(run: Run) -> list[str]:
         lines.append(f"Low MFU: compute/mfu is {percent(mfu)} in {precision or 'this precision'} (below {low:.0%}): {fix}.")
     padding = run.mean("compute/padding_fraction")
     if padding is not None and padding > PADDING:
-        data = run.info("data") or ""
         how = ("set TokenDataModule(mode='packed') to pack sequences into fixed-length rows" if data == "TokenDataModule"
                else f"pack sequences into fixed-length rows in {data or 'your datamodule'} (concatenate documents with "
                "a separator and cut rows of seq_len, as lit_compute's TokenDataModule(mode='packed') does)")
         lines.append(f"Padding waste: {percent(padding)} of the computed token positions are padding "
                      f"(compute/padding_fraction): {how}, or group batches of similar length (a length-bucketing "
                      "batch sampler).")
-    plugin = run.info("precision plugin") or ""
+    plugin = record.precision_plugin if record else ""
     if precision and not precision.startswith("32") and "FP32BatchNorm" not in plugin and _has_batchnorm(run):
         lines.append(f"Low precision ({precision}) without FP32BatchNormPrecision (plugin {plugin}): BatchNorm statistics "
                      "in half precision drift and can overflow; use FP32BatchNormPrecision to keep norms in float32.")
@@ -81,7 +82,7 @@ def _bandwidth_advice(run: Run) -> str | None:
     """From CommBenchmark's figures: what all-reducing this model's gradients at the measured bus bandwidth costs
     per step, and the bandwidth that would keep it under a fifth of the step (not a fixed number)."""
     grad_bytes, estimate, step_ms = run.last("comm/gradient_bytes"), run.last("comm/grad_allreduce_ms"), run.mean_step_ms
-    world = _number(run.info("world size"))
+    world = run.record.world_size if run.record else None
     if not (grad_bytes and estimate and step_ms and world and world > 1) or estimate < COMM_SHARE * step_ms:
         return None
     busbw = run.last("comm/allreduce_busbw_gbps")
@@ -92,13 +93,6 @@ def _bandwidth_advice(run: Run) -> str | None:
             f"{COMM_SHARE:.0%} of the step needs {needed:.1f} GB/s bus bandwidth ({needed * 8:.0f} Gbit/s between nodes); "
             "otherwise overlap it (DDP buckets), compress it (comm_hook='bf16' or 'powersgd'), or accumulate more "
             "micro-batches per optimizer step.")
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 def _has_batchnorm(run: Run) -> bool:

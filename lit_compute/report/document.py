@@ -15,6 +15,7 @@ from lit_compute.formatting import flops_rate, human, markdown_table, percent
 from lit_compute.report.advice import advice
 from lit_compute.report.plots import write_plots
 from lit_compute.report.runs import ReportError, Run, find_runs, load_run, name_runs
+from lit_compute.run_record import RunRecord
 
 __all__ = ["build_report", "comparison", "main", "run_section"]
 
@@ -30,6 +31,7 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         lines += [f"**Stopped early: at step {stopped[0]} of {stopped[1]}** (interrupted, failed or still running): "
                   "its figures cover the steps it trained.", ""]
     peak = run.last("compute/peak_tflops")
+    record = run.record
     rows = [
         ("model forward GFLOPs per sample", human(run.forward_gflops, 4)),
         ("figures over", _span(run)),
@@ -47,12 +49,12 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         ("data-wait fraction", percent(run.total("time/data_wait_fraction"))),
         (f"peak memory ({memory_label}, GB)", human(memory)),
         ("step peak memory per device (GB): parameters, gradients, optimizer, activations, other", _memory_parts(run)),
-        ("precision", f"{run.info('precision') or 'n/a'} ({run.info('precision plugin') or 'n/a'})"),
+        ("precision", f"{record.precision} ({record.precision_plugin or 'n/a'})" if record else "n/a"),
         ("skipped optimizer steps", human(run.last("amp/skipped_steps"))),
-        ("device", f"{run.info('device') or 'n/a'} x {run.info('world size') or '?'} ({run.info('strategy') or 'n/a'})"),
+        ("device", f"{_device(record)} x {record.world_size} ({record.strategy or 'n/a'})" if record else "n/a"),
     ]
-    if run.info("parallel layout"):
-        rows += [("parallel layout", f"{run.info('parallel layout')} on {run.info('nodes x devices')} nodes x devices")]
+    if record:
+        rows += [("parallel layout", f"{record.layout()} on {record.nodes} x {record.devices_per_node} nodes x devices")]
     comm = run.mean("profiler/comm_fraction")
     if comm is not None:
         overlap = run.mean("profiler/comm_overlap_fraction")
@@ -71,6 +73,10 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         rel = p.relative_to(report_dir) if p.is_relative_to(report_dir) else p
         lines += [f"![{p.stem}]({rel.as_posix()})", ""]
     return lines
+
+
+def _device(record: RunRecord) -> str:
+    return f"{record.device} ({record.chip})" if record.chip else record.device
 
 
 def _memory_parts(run: Run) -> str:

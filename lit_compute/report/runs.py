@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_compute.formatting import read_key_value_table
+from lit_compute.run_record import RunRecord, from_legacy, read_record
 
 __all__ = ["OUR_PREFIXES", "ReportError", "Run", "find_runs", "load_run", "name_runs"]
 
@@ -19,7 +18,6 @@ OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/", "t
 _TRIAL_FIGURES = {"tune/samples_per_sec": "time/samples_per_sec", "tune/tokens_per_sec": "time/tokens_per_sec",
                   "tune/step_ms": "time/step_ms", "tune/timed_steps": "time/timed_steps",
                   "tune/data_wait_fraction": "time/data_wait_fraction", "tune/mfu": "compute/mfu"}
-_WINDOW = re.compile(r"Window \d+: steps (\d+)-(\d+)")
 
 
 class ReportError(ValueError):
@@ -36,6 +34,7 @@ class Run:
     texts: dict[str, list[str]] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
     name: str = ""
+    _record: RunRecord | None = field(default=None, repr=False)
 
     def values(self, tag: str) -> list[float]:
         return [v for _, v in self.scalars.get(tag, [])]
@@ -52,24 +51,25 @@ class Run:
         vals = [v for t in tags for v in self.values(t)]
         return max(vals) if vals else None
 
-    def info(self, key: str) -> str | None:
-        """A value of the run-info table (text ``lit_compute/run``, written by :func:`lit_compute.writer.run_info`)."""
-        for text in self.texts.get("lit_compute/run", []):
-            value = read_key_value_table(text).get(key)
-            if value is not None:
-                return value
-        return None
+    @property
+    def record(self) -> RunRecord | None:
+        """The run's :class:`~lit_compute.run_record.RunRecord`: its ``run.json``, or for a run written by 0.3.0 the
+        record read from its run-info table and op-class texts (None: neither)."""
+        if self._record is None:
+            self._record = read_record(self.path) or from_legacy(self.texts.get("lit_compute/run", []),
+                                                                 self.texts.get("compute/op_classes", []))
+        return self._record
 
     def stopped_early(self) -> tuple[int, int] | None:
         """``(steps trained, steps planned)`` when the run ended before its ``max_steps`` (interrupted, crashed, or
         still running), from the last training step logged; None when it finished or nothing says what was planned."""
         if "tune/trial" in self.texts:  # a tune trial stops once measured, by design
             return None
-        planned = re.fullmatch(r"(\d+) steps", self.info("planned") or "")
+        want = self.record.planned_steps if self.record else None
         steps = [s for tag in ("train/loss", "time/step_ms", "compute/flops_per_step") for s, _ in self.scalars.get(tag, [])]
-        if planned is None or not steps:
+        if not want or not steps:
             return None
-        done, want = max(steps) + 1, int(planned.group(1))
+        done = max(steps) + 1
         # a run logs every log_every_n_steps: the last logged step may trail the end by less than one interval
         intervals = sorted({b - a for a, b in zip(sorted(set(steps)), sorted(set(steps))[1:])})
         slack = intervals[0] if intervals else 1
@@ -131,19 +131,24 @@ class Run:
         its model's forward FLOPs per sample (3 significant figures; a different model or input size differs).
         Precision, memory format, loaders and compilation leave it unchanged, so tuned variants compare."""
         gflops = self.forward_gflops
-        return (self.info("data") or "?", f"{gflops:.3g} GFLOPs forward per sample" if gflops else "FLOPs unknown")
+        return ((self.record.data if self.record else "") or "?", f"{gflops:.3g} GFLOPs forward per sample" if gflops else "FLOPs unknown")
 
     @property
     def tokens(self) -> bool:
         return "time/tokens_per_sec" in self.scalars or "compute/padding_fraction" in self.scalars
 
     def windows(self) -> list[tuple[int, int]]:
-        """Profiler windows as ``(first step, last step)``."""
+        """Profiler windows as ``(first step, last step)``: ``profiler/window_first_step`` logged at each window's
+        last step (runs of 0.3.0: the header of each window's op table, "Window N: steps A-B")."""
+        logged = [(int(v), step) for step, v in self.scalars.get("profiler/window_first_step", []) if math.isfinite(v)]
+        if logged or not self.texts.get("profiler/top_ops"):
+            return logged
         out = []
-        for text in self.texts.get("profiler/top_ops", []):
-            m = _WINDOW.search(text)
-            if m:
-                out.append((int(m.group(1)), int(m.group(2))))
+        for text in self.texts["profiler/top_ops"]:
+            steps = text.partition(": steps ")[2].partition(",")[0]
+            first, dash, last = steps.partition("-")
+            if dash and first.isdigit() and last.isdigit():
+                out.append((int(first), int(last)))
         return out
 
     def validation_steps(self) -> list[int]:

@@ -154,7 +154,7 @@ def _precision(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     elif machine.bf16_fast:
         values = ["bf16-mixed", "bf16-true"]
     else:
-        return NotApplicable("precision", f"this {machine.device} multiplies bfloat16 no faster than float32 "
+        return NotApplicable("precision", f"bfloat16 is not faster than float32 on this {machine.device} "
                                           f"({machine.note}); 16-mixed needs a GPU")
     norms = list(facts.get("norms") or [])
     kept = f" with {', '.join(norms)} in float32" if norms else ""

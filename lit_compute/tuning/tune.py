@@ -139,25 +139,23 @@ def parse_budget(text: str | float | int) -> float:
 
 
 def measure_machine(device: str) -> Machine:
-    """bf16 support and speed, and float32/bf16 GEMM peaks (for MFU), measured once per tune."""
+    """bf16 support and speed (:func:`~lit_compute.hardware.this_machine.bf16_fast`, the answer ``whatif`` and the
+    benches get too) and the float32/bf16 GEMM peaks (for MFU), measured once per tune."""
     import torch
 
     from lit_compute.data.dali_datamodule import dali_available
-    from lit_compute.flops.peaks import cached_peak_flops
+    from lit_compute.hardware.this_machine import bf16_fast, cached_peak_flops
 
     machine = Machine(device=device, dali=dali_available())
-    if device == "cuda":
-        machine.bf16_supported = machine.bf16_fast = bool(torch.cuda.is_bf16_supported())
     # the same cached peaks FlopsLogger(peak="measure") uses: the table's MFU matches TensorBoard's compute/mfu
     fp32 = cached_peak_flops(device, torch.float32).flops
     peaks = {"float32": fp32}
     try:
         bf16 = cached_peak_flops(device, torch.bfloat16).flops
         peaks["bfloat16"] = bf16
-        if device == "cpu":
-            machine.bf16_supported = True
-            machine.bf16_fast = bf16 > 1.2 * fp32
-        machine.note = f"float32 {fp32 / 1e12:.3g}, bfloat16 {bf16 / 1e12:.3g} TFLOP/s GEMM"
+        machine.bf16_supported = device == "cpu" or bool(torch.cuda.is_bf16_supported())
+        machine.bf16_fast, why = bf16_fast(device)
+        machine.note = f"float32 {fp32 / 1e12:.3g}, bfloat16 {bf16 / 1e12:.3g} TFLOP/s GEMM; {why}"
     except RuntimeError as err:
         machine.note = f"bfloat16 GEMM failed: {err}"
     machine.extras["peaks"] = peaks
@@ -368,12 +366,12 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
     check_paths(out_path, Path(log_dir))
     capacity = None
     if device_memory is not None:
-        from lit_compute.planning.estimate import EstimateError, parse_memory
+        from lit_compute.planning.capacity import CapacityError, parse_memory
 
         try:
-            capacity = parse_memory(device_memory)
-        except EstimateError as err:
-            raise TuneError(str(err).replace("--memory", "--device-memory")) from None
+            capacity = parse_memory(device_memory, option="--device-memory")
+        except CapacityError as err:
+            raise TuneError(str(err)) from None
     try:
         user_config = load_config(config_path)
     except ConfigError as err:
@@ -516,7 +514,8 @@ def main(argv: list[str]) -> int:
              fresh=args.fresh, device_memory=args.device_memory, check_steps=args.check_steps,
              validate=args.validate)
         if args.markdown:
-            from lit_compute.bench._common import figure_header, machine_line
+            from lit_compute.figures import figure_header
+            from lit_compute.hardware.this_machine import machine_line
 
             command = "lit-compute tune " + " ".join(a for a in argv if a != "--markdown" and a != args.markdown)
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)

@@ -367,14 +367,15 @@ def test_nested_tensors_in_the_users_model_never_end_the_run(tmp_path, precision
 
 
 def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
-    from lit_compute.flops.tables import read_op_class_table
+    from lit_compute.run_record import read_record
 
     trainer = make_trainer(tmp_path, max_steps=2, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
     model = tiny_model()
     trainer.fit(model, datamodule=tiny_data())
     acc = read_events(trainer.logger.log_dir)
     (text,) = text_values(acc, "compute/op_classes")
-    data = read_op_class_table(text)
+    assert "| optimizer |" in text and "<!--" not in text  # the table for people; the figures are in the record
+    data = read_record(trainer.logger.log_dir).op_classes
     assert data["samples"] == 8 and data["parameters"] == sum(p.numel() for p in model.parameters())
     # Adam's step its own class; the ResNet's convolutions theirs, apart from its classifier's matmul
     assert set(data["by_class"]) >= {"conv", "matmul", "norm", "elementwise", "optimizer"}

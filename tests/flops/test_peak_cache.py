@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from lit_compute import FlopsLogger
-from lit_compute.flops import peaks
-from lit_compute.flops.peaks import PeakMeasurement, PeakPolicy, cached_peak_flops, measure_peak
+from lit_compute.flops.peaks import PeakPolicy
+from lit_compute.hardware import measure
+from lit_compute.hardware.measure import PeakMeasurement, measure_peak
+from lit_compute.hardware.this_machine import cached_peak_flops, peak_key
 
 from ..conftest import make_trainer, read_events, scalar_values, tiny_data, tiny_model
 
@@ -23,7 +25,7 @@ from ..conftest import make_trainer, read_events, scalar_values, tiny_data, tiny
 def _measurements(monkeypatch, *values):
     """measure_peak returns these (flops, quiet) in turn."""
     it = iter(values)
-    monkeypatch.setattr(peaks, "measure_peak", lambda device, dtype, **_: PeakMeasurement(*next(it), cpu_share=0.9))
+    monkeypatch.setattr(measure, "measure_peak", lambda device, dtype, **_: PeakMeasurement(*next(it), cpu_share=0.9))
 
 
 def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_request(tmp_path, monkeypatch):
@@ -39,14 +41,14 @@ def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_
     assert (bf16.flops, bf16.cached) == (3.0e11, False)
     redone = cached_peak_flops("cpu", torch.float32, remeasure=True)
     assert (redone.flops, redone.cached) == (4.0e11, False)
-    entries = json.loads((tmp_path / "peaks.json").read_text())
+    entries = json.loads((tmp_path / "this_machine.json").read_text())["peaks"]
     assert sorted(e["flops"] for e in entries.values()) == [3.0e11, 4.0e11]
     assert all({"measured_at", "load_average", "threads", "torch_version", "device"} <= set(e) for e in entries.values())
 
 
 def test_a_broken_cache_file_is_measured_over(tmp_path, monkeypatch):
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
-    (tmp_path / "peaks.json").write_text("{not json")
+    (tmp_path / "this_machine.json").write_text("{not json")
     _measurements(monkeypatch, (5.0e11, True))
     peak = cached_peak_flops("cpu", torch.float32)
     assert (peak.flops, peak.cached) == (5.0e11, False)
@@ -58,7 +60,7 @@ def test_a_busy_measurement_serves_its_run_only_and_a_run_that_beats_the_cache_r
     _measurements(monkeypatch, (4.6e10, False), (1.6e11, True), (9.0e10, False), (1.7e11, False))
     busy = cached_peak_flops("cpu", torch.float32)
     assert (busy.flops, busy.quiet) == (4.6e10, False) and "busy" in busy.describe()
-    assert not (tmp_path / "peaks.json").exists()  # nothing cached
+    assert not (tmp_path / "this_machine.json").exists()  # nothing cached
     quiet = cached_peak_flops("cpu", torch.float32)
     assert quiet.quiet and cached_peak_flops("cpu", torch.float32).flops == 1.6e11
     # the cached value is above what the run achieved: served from the cache, nothing measured
@@ -68,7 +70,7 @@ def test_a_busy_measurement_serves_its_run_only_and_a_run_that_beats_the_cache_r
     assert cached_peak_flops("cpu", torch.float32).flops == 1.6e11
     # a busy measurement above it proves the cached value wrong: removed
     assert cached_peak_flops("cpu", torch.float32, at_least=1.65e11).flops == 1.7e11
-    assert json.loads((tmp_path / "peaks.json").read_text()) == {}
+    assert json.loads((tmp_path / "this_machine.json").read_text())["peaks"] == {}
 
 
 @pytest.mark.timeout(120)
@@ -84,9 +86,9 @@ def test_a_peak_measured_beside_cpu_burners_is_not_cached(tmp_path, monkeypatch)
         for burner in burners:
             burner.kill()
             burner.wait()
-    assert not measured.quiet and measured.cpu_share < peaks.QUIET_CPU_SHARE
+    assert not measured.quiet and measured.cpu_share < measure.QUIET_CPU_SHARE
     assert not peak.quiet and "the machine was busy" in peak.describe()
-    assert not (tmp_path / "peaks.json").exists()
+    assert not (tmp_path / "this_machine.json").exists()
 
 
 def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_path, monkeypatch):
@@ -94,10 +96,10 @@ def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_
     logging step finds the run beating it, measures again (a quiet 1 PFLOP/s here), replaces the cache, and logs MFU
     against the new peak only."""
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
-    key = peaks._peak_key(torch.device("cpu"), torch.float32)[1]
-    (tmp_path / "peaks.json").write_text(json.dumps({key: {
+    key = peak_key(torch.device("cpu"), torch.float32)
+    (tmp_path / "this_machine.json").write_text(json.dumps({"peaks": {key: {
         "flops": 1e6, "device": "cpu", "dtype": "float32", "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__, "measured_at": "2026-12-01 10:00", "load_average": 4.0}}))
+        "torch_version": torch.__version__, "measured_at": "2026-12-01 10:00", "load_average": 4.0}}}))
     _measurements(monkeypatch, (1e15, True))
     trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4,
                            callbacks=[FlopsLogger(peak="measure", log_every_n_steps=1)])
@@ -111,7 +113,7 @@ def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_
     mfu = scalar_values(acc, "compute/mfu")
     assert mfu and all(0 < v <= 1 for _, v in mfu)
     assert {v for _, v in scalar_values(acc, "compute/peak_tflops")} == {1000.0}
-    assert json.loads((tmp_path / "peaks.json").read_text())[key]["flops"] == 1e15
+    assert json.loads((tmp_path / "this_machine.json").read_text())["peaks"][key]["flops"] == 1e15
 
 
 def test_a_given_peak_below_what_the_device_achieves_logs_no_mfu_and_says_so(tmp_path):
@@ -135,7 +137,7 @@ def test_the_policy_computes_mfu_and_hfu_in_one_place():
 def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
     """bfloat16 on a CPU without AVX512-BF16/AMX runs a 2048-wide product in minutes: the side shrinks so that one
     product takes about a round (the clock is driven: each reading one tick later)."""
-    from lit_compute.flops import peaks as peaks_module
+    peaks_module = measure
 
     def clock(tick: float):
         now = iter(i * tick for i in range(10**6))

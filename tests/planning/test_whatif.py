@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_compute.planning.hardware import (
+from lit_compute.hardware.chips import (
     CHIPS,
     LINKS,
     Chip,
@@ -230,7 +230,7 @@ def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
 def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     """This machine's bf16 kernels speed each heavy class up by their own factor (a CPU's bf16 attention backward can
     be slower than float32's): the class runs at its own peak, the others at the chip's."""
-    from lit_compute.planning.hardware import measure_mixed_speedup
+    from lit_compute.hardware.measure import measure_mixed_speedup
 
     chip = Chip("this", {"float32": 100 * G, "bfloat16": 200 * G}, 1e6 * G, 32 * G, "loopback", "test", kind="cpu",
                 class_peaks={"attention": {"bfloat16": 50 * G}})
@@ -249,7 +249,7 @@ def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
     import itertools
     import time
 
-    from lit_compute.planning.hardware import measure_mixed_speedup
+    from lit_compute.hardware.measure import measure_mixed_speedup
 
     ticks = itertools.count()
     monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))

@@ -1,0 +1,212 @@
+"""Measuring this machine: the dense GEMM peak of a device in a dtype (with the machine's load sampled), the memory
+bandwidth, and bf16 autocast's speed-up per op class of a training step on a CPU.
+
+Each measurement is a pure function of the device; :mod:`lit_compute.hardware.this_machine` caches what they find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_compute.hardware.dtypes import tf32_enabled
+
+__all__ = ["QUIET_CPU_SHARE", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_mixed_speedup",
+           "measure_peak", "measure_peak_flops"]
+
+
+def measure_peak_flops(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
+    seconds: float = 1.0, tf32: bool | None = None,
+) -> float:
+    """Measure the achievable dense GEMM FLOP/s on ``device`` in ``dtype`` (best of several timed runs).
+
+    On CPU this uses ``torch.get_num_threads()`` threads, as training does. The matrix side defaults to 2048
+    on CPU and 8192 on GPU. The loop stops after about ``seconds``. ``tf32`` (float32 on CUDA): measure with TF32
+    matmuls on or off (None: as ``torch.backends.cuda.matmul.allow_tf32`` is now). See :func:`measure_peak` for the
+    same with the machine's contention measured.
+    """
+    return measure_peak(device, dtype, size=size, seconds=seconds, rounds=1, tf32=tf32).flops
+
+
+def uses_tf32(device: torch.device, dtype: torch.dtype, tf32: bool | None) -> bool:
+    """Whether a float32 GEMM on ``device`` runs on TF32 units: ``tf32``, or the matmul switch as it is now."""
+    if device.type != "cuda" or dtype != torch.float32:
+        return False
+    return tf32_enabled("matmul") if tf32 is None else tf32
+
+
+@contextlib.contextmanager
+def _matmul_tf32(on: bool) -> Iterator[None]:
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+#: A CPU measurement round is quiet when this process got at least this share of the CPU time its threads could
+#: have used (threads x wall time): below it, other processes took the cores and the GEMM ran slower than the
+#: machine can.
+QUIET_CPU_SHARE = 0.85
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """One measurement of the GEMM peak: the best FLOP/s, whether a quiet round gave it, and the lowest share of
+    its threads' CPU time this process got in a round (None on GPUs)."""
+
+    flops: float
+    quiet: bool
+    cpu_share: float | None
+
+
+def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
+                 seconds: float = 1.5, rounds: int = 5, tf32: bool | None = None) -> PeakMeasurement:
+    """The dense GEMM peak of ``device`` in ``dtype``, with the machine's load sampled while measuring.
+
+    The time is split into ``rounds``; in each the best of several GEMMs is kept and, on CPU, the CPU time this
+    process got is compared with what its ``torch.get_num_threads()`` threads could have used (a share under
+    :data:`QUIET_CPU_SHARE` means other processes took the cores). The result is the best quiet round, or the
+    best round with ``quiet=False`` when none was quiet. On GPUs every round counts as quiet. ``tf32``: see
+    :func:`measure_peak_flops`."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dtype == torch.float32:
+        with _matmul_tf32(uses_tf32(dev, dtype, tf32)):
+            return _measure_peak(dev, dtype, size, seconds, rounds)
+    return _measure_peak(dev, dtype, size, seconds, rounds)
+
+
+def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, seconds: float,
+                  rounds: int) -> PeakMeasurement:
+    n = size or (8192 if dev.type == "cuda" else 2048)
+    per_round = seconds / max(1, rounds)
+    if size is None and dev.type == "cpu":
+        n = _affordable_side(n, dtype, per_round)
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    flops = 2.0 * n**3
+    threads = max(1, torch.get_num_threads())
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    torch.mm(a, b)  # warm-up (kernel selection, caches)
+    sync()
+    results: list[tuple[float, float | None]] = []
+    for _ in range(max(1, rounds)):
+        best, runs = float("inf"), 0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        while runs < 3 or (time.perf_counter() - wall0 < per_round and runs < 50):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+            runs += 1
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        share = None if dev.type == "cuda" or wall <= 0 else min(1.0, cpu / (wall * threads))
+        results.append((flops / best, share))
+    quiet = [f for f, share in results if share is None or share >= QUIET_CPU_SHARE]
+    shares = [share for _, share in results if share is not None]
+    return PeakMeasurement(flops=max(quiet) if quiet else max(f for f, _ in results), quiet=bool(quiet),
+                           cpu_share=min(shares) if shares else None)
+
+
+def _affordable_side(n: int, dtype: torch.dtype, per_round: float, probe: int = 256) -> int:
+    """The matrix side to time on a CPU: ``n``, unless one product of that side would take longer than ten
+    rounds (a dtype the CPU has no native instructions for, such as bfloat16 without AVX512-BF16 or AMX, runs
+    20 or more times slower than float32): then a side whose product takes about one round, timed from a small
+    product (at least ``probe``). Keeps the measurement about as long as asked on any CPU."""
+    a = torch.randn(probe, probe).to(dtype)
+    torch.mm(a, a)
+    t0 = time.perf_counter()
+    torch.mm(a, a)
+    took = max(time.perf_counter() - t0, 1e-9)
+    full = took * (n / probe) ** 3
+    if full <= 10 * per_round:
+        return n
+    return max(probe, min(n, int(n * (per_round / full) ** (1 / 3)) // 64 * 64))
+
+
+def measure_bandwidth(megabytes: int = 256, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """The memory bandwidth of ``device`` in bytes/s: the best of a few copies of a ``megabytes`` tensor (a read and a
+    write of every byte), with torch's threads on a CPU, as training runs."""
+    dev = torch.device(device)
+    n = megabytes * 2**20 // 4
+    a, b = torch.ones(n, device=dev), torch.empty(n, device=dev)
+    b.copy_(a)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        b.copy_(a)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n * 4 / best
+
+
+@dataclass(frozen=True)
+class MixedSpeedup:
+    """bf16 autocast's speed-up over float32 per heavy op class on this CPU, and whether every trial of it was quiet
+    (this process got at least :data:`QUIET_CPU_SHARE` of its threads' CPU time)."""
+
+    ratios: dict[str, float]
+    quiet: bool
+
+
+def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 20.0) -> MixedSpeedup:
+    """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
+    casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
+    on causal scaled-dot-product attention (on some CPUs its bf16 backward is slower than float32's). What a CPU's
+    bf16 GEMM peak overstates: its kernels and casts in training reach far less of it than a large GEMM. Each class
+    is the median of ``trials`` ratios of best-of-``repeats`` times, the trials interleaved across the classes; the
+    CPU time this process got is checked like the peak's (a busy machine is not cached). Bounded in time on a CPU
+    whose bf16 is slow (no AVX512-BF16 or AMX: many times float32's time): a mode stops repeating after a tenth of
+    ``seconds`` once it has two timed runs, and no trial starts after ``seconds`` once one has finished."""
+    def attention_block(x: Any) -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(x, x * 0.5, x * 0.25, is_causal=True)
+
+    blocks: dict[str, tuple[Any, Any]] = {
+        "matmul": (torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)),
+                   torch.randn(256, 512)),
+        "conv": (torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
+                                     torch.nn.Conv2d(64, 32, 3, padding=1)), torch.randn(16, 32, 32, 32)),
+        "attention": (attention_block, torch.randn(8, 4, 128, 64))}
+    ratios: dict[str, list[float]] = {kind: [] for kind in blocks}
+    threads = max(1, torch.get_num_threads())
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for trial in range(max(1, trials)):
+        if trial and time.perf_counter() - wall0 > seconds:
+            break
+        for kind, (block, data) in blocks.items():
+            times = []
+            for mixed in (False, True):
+                best, mode0 = math.inf, time.perf_counter()
+                for i in range(repeats + 1):
+                    if i > 2 and time.perf_counter() - mode0 > seconds / 10:
+                        break
+                    x = data.clone().requires_grad_(kind == "attention")
+                    start = time.perf_counter()
+                    with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                        out = block(x)
+                    out.float().sum().backward()
+                    if i:  # the first is a warm-up
+                        best = min(best, time.perf_counter() - start)
+                times.append(best)
+            ratios[kind].append(times[0] / times[1])
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
+    return MixedSpeedup({k: sorted(v)[len(v) // 2] for k, v in ratios.items()}, share >= QUIET_CPU_SHARE)
