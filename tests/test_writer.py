@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader
 from lit_compute import DeviceMonitor, FlopsLogger, StepTimeMonitor
 from lit_compute.formatting import read_key_value_table
 from lit_compute.report import OUR_PREFIXES
+from lit_compute.run_record import from_legacy
 from lit_compute.timeline import LogEvent
-from lit_compute.writer import RUN_INFO_KEYS, run_info, write_event, writer_for
+from lit_compute.writer import run_info, run_record, write_event, writer_for
 
 from .conftest import DrivenClock, TimedImages, TimedNet, clocked_trainer, in_lit_compute
 
@@ -108,10 +109,16 @@ def test_only_rank_zero_writes():
     assert logger.calls == []
 
 
-def test_run_info_is_read_back_by_the_same_keys():
-    table = read_key_value_table(run_info(_stub_trainer([])))
-    assert tuple(table) == RUN_INFO_KEYS
+def test_the_run_info_table_renders_the_run_record():
+    trainer = _stub_trainer([])
+    text = run_info(trainer)
+    table = read_key_value_table(text)
     assert table["precision"] == "32-true" and table["device"] == "cpu" and table["world size"] == "1"
+    # the table is the record for people: the 0.3.0 reader gets the same facts back from it
+    record, back = run_record(trainer), from_legacy([text], [])
+    for name in ("precision", "device", "world_size", "nodes", "devices_per_node", "data_parallel", "tensor_parallel",
+                 "strategy", "data", "cpu_cores", "torch_threads", "planned_steps", "planned_epochs"):
+        assert getattr(back, name) == getattr(record, name), name
 
 
 # -- a log folder that breaks mid-run (issue: faults) ---------------------------------------------------------

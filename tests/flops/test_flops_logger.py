@@ -185,7 +185,7 @@ def test_compiled_module_counts_like_the_original(tmp_path):
         ("NVIDIA H100 PCIe", "h100-pcie"),
         ("NVIDIA H100 NVL", "h100-nvl"),
         ("NVIDIA A100-SXM4-80GB", "a100"),
-        ("NVIDIA A100-PCIE-40GB", "a100"),
+        ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
         ("NVIDIA A10G", "a10g"),
         ("NVIDIA L4", "l4"),
         ("NVIDIA L40", "l40"),

@@ -480,10 +480,10 @@ def test_low_mfu_advice_names_channels_last_only_for_image_runs_and_points_to_tu
 
     class FakeRun:
         def __init__(self, tokens):
-            self.tokens = tokens
+            from lit_compute.run_record import RunRecord
 
-        def info(self, key):
-            return {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecision"}.get(key)
+            self.tokens = tokens
+            self.record = RunRecord(precision="bf16-mixed", precision_plugin="FP32BatchNormPrecision")
 
         def total(self, tag):
             return 0.05 if tag == "compute/mfu" else None

@@ -1,0 +1,99 @@
+"""The hardware room (#46): one row per chip with a source per figure, one lookup for table keys and device names
+(``estimate --device`` and ``whatif --hardware`` alike), "this machine" saying which device it describes, and one
+answer to "is bf16 fast here?"."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_compute.hardware import chips as chips_module
+from lit_compute.hardware import this_machine as this_module
+from lit_compute.hardware.chips import CHIPS, MEMORY_TABLE, PEAK_TABLE, HardwareError, find_chip
+from lit_compute.planning.capacity import CapacityError, capacity_of
+
+
+def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
+    for name, chip in CHIPS.items():
+        assert chip.name == name
+        assert chip.peaks and all(v > 0 for v in chip.peaks.values()), name
+        assert math.isfinite(chip.memory) and chip.memory > 0, name
+        assert chip.bandwidth > 0 and chip.link in chips_module.LINKS, name
+        assert set(chip.sources) == {"peaks", "memory", "bandwidth"} and all(chip.sources.values()), name
+    # the 0.3.0 tables are views of the one table: no chip without a memory row (v100s-pcie had none)
+    assert "v100s-pcie" in MEMORY_TABLE and PEAK_TABLE["h200-sxm"] == CHIPS["h200-sxm"].peaks
+    assert set(PEAK_TABLE) <= set(CHIPS) and set(MEMORY_TABLE) <= set(CHIPS)
+
+
+@pytest.mark.parametrize("name, key", [("h200-sxm", "h200-sxm"), ("NVIDIA H200", "h200-sxm"),
+                                       ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A100-SXM4-80GB", "a100"),
+                                       ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA L40S", "l40s"),
+                                       ("Tesla V100S-PCIE-32GB", "v100s-pcie"), (" A10G ", "a10g")])
+def test_estimate_and_whatif_accept_the_same_names(name, key):
+    assert find_chip(name).name == key
+    capacity, source = capacity_of(name, None)
+    assert capacity == int(CHIPS[key].memory) and source.startswith(f"{key}: ")
+
+
+def test_an_unknown_device_is_named_with_the_option_that_gave_it():
+    with pytest.raises(HardwareError, match=r"--hardware 'h900' is not in the table; known: .*h200-sxm"):
+        find_chip("h900")
+    with pytest.raises(CapacityError, match=r"--device 'h900' is not in the table; known: .*\(or give --memory 80GB\)"):
+        capacity_of("h900", None)
+
+
+def test_this_machine_on_a_cuda_device_is_its_table_row(monkeypatch):
+    """``--hardware this`` on a GPU machine: the CUDA device's own row, so a run made there is priced against it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    chip = this_module.this_machine()
+    assert chip.name == "h200-sxm" and chip.peaks == CHIPS["h200-sxm"].peaks
+    assert chip.extras["device_name"] == "NVIDIA H200" and chip.extras["this"]
+    assert "this machine's NVIDIA H200: the table row h200-sxm" in chip.source
+
+
+def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path, monkeypatch):
+    """The CPU: its GEMM peak, bandwidth and bf16 speed-up per op class, measured once (quiet) into one cache file
+    and read from it after; the tune and whatif get one answer about bf16 from it."""
+    from lit_compute.hardware import measure
+
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(measure, "measure_peak", lambda *a, **k: calls.append("peak") or measure.PeakMeasurement(
+        1e11, True, 0.99))
+    monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: calls.append("bandwidth") or 2e10)
+    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: calls.append("mixed") or measure.MixedSpeedup(
+        {"matmul": 1.8, "conv": 2.0, "attention": 0.5}, True))
+    chip = this_module.this_machine("cpu")
+    assert chip.name == "this" and chip.kind == "cpu" and chip.extras["device_name"] == this_module.cpu_name()
+    assert chip.peaks["float32"] == 1e11 and chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
+    assert chip.peak_of("attention", "bfloat16") == pytest.approx(0.5e11) and chip.bandwidth == 2e10
+    assert sorted(calls) == ["bandwidth", "mixed", "peak"]
+    assert [p.name for p in tmp_path.iterdir()] == ["this_machine.json"]
+    calls.clear()
+    again = this_module.this_machine("cpu")
+    assert (again.peaks, again.bandwidth, again.class_peaks) == (chip.peaks, chip.bandwidth, chip.class_peaks)
+    assert calls == [] and "cached from" in again.source  # from the cache
+    fast, why = this_module.bf16_fast("cpu")
+    assert fast and "1.90x float32's speed" in why
+    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
+        {"matmul": 0.3, "conv": 0.2, "attention": 0.1}, True))  # an AVX2-only CPU
+    (tmp_path / "this_machine.json").unlink()
+    assert this_module.bf16_fast("cpu")[0] is False
+
+
+def test_the_tune_and_the_benches_ask_the_same_bf16_question(monkeypatch):
+    import importlib
+
+    from lit_compute.bench import _common
+
+    tune = importlib.import_module("lit_compute.tuning.tune")
+    monkeypatch.setattr(this_module, "bf16_fast", lambda device="cpu": (False, "bf16 autocast runs at 0.40x"))
+    monkeypatch.setattr(this_module, "cached_peak_flops", lambda device, dtype, **_: this_module.MeasuredPeak(
+        1e11, "cpu", str(dtype), 2, torch.__version__, "2026-12-04 10:00", None))
+    monkeypatch.setattr(_common, "bf16_fast", this_module.bf16_fast)
+    assert _common.low_precision("cpu") == "32-true"
+    machine = tune.measure_machine("cpu")
+    assert machine.bf16_fast is False and "0.40x" in machine.note

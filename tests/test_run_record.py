@@ -1,0 +1,121 @@
+"""One typed record per run (#46): written as ``run.json`` beside the events, read by whatif and report; runs of
+0.3.0 (a Markdown table only) still read; a GPU run is priced against its own chip."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lit_compute.planning.whatif import RunFacts, read_run
+from lit_compute.planning.whatif_cli import main
+from lit_compute.report.runs import load_run
+from lit_compute.run_record import RECORD_FILE, RunRecord, read_record, write_record
+
+from .conftest import make_trainer, read_events, text_values, tiny_data, tiny_model
+
+FIXTURE = Path(__file__).parent / "planning" / "fixtures" / "run_0_3_0"
+PACKAGE = Path(__file__).resolve().parents[1] / "lit_compute"
+
+
+def test_a_run_writes_its_record_beside_the_events(tmp_path):
+    from lit_compute import FlopsLogger, StepTimeMonitor
+
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, log_every_n_steps=1,
+                           callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=1)])
+    trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=8))
+    record = read_record(trainer.logger.log_dir)
+    assert record is not None and record.format == 1
+    assert (record.precision, record.device, record.chip, record.world_size) == ("32-true", "cpu", None, 1)
+    assert record.planned_steps == 3 and record.loader_workers == 0 and record.torch_threads >= 1
+    assert record.op_classes["samples"] == 8 and "optimizer" in record.op_classes["by_class"]
+    # the table TensorBoard shows is the record rendered
+    (table,) = text_values(read_events(trainer.logger.log_dir), "lit_compute/run")
+    assert table == record.table() and "| planned | 3 steps |" in table
+
+
+def test_the_record_round_trips_and_keeps_what_a_newer_version_added(tmp_path):
+    record = RunRecord(precision="bf16-mixed", device="NVIDIA H200", chip="h200-sxm", planned_steps=10)
+    write_record(tmp_path, record)
+    data = json.loads((tmp_path / RECORD_FILE).read_text())
+    data["new_field"] = [1, 2]
+    (tmp_path / RECORD_FILE).write_text(json.dumps(data))
+    back = read_record(tmp_path)
+    assert back.extras == {"new_field": [1, 2]} and back.chip == "h200-sxm" and back.as_json()["new_field"] == [1, 2]
+    (tmp_path / RECORD_FILE).write_text("[1, 2]")
+    assert read_record(tmp_path) is None
+
+
+def test_the_micro_batchs_op_classes_are_kept_not_the_last_partial_batch():
+    record = RunRecord()
+    assert record.with_op_classes({"samples": 6, "by_class": {"matmul": [1, 2, 3]}})
+    assert not record.with_op_classes({"samples": 2, "by_class": {"matmul": [1, 1, 1]}})  # the epoch's last batch
+    assert record.op_classes["samples"] == 6
+    assert not record.with_op_classes({"samples": 8, "by_class": {}})  # nothing counted
+
+
+def test_a_run_written_by_0_3_0_still_reads():
+    """A committed run folder trained with lit_compute 0.3.0 (FlopsLogger, StepTimeMonitor, MemoryMonitor on a
+    small MLP, batch 8, 8 steps): no run.json, the facts in its run-info table and op-class text."""
+    assert not (FIXTURE / RECORD_FILE).exists()
+    record = load_run(FIXTURE).record
+    assert record.format == 0 and record.precision == "32-true" and record.device == "cpu"
+    assert (record.nodes, record.devices_per_node, record.data_parallel, record.tensor_parallel) == (1, 1, 1, 1)
+    assert record.planned_steps == 8 and record.loader_workers == 0 and record.op_classes["samples"] == 8
+    facts = read_run(FIXTURE)
+    assert facts.samples == 8 and facts.step_s and set(facts.by_class) >= {"matmul", "optimizer"}
+
+
+def _gpu_run(tmp_path: Path, device: str, chip: str | None) -> Path:
+    """The 0.3.0 fixture's run as if recorded on a GPU (its record written with the device's name and chip)."""
+    folder = tmp_path / "version_0"
+    shutil.copytree(FIXTURE, folder)
+    record = load_run(folder).record
+    record.device, record.chip, record.format = device, chip, 1
+    write_record(folder, record)
+    return folder
+
+
+def test_a_gpu_run_is_priced_against_its_own_chip_by_default(tmp_path, capsys):
+    folder = _gpu_run(tmp_path, "NVIDIA H100 80GB HBM3", "h100-sxm")
+    facts = read_run(folder)
+    from lit_compute.hardware.chips import CHIPS
+
+    assert facts.runs_on(CHIPS["h100-sxm"]) and not facts.runs_on(CHIPS["a100"])
+    assert main([str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "| h100-sxm |" in out and "h100-sxm is the hardware version_0 ran on: calibrated on its measured step" in out
+    assert main([str(folder), "--json", "--hardware", "run,a100"]) == 0
+    own, other = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # calibrated on its own step: at the run's own micro-batch the prediction is the measured step
+    assert own["hardware"] == "h100-sxm" and own["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)
+    assert other["hardware"] == "a100" and other["step_time_s"] != pytest.approx(facts.step_s, rel=0.01)
+    # a run on a device the table lacks: one line naming the fix
+    unknown = _gpu_run(tmp_path / "other", "Made-up Accelerator 9000", None)
+    assert main([str(unknown)]) == 2
+    assert "ran on 'Made-up Accelerator 9000', which is not in the hardware table" in capsys.readouterr().err
+
+
+def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
+    from lit_compute.hardware.chips import CHIPS, Chip
+
+    here = Chip("this", {"float32": 1e11}, 1e10, 1e10, "loopback", "measured", measured=True, kind="cpu",
+                extras={"device_name": "AMD EPYC", "this": True})
+    run = RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, device="cpu", cpu="AMD EPYC")
+    assert run.runs_on(here) and not run.runs_on(CHIPS["xeon-6248"]) and not run.runs_on(CHIPS["h100-sxm"])
+    assert not RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, cpu="Intel Xeon").runs_on(here)
+
+
+def test_no_module_reads_a_runs_facts_with_a_regular_expression():
+    """The readers of runs (report, whatif, the tune's summaries) read the record and the scalars, never the text this
+    project wrote: no ``re`` in them, and nobody looks a run fact up by its table label."""
+    readers = [*(PACKAGE / "report" / f for f in ("runs.py", "advice.py", "document.py")), PACKAGE / "planning" / "whatif.py",
+               PACKAGE / "planning" / "whatif_cli.py", PACKAGE / "run_record.py"]
+    for path in readers:
+        text = path.read_text()
+        assert not re.search(r"^\s*(import re\b|from re import)", text, re.M), path
+    for path in PACKAGE.rglob("*.py"):
+        assert ".info(\"" not in path.read_text().replace("logging.info(\"", ""), path
