@@ -40,6 +40,13 @@ class ModelState:
         return digest, _digest(training), _digest(grads), trainable
 
     @staticmethod
+    def placement(model: nn.Module) -> str:
+        """A digest of every parameter's and buffer's dtype and device: what ``model.to(torch.float64)`` or a device
+        move changes while the structure stays (the memory a step holds, not its FLOPs)."""
+        tensors = [*model.parameters(), *model.buffers()]
+        return _digest("|".join(f"{t.dtype}@{t.device}" for t in tensors).encode())
+
+    @staticmethod
     def describe(before: tuple[str, str, str, int], after: tuple[str, str, str, int]) -> str:
         """What changed between two keys, in words."""
         changes = []

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,7 +187,7 @@ class Timeline:
         self.device: torch.device | None = None
         self.event: LogEvent | None = None
         self.token_spec: TokenSpec | None = None  # None: auto-detect input_ids/attention_mask
-        self._modes: contextlib.ExitStack | None = None
+        self._modes: list[tuple[Any, Callable[[BaseException], None] | None]] = []
         self._watch: int | None = None  # collective_clock handle while training on more than one rank
         self._reset_loop()
 
@@ -284,19 +285,28 @@ class Timeline:
         self._batch_taints.add(label)
 
     # -- dispatch modes over one batch -----------------------------------------------------------------
-    def enter_for_batch(self, mode: contextlib.AbstractContextManager[Any]) -> None:
+    def enter_for_batch(self, mode: contextlib.AbstractContextManager[Any],
+                        on_error: Callable[[BaseException], None] | None = None) -> None:
         """Enter ``mode`` (a FLOP counter, a memory tracker, any context) until the batch's end mark. Every mode
         entered for a batch is exited there, in reverse order, before any callback reads its result: torch's
-        dispatch-mode stack is last in, first out, so two callbacks must not exit their own modes in hook order."""
-        if self._modes is None:
-            self._modes = contextlib.ExitStack()
-        self._modes.enter_context(mode)
+        dispatch-mode stack is last in, first out, so two callbacks must not exit their own modes in hook order.
+        A mode whose exit raises never reaches the user's step: ``on_error`` gets the exception (its owner turns
+        itself off) and the modes outside it are still exited."""
+        mode.__enter__()
+        self._modes.append((mode, on_error))
 
     def exit_batch_modes(self) -> None:
         """Exit the modes entered for this batch (innermost first); nothing when none is open."""
-        stack, self._modes = self._modes, None
-        if stack is not None:
-            stack.close()
+        modes, self._modes = self._modes, []
+        for mode, on_error in reversed(modes):
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as err:  # noqa: BLE001 - a measuring mode must not end the user's run
+                if on_error is not None:
+                    on_error(err)
+                else:
+                    warnings.warn(f"lit_compute: leaving {type(mode).__name__} failed with {type(err).__name__}: "
+                                  f"{err}; training goes on.", UserWarning, stacklevel=2)
 
     # -- the training loop ------------------------------------------------------------------------------
     def train_start(self, trainer: pl.Trainer) -> None:

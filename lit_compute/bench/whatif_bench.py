@@ -180,13 +180,13 @@ def traced_facts(model: str, batch: int) -> Any:
     """The op-class counts of one training step of ``model`` at ``batch``, counted on fake tensors (shapes only)
     the way FlopsLogger counts a real step: forward, loss, backward, the optimizer's step."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from lit_compute import _compat
     from lit_compute.flops.counting import SafeFlopCounterMode
     from lit_compute.planning.estimate import fake_tensors
     from lit_compute.planning.whatif import RunFacts
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
         net, step = _model(model)
     fake_tensors(net, fake_mode, torch.device("cpu"))

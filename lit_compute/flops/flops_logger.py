@@ -193,7 +193,8 @@ class FlopsLogger(MeasuringCallback):
         self._batch_estimated = False  # counted for real: exact for this batch
         counter = SafeFlopCounterMode.for_module(pl_module, _compat.parallel_layout(pl_module.trainer).tensor_parallel)
         self.timeline.enter_for_batch(_compat.eager_compiled_code())
-        self.timeline.enter_for_batch(counter)  # exited at the batch's end mark, with every other mode of the batch
+        # exited at the batch's end mark, with every other mode of the batch; a counter whose exit raises turns us off
+        self.timeline.enter_for_batch(counter, on_error=self._counter_failed)
         self._counting = (sig, counter, self.timeline.raw())
 
     def _end_batch(self, trainer: pl.Trainer) -> Values | None:
@@ -203,6 +204,8 @@ class FlopsLogger(MeasuringCallback):
         sig, counter, _ = self._counting
         self._counting = None
         self.timeline.exit_batch_modes()
+        if self._disabled:  # the counter failed as it left the step (_counter_failed)
+            return None
         count = counter.result()
         booked = self.book.record(sig, count)
         for key, message in count_warnings(booked, count, sig, _MAX_FAILED_COUNTS):
@@ -215,6 +218,12 @@ class FlopsLogger(MeasuringCallback):
             if trainer.is_global_zero and count.by_class:
                 write_op_classes(trainer, count, sig)
         return booked.values
+
+    def _counter_failed(self, err: BaseException) -> None:
+        """The counter raised as it left the batch's modes: no count of this batch, and FlopsLogger turns itself off
+        (one warning); the user's step is not touched."""
+        self._counting = None
+        self.disable(f"the FLOP counter failed as it left the step ({type(err).__name__}: {err})")
 
     # -- training -------------------------------------------------------------------------------------
     @override

@@ -130,7 +130,9 @@ class MemoryMonitor(MeasuringCallback):
             if self._cuda is not None:
                 torch.cuda.reset_peak_memory_stats(self._cuda)
             leaves = _batch.signature("train", batch)[1]
-            self._step_key = (tuple((path, dtype) for path, _, dtype in leaves), self._model_state.key(pl_module))
+            # the model's dtypes and devices too: after model.to(torch.float64) or a device move its memory differs
+            self._step_key = (tuple((path, dtype) for path, _, dtype in leaves), self._model_state.key(pl_module),
+                              self._model_state.placement(pl_module))
             self._step_best = None
             size = sum(math.prod(shape) for _, shape, _ in leaves)
             with_state = any(getattr(o, "state", None) for o in trainer.optimizers)
@@ -147,7 +149,9 @@ class MemoryMonitor(MeasuringCallback):
             tracker.register(tensors, part)
         tracker.register_bytes(_compat.ddp_bucket_bytes(trainer.strategy.model), "gradients")
         self._tracker = tracker
-        self.timeline.enter_for_batch(tracker)  # exited at the batch's end mark, innermost first
+        # exited at the batch's end mark, innermost first; a tracker whose exit raises turns this callback off
+        self.timeline.enter_for_batch(tracker, on_error=lambda err: self.disable(
+            f"the memory tracker failed as it left the step ({type(err).__name__}: {err})"))
         self.timeline.taint("memory_track")
 
     @override

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute estimate", description=__doc__)
     parser.add_argument("--config", required=True, help="the YAML you train with (lit-compute fit --config FILE)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--device", default=None, help="a device whose memory to fit into (h100-sxm, a100, l4, ...)")
+    where.add_argument("--device", default=None, help="a device whose memory to fit into: a table key (h100-sxm, a100, l4, ...) or a device name ('NVIDIA H200')")
     where.add_argument("--memory", default=None, help="the memory to fit into: 80GB, 24GiB, 512MB")
     parser.add_argument("--micro-batch", default=None,
                         help="micro-batch sizes, comma-separated (default: the config's, half and twice it)")

@@ -233,6 +233,36 @@ def test_training_is_bitwise_identical_with_and_without_flops_logger(tmp_path, c
         assert torch.equal(plain[key], counted[key]), key
 
 
+def test_a_counter_that_raises_as_it_leaves_the_step_warns_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    """#47 item 1: ``SafeFlopCounterMode.__exit__`` raising after the mode has left the stack ended the run at step 1;
+    FlopsLogger turns itself off with one warning and the weights come out as without it."""
+    build, loader = CASES["gradient_penalty"]
+
+    def run(callbacks):
+        pl.seed_everything(7)
+        model = build()
+        trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=callbacks, logger=False)
+        trainer.fit(model, train_dataloaders=loader())
+        return trainer, model.state_dict()
+
+    _, plain = run([])
+    original = SafeFlopCounterMode.__exit__
+
+    def exit_then_raise(self, *exc):
+        original(self, *exc)
+        raise RuntimeError("counter broke on the way out")
+
+    monkeypatch.setattr(SafeFlopCounterMode, "__exit__", exit_then_raise)
+    logger = FlopsLogger(peak="none", log_every_n_steps=1)
+    with pytest.warns(UserWarning, match="FlopsLogger: the FLOP counter failed as it left the step .*counter broke on "
+                                         "the way out.*disabled; training goes on") as caught:
+        trainer, counted = run([logger])
+    assert trainer.global_step == 4 and logger._disabled
+    assert sum("counter broke" in str(w.message) for w in caught) == 1
+    for key in plain:
+        assert torch.equal(plain[key], counted[key]), key
+
+
 def test_gradient_penalty_step_is_counted_with_its_double_backward(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
     trainer.fit(_GradientPenalty(), train_dataloaders=CASES["gradient_penalty"][1]())

@@ -61,6 +61,38 @@ def test_the_parts_are_what_the_model_holds_and_sum_to_the_peak(tmp_path):
     assert [s for s, _ in scalar_values(acc, "memory/peak_gb")] == [1, 3]
 
 
+class _ToFloat64(pl.LightningModule):
+    """An MLP that moves itself to float64 before its third batch (a user's ``model.to(torch.float64)`` mid-run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _MLP().net
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if batch_idx == 2:
+            self.to(torch.float64)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x.to(self.dtype)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def test_a_model_moved_to_another_dtype_is_tracked_again(tmp_path):
+    """#47 item 5: after ``model.to(torch.float64)`` the logged parameters and peak were the float32 model's for the rest
+    of the run (the model's key ignored dtypes and devices)."""
+    model = _ToFloat64()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=1,
+                           callbacks=[MemoryMonitor()])
+    trainer.fit(model, _loader())
+    params = dict(scalar_values(read_events(trainer.logger.log_dir), "memory/parameters_gb"))
+    assert params[0] * GB == pytest.approx(param_bytes, rel=1e-6)
+    assert params[3] * GB == pytest.approx(2 * param_bytes, rel=1e-6)
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                          nn.Linear(512, 4))
