@@ -324,12 +324,13 @@ def replace_module_tensors(module: nn.Module, replace: Any) -> None:
                 sub._buffers[name] = replace(buf, False)
 
 
-def init_optimizers(model: Any) -> list[Any]:
-    """The module's optimizers as Lightning builds them from ``configure_optimizers`` (the fit loop's own helper)."""
+def init_optimizers(model: Any) -> tuple[list[Any], list[Any]]:
+    """The module's optimizers and learning-rate scheduler configs as Lightning builds them from
+    ``configure_optimizers`` (the fit loop's own helper)."""
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 
-    optimizers, _ = _init_optimizers_and_lr_schedulers(model)
-    return optimizers
+    optimizers, schedulers = _init_optimizers_and_lr_schedulers(model)
+    return optimizers, schedulers
 
 
 def ddp_gradient_as_bucket_view(strategy: Any) -> bool:

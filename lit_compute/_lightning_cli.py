@@ -366,6 +366,17 @@ def _run(args: Sequence[str] | None) -> None:
         raise SystemExit(2) from None
 
 
+def refusal(err: BaseException) -> str | None:
+    """A component's or Lightning's refusal of the configuration, as the one line ``fit`` prints for it (None: not a
+    refusal, a bug to see whole)."""
+    if _training_started(err):
+        return None
+    found = constructor_error(err)
+    if isinstance(found, BaseException):
+        return str(found).splitlines()[0] if str(found) else type(found).__name__
+    return found or _configuration_error(err)
+
+
 def _training_started(err: BaseException) -> bool:
     """True when the error was raised from inside a training, validation or test step (a bug to see whole)."""
     tb = err.__traceback__
@@ -393,4 +404,4 @@ def quiet_lightning() -> None:
         logging.getLogger(name).addFilter(_DropTips())
 
 
-__all__ = ["LitComputeCLI", "constructor_error", "lightning_cli", "run"]
+__all__ = ["LitComputeCLI", "constructor_error", "lightning_cli", "refusal", "run"]

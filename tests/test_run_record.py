@@ -119,3 +119,34 @@ def test_no_module_reads_a_runs_facts_with_a_regular_expression():
         assert not re.search(r"^\s*(import re\b|from re import)", text, re.M), path
     for path in PACKAGE.rglob("*.py"):
         assert ".info(\"" not in path.read_text().replace("logging.info(\"", ""), path
+
+
+def test_a_log_folder_of_many_runs_is_priced_by_its_newest_version_and_says_so(tmp_path, capsys):
+    """#47 item 7: ``whatif lightning_logs`` read version_2 rather than version_10 (sorted as strings), silently."""
+    logs = tmp_path / "lightning_logs"
+    for version in (2, 10):
+        shutil.copytree(FIXTURE, logs / f"version_{version}")
+    record = load_run(logs / "version_10").record
+    record.op_classes["samples"] = 16
+    write_record(logs / "version_10", record)
+    facts = read_run(logs)
+    assert facts.samples == 16 and facts.path.name == "version_10"
+    assert any("holds 2 runs: priced the last, version_10" in n for n in facts.notes)
+    # an event file named as RUN stands for its folder
+    (event,) = (logs / "version_2").glob("events.out.tfevents.*")
+    assert read_run(event).path.name == "version_2"
+
+
+def test_a_cut_short_event_file_is_read_with_a_word(tmp_path, capsys):
+    """#47 item 7: an event file cut mid-record was priced from its readable part without a word."""
+    folder = tmp_path / "version_0"
+    shutil.copytree(FIXTURE, folder)
+    (event,) = folder.glob("events.out.tfevents.*")
+    data = event.read_bytes()
+    event.write_bytes(data[:-7])
+    facts = read_run(folder)
+    assert any("ends in a partial or damaged record" in n and f"{len(data) - 7:,} bytes" in n for n in facts.notes)
+    assert main([str(folder), "--hardware", "a100"]) == 0
+    assert "ends in a partial or damaged record" in capsys.readouterr().out
+    assert main([str(FIXTURE), "--hardware", "a100"]) == 0
+    assert "partial" not in capsys.readouterr().out

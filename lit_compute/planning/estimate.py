@@ -65,6 +65,12 @@ class Plan:
     next_size: EstimateRow | None = None  # the next size up, predicted over the capacity
     checkpointing: list[Checkpointing] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    checkpointing_useless: bool = False  # the state alone does not fit: recomputing activations cannot help
+
+    def summary_json(self) -> dict[str, Any]:
+        """What the plan found beyond its rows, for ``--json``'s last line."""
+        return {"largest_fitting_micro_batch": self.largest_fitting, "capacity_bytes": self.capacity_bytes,
+                "next_size": self.next_size.as_json() if self.next_size else None, "notes": self.notes}
 
 
 # -- building the config's pieces -------------------------------------------------------------------------------
@@ -81,16 +87,18 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     """The config's model (on fake tensors), trainer and one real batch of its training data."""
     from lightning.pytorch import LightningModule
 
-    from lit_compute._lightning_cli import LitComputeCLI, quiet_lightning
+    from lit_compute._lightning_cli import LitComputeCLI, quiet_lightning, refusal
 
     quiet_lightning()
     import logging
 
     for name in ("lightning.pytorch", "lightning.fabric"):  # seed, accelerator and summary lines: not the estimate's
         logging.getLogger(name).setLevel(logging.WARNING)
-    path = Path(config)
+    from lit_compute.packaged_configs import resolve_config, unknown_config_message
+
+    path = Path(resolve_config(str(config)))  # a packaged config's name, as lit-compute fit takes it
     if not path.is_file():
-        raise EstimateError(f"--config {config}: no such file")
+        raise EstimateError(unknown_config_message(str(config)) or f"--config {config}: no such file")
     fake_mode = _compat.fake_tensor_mode()
 
     class FakeModelCLI(LitComputeCLI):
@@ -106,12 +114,23 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
             self.parser.add_instantiator(on_fake_tensors, LightningModule, subclasses=True, prepend=True)
 
     args = ["--config", str(path), "--trainer.logger=false", "--trainer.enable_progress_bar=false", *overrides]
-    with contextlib.redirect_stdout(io.StringIO()):
-        cli = FakeModelCLI(args=args, run=False)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli = FakeModelCLI(args=args, run=False)
+    except (ValueError, TypeError, ModuleNotFoundError) as err:  # a component refusing its arguments: one line
+        ours = refusal(err)
+        if ours is None:
+            raise
+        raise EstimateError(ours) from None
     model, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
+    # the precision's conversion (bf16-true, 16-true) on the meta module: a fake parameter cannot be swapped for another
+    model = trainer.precision_plugin.convert_module(model)
     fake_tensors(model, fake_mode, trainer.strategy.root_device)
-    loader = _train_loader(model, datamodule)
-    batch = next(iter(loader))
+    try:
+        batch = next(iter(_train_loader(model, datamodule)))
+    except (ValueError, TypeError, OSError, ModuleNotFoundError) as err:  # a data folder or file that is not there
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise EstimateError(f"the config's training data cannot be read: {text}") from None
     size = _batch_size(batch)
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
@@ -179,10 +198,12 @@ def _attach(model: Any, trainer: Any) -> None:
 
 
 def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
-    """The module's optimizers as Lightning builds them, given to its trainer (``self.trainer.optimizers``)."""
-    optimizers = _compat.init_optimizers(model)
+    """The module's optimizers as Lightning builds them, given to its trainer (``self.trainer.optimizers``, and its
+    schedulers: ``self.lr_schedulers()`` under manual optimization)."""
+    optimizers, schedulers = _compat.init_optimizers(model)
     model.trainer.strategy.connect(model)
     model.trainer.optimizers = optimizers
+    model.trainer.strategy.lr_scheduler_configs = schedulers
     return optimizers
 
 
@@ -289,8 +310,7 @@ def _bucket_bytes(pieces: _Pieces) -> int:
 def _prepare(pieces: _Pieces) -> list[Any]:
     """The model as the strategy sets it up before a step (precision conversion, training mode, its trainer) and
     its optimizers."""
-    with pieces.fake_mode:
-        pieces.model = pieces.trainer.precision_plugin.convert_module(pieces.model)
+    with pieces.fake_mode:  # the precision's conversion ran on the meta module (_build): fake tensors cannot be swapped
         pieces.model.train()
         _attach(pieces.model, pieces.trainer)
         return _optimizers(pieces.model)
@@ -366,6 +386,9 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                     notes.append(f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
                                  f"{first}); each size is measured on a real step instead")
                     method[0] = "measured on a real step"
+            if size > pieces.batch_size and pieces.batch_size not in traced:
+                peak_at(pieces.batch_size)  # the config's own batch first: fit trains it, and it gives a scale
+            _affordable(size, traced)
             try:
                 traced[size] = _measure(config, overrides, size, buckets)
             except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
@@ -374,11 +397,14 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                                     f"{text}); `lit-compute fit --config {config}` must train first") from None
         return traced[size]
 
-    rows = [_row(size, peak_at(size), capacity, method[0]) for size in sizes]
+    try:
+        rows = [_row(size, peak_at(size), capacity, method[0]) for size in sizes]
+    except _TooLarge as err:
+        raise EstimateError(f"micro-batch {err.size} is not measured: {err.why}") from None
     plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
     _fit(plan, peak_at, capacity)
     if (capacity is not None and checkpoint_advice and any(r.fits is False for r in rows)
-            and method[0] == "traced on fake tensors"):
+            and method[0] == "traced on fake tensors" and not plan.checkpointing_useless):
         biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
         batch = resized(pieces.batch, pieces.batch_size, biggest.micro_batch, pieces.fake_mode)
         plan.checkpointing = checkpoint_candidates(pieces.model, batch, pieces.fake_mode,
@@ -386,15 +412,94 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     return plan
 
 
+class _TooLarge(Exception):
+    """A real step (the fallback for a model fake tensors cannot run) that this machine could not hold."""
+
+    def __init__(self, size: int, why: str) -> None:
+        super().__init__(why)
+        self.size, self.why = size, why
+
+
+def _affordable(size: int, measured: dict[int, MemoryBreakdown], share: float = 0.5) -> None:
+    """Raise :class:`_TooLarge` when a real step of ``size`` would need more than ``share`` of this machine's free
+    memory, on the line through the two largest sizes measured so far (a real step is never run at a size not known
+    to fit here: an estimate for an 80 GB GPU must not take a laptop's memory)."""
+    import psutil
+
+    points = sorted((s, b.peak) for s, b in measured.items())
+    if not points or size <= points[-1][0]:
+        return
+    (s1, b1) = points[-1]
+    slope = (b1 - points[-2][1]) / (s1 - points[-2][0]) if len(points) > 1 else b1 / s1
+    needed = b1 + max(0.0, slope) * (size - s1)
+    free = psutil.virtual_memory().available
+    if needed > share * free:
+        raise _TooLarge(size, f"a real step of it would need about {_gb(int(needed))}, more than half of this machine's "
+                              f"free memory ({_gb(int(free))}); the model cannot be traced on fake tensors, so larger "
+                              "sizes are measured on real steps only")
+
+
+#: the largest micro-batch the search for the largest that fits traces (a model whose peak hardly grows with the
+#: batch fits at any size a step could be given)
+SEARCH_LIMIT = 2**24
+
+
 def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
-    """The largest micro-batch that fits, and a note saying so."""
+    """The largest micro-batch that fits, and a note saying so (or why there is none)."""
     if capacity is None:
         return
-    plan.largest_fitting, plan.next_size = _largest_fitting(peak_at, capacity)
+    plan.largest_fitting, plan.next_size, limited = _largest_fitting(peak_at, capacity)
     if plan.largest_fitting is not None and plan.next_size is not None:
         plan.notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
                           f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
                           f"{_gb(plan.next_size.peak_bytes)})")
+    elif plan.largest_fitting is not None and limited:
+        plan.notes.append(f"micro-batch {plan.largest_fitting} fits ({_gb(peak_at(plan.largest_fitting).peak)}); larger "
+                          "ones are not measured: a real step beyond it would not fit this machine's free memory")
+    elif plan.largest_fitting is not None:
+        plan.notes.append(f"every micro-batch up to {plan.largest_fitting:,} fits (the peak hardly grows with the "
+                          "batch: the optimizer's step holds it)")
+    elif plan.next_size is not None:
+        one = plan.next_size
+        kept = sum(one.parts.get(p, 0) for p in ("parameters", "gradients", "optimizer"))
+        if kept > capacity:
+            plan.notes.append(f"does not fit even at micro-batch 1: the parameters, gradients and optimizer state alone "
+                              f"need {_gb(kept)} of {_gb(capacity)}; shard them (FSDP2: ModelParallelStrategy), train in "
+                              "bf16-true, or use an optimizer with less state - recomputing activations cannot help")
+            plan.checkpointing_useless = True
+        else:
+            plan.notes.append(f"does not fit even at micro-batch 1 ({_gb(one.peak_bytes)} of {_gb(capacity)})")
+
+
+def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None, bool]:
+    """The largest micro-batch whose peak fits ``capacity``, the next size's row, and whether this machine's memory
+    stopped the search (real steps only: :func:`_affordable`). The peak grows with the micro-batch (not always at
+    once: the optimizer's step can hold it at small sizes), so sizes double until one does not fit, then the boundary
+    is bisected; each size is traced once."""
+    one = peak_at(1)
+    if one.peak > capacity:
+        return None, _row(1, one, capacity), False
+    top = SEARCH_LIMIT
+    fits, over = 1, None
+    while over is None and fits < top:
+        size = min(top, fits * 2)
+        try:
+            found = peak_at(size)
+        except _TooLarge:
+            return fits, None, True
+        if found.peak <= capacity:
+            fits = size
+        else:
+            over = size
+    if over is None:
+        return fits, None, False
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if peak_at(middle).peak <= capacity:  # below a size already measured: affordable
+            fits = middle
+        else:
+            over = middle
+    return fits, _row(over, peak_at(over), capacity), False
 
 
 def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], layout: tuple[int, int],
@@ -431,32 +536,28 @@ def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], 
         plan.notes.append(f"every rank fits {_gb(capacity)}" if not over else
                           f"ranks {sorted({r.rank for r in over})} do not fit at micro-batch "
                           f"{sorted({r.micro_batch for r in over})}")
+        # the largest micro-batch that fits every rank: searched on the rank with the largest peak
+        largest = max(rows, key=lambda r: (r.micro_batch, r.peak_bytes)).rank
+        with _compat.simulated_rank(largest, world):
+            pieces = _build(config, overrides)
+            _shard(pieces, data_parallel, tensor_parallel)
+            optimizers = _prepare(pieces)
+            traced: dict[int, MemoryBreakdown] = {}
+
+            def peak_at(size: int) -> MemoryBreakdown:
+                if size not in traced:
+                    traced[size] = _predict(pieces, optimizers, size, 0)
+                return traced[size]
+
+            _fit(plan, peak_at, capacity)
+        if plan.notes[-1].startswith(("largest micro-batch", "every micro-batch", "does not fit")):
+            plan.notes[-1] += f" (rank {largest}, the largest)"
     return plan
 
 
 def _row(size: int, found: MemoryBreakdown, capacity: int | None, method: str = "traced on fake tensors") -> EstimateRow:
     return EstimateRow(micro_batch=size, peak_bytes=found.peak, parts=dict(found.parts), at=found.at,
                        fits=None if capacity is None else found.peak <= capacity, method=method)
-
-
-def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None]:
-    """The largest micro-batch whose traced peak fits ``capacity``, and the next size's row: two traces give the
-    line of peak against size, the sizes at its crossing are traced until one fits and the next does not."""
-    one = peak_at(1)
-    if one.peak > capacity:
-        return None, _row(1, one, capacity)
-    two = peak_at(2)
-    slope = max(1, two.peak - one.peak)
-    guess = max(1, 1 + int((capacity - one.peak) // slope))
-    size = guess
-    for _ in range(40):  # walk from the line's guess to the boundary, tracing each size
-        if peak_at(size).peak <= capacity:
-            if peak_at(size + 1).peak > capacity:
-                return size, _row(size + 1, peak_at(size + 1), capacity)
-            size += max(1, int((capacity - peak_at(size).peak) // slope))
-        else:
-            size = max(1, size - max(1, int((peak_at(size).peak - capacity) // slope)))
-    return None, None
 
 
 def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> MemoryBreakdown:

@@ -37,6 +37,31 @@ def render(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the sections of a ``lit-compute fit`` command line an estimate passes on (``--trainer.precision=bf16-true``)
+_FIT_SECTIONS = ("trainer", "model", "data", "optimizer", "lr_scheduler", "seed_everything")
+_OPTIONS = ("--config", "--device", "--memory", "--micro-batch", "--json")
+
+
+def _unknown_option(extra: list[str]) -> str | None:
+    """The error for the first argument that is neither one of ours nor a ``lit-compute fit`` setting to pass on."""
+    import difflib
+
+    value_allowed = False
+    for arg in extra:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0]
+            if name.split(".", 1)[0] in _FIT_SECTIONS:
+                value_allowed = "=" not in arg
+                continue
+            close = difflib.get_close_matches(arg.split("=", 1)[0], _OPTIONS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f"; options: {', '.join(_OPTIONS)}, or --trainer.X=..."
+            return f"unrecognized argument {arg.split('=', 1)[0]}{hint}"
+        if not value_allowed:
+            return f"unrecognized argument {arg!r}"
+        value_allowed = False
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute estimate", description=__doc__)
     parser.add_argument("--config", required=True, help="the YAML you train with (lit-compute fit --config FILE)")
@@ -45,11 +70,13 @@ def main(argv: list[str]) -> int:
     where.add_argument("--memory", default=None, help="the memory to fit into: 80GB, 24GiB, 512MB")
     parser.add_argument("--micro-batch", default=None,
                         help="micro-batch sizes, comma-separated (default: the config's, half and twice it)")
-    parser.add_argument("--json", action="store_true", help="one JSON row per micro-batch, for scripts")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON row per micro-batch, then one with the largest that fits, for scripts")
     args, overrides = parser.parse_known_args(argv)
-    bad = [o for o in overrides if not o.startswith("--")]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    unknown = _unknown_option(overrides)
+    if unknown:
+        sys.stderr.write(f"lit-compute estimate: error: {unknown}\n")
+        return 2
     try:
         sizes = [int(s) for s in args.micro_batch.split(",") if s.strip()] if args.micro_batch else None
     except ValueError:
@@ -69,6 +96,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         for row in plan.rows:
             sys.stdout.write(json.dumps(row.as_json()) + "\n")
+        sys.stdout.write(json.dumps(plan.summary_json()) + "\n")  # the largest micro-batch that fits, the notes
     else:
         sys.stdout.write(render(plan))
     return 0

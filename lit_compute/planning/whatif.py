@@ -87,6 +87,7 @@ class RunFacts:
     cpu_cores: int | None = None  # the cores each process could run on (its affinity)
     torch_threads: int | None = None  # the compute threads of each process
     devices_per_node: int = 1
+    notes: list[str] = field(default_factory=list)  # what reading the run found (several runs, a cut-short file)
 
     @property
     def samples_per_step(self) -> int:
@@ -196,6 +197,10 @@ def read_run(path: str | Path) -> RunFacts:
         run = load_run(runs[-1])
     except ReportError as err:
         raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
+    notes = list(run.notes)
+    if len(runs) > 1:
+        notes.append(f"{folder} holds {len(runs)} runs: priced the last, {runs[-1].relative_to(folder) if runs[-1] != folder else runs[-1]} "
+                     "(name a version folder to price another)")
     record = run.record
     table = record.op_classes if record is not None else None
     if record is None or not table:
@@ -226,7 +231,8 @@ def read_run(path: str | Path) -> RunFacts:
         cpu_cores=record.cpu_cores, torch_threads=record.torch_threads, devices_per_node=record.devices_per_node,
         curves={op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
                 for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
-        ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0))
+        ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0),
+        notes=notes)
 
 
 # -- the model -------------------------------------------------------------------------------------------------
@@ -412,7 +418,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
             input_serial = run.wait_s / run.samples_per_step * samples_per_step
         elif run.wait_s > 0.05 * run.step_s:
             loader_rate = run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
-    link = scenario.network if scenario.nodes > 1 and scenario.network is not None else _node_link(chip)
+    link = _slowest_link(scenario)
     comm = _comm_seconds(run, scenario, link, cal, measured_links)
     overlap = run.comm_overlap if run.comm_overlap is not None else 0.0
     if comm and run.comm_overlap is None:
@@ -461,6 +467,18 @@ def host_contention(run: RunFacts, scenario: Scenario) -> float:
     ranks_per_node = max(1, min(scenario.devices_per_node, scenario.devices))
     cores = max(1.0, run.cpu_cores / ranks_per_node)
     return max(1.0, (run.torch_threads + 1) / cores)
+
+
+def _slowest_link(scenario: Scenario) -> Link:
+    """The link a step's ring collectives run at: the chips' own within one node; across nodes the slower of the
+    network and, with several devices per node, the chips' own link (a ring crosses both: a node's PCIe or loopback
+    can be slower than a 400 Gbit/s network)."""
+    own = _node_link(scenario.chip)
+    if scenario.nodes <= 1 or scenario.network is None:
+        return own
+    if scenario.devices_per_node > 1 and own.bandwidth < scenario.network.bandwidth:
+        return own
+    return scenario.network
 
 
 def _node_link(chip: Chip) -> Link:

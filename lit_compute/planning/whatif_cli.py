@@ -31,7 +31,10 @@ from lit_compute.planning.whatif import (
     read_run,
 )
 
-__all__ = ["main", "load_prices", "sweep"]
+__all__ = ["PRECISIONS", "main", "load_prices", "sweep"]
+
+#: the precisions a target can be priced in (Lightning's strings; ``tf32``: float32 on TF32 tensor cores)
+PRECISIONS = ("32-true", "32", "tf32", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 
 def load_prices(path: str | Path, chips: dict[str, Chip]) -> dict[str, float]:
@@ -165,6 +168,9 @@ def main(argv: list[str]) -> int:
         prices = load_prices(args.prices, chips) if args.prices else {}
         calibration_run = read_run(args.calibration) if args.calibration else None
         precision = args.precision or run.precision
+        if precision.lower() not in PRECISIONS:
+            raise WhatifError(f"--precision {precision!r} is not one whatif prices; give one of {', '.join(PRECISIONS)}"
+                              + (" (fp8 training is not modelled)" if "8" in precision else ""))
         micro_batch = args.micro_batch or run.samples
         rows = sweep(run, targets, precision, micro_batch, nodes, args.devices_per_node, networks, prices,
                      calibration_run)
@@ -172,6 +178,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"lit-compute whatif: error: {err}\n")
         return 2
     if args.json:
+        for note in run.notes:
+            sys.stderr.write(f"lit-compute whatif: note: {note}\n")
         for row in rows:
             sys.stdout.write(json.dumps(row.as_json()) + "\n")
         return 0
@@ -183,7 +191,7 @@ def main(argv: list[str]) -> int:
                 up_to = enough_up_to(run, chip, precision, micro_batch, args.devices_per_node, network, calibration_run)
                 lines.append(f"- {network.name} is enough up to {up_to} node(s) of {args.devices_per_node} {chip.name} "
                              f"for this model (beyond, the gradient exchange takes longer than the compute)")
-    notes = sorted({n for r in rows for n in r.notes})
+    notes = [*run.notes, *sorted({n for r in rows for n in r.notes})]
     lines += [f"- {n}" for n in notes]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -30,6 +30,8 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     if stopped is not None:
         lines += [f"**Stopped early: at step {stopped[0]} of {stopped[1]}** (interrupted, failed or still running): "
                   "its figures cover the steps it trained.", ""]
+    for note in run.notes:
+        lines += [f"**Read with a fault:** {note}.", ""]
     peak = run.last("compute/peak_tflops")
     record = run.record
     rows = [

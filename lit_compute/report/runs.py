@@ -35,6 +35,7 @@ class Run:
     hparams: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     _record: RunRecord | None = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)  # what reading it found wrong (a cut-short event file)
 
     def values(self, tag: str) -> list[float]:
         return [v for _, v in self.scalars.get(tag, [])]
@@ -158,17 +159,47 @@ class Run:
         return []
 
 
+def _natural(path: Path) -> tuple:
+    """A sort key that puts ``version_2`` before ``version_10`` (numbers compared as numbers)."""
+    parts: list[tuple[int, int | str]] = []
+    for part in path.parts:
+        digits = "".join(c if c.isdigit() else " " for c in part).split()
+        words = "".join(" " if c.isdigit() else c for c in part).split()
+        parts += [(1, w) for w in words] + [(0, int(d)) for d in digits]
+    return tuple(parts)
+
+
 def find_runs(log_dir: str | Path, latest: bool = False) -> list[Path]:
-    """Directories under ``log_dir`` (itself included) that hold TensorBoard event files."""
+    """Directories under ``log_dir`` (itself included; an event file stands for its folder) that hold TensorBoard
+    event files, in natural order (``version_2`` before ``version_10``)."""
     root = Path(log_dir)
     if not root.exists():
         raise ReportError(f"lit-compute report: {root} does not exist")
-    dirs = sorted({p.parent for p in root.rglob("events.out.tfevents.*")})
+    if root.is_file() and root.name.startswith("events.out.tfevents."):
+        root = root.parent
+    dirs = sorted({p.parent for p in root.rglob("events.out.tfevents.*")}, key=_natural)
     if not dirs:
         raise ReportError(f"lit-compute report: no TensorBoard event files (events.out.tfevents.*) under {root}")
     if latest:
         dirs = [max(dirs, key=lambda d: max(f.stat().st_mtime for f in d.glob("events.out.tfevents.*")))]
     return dirs
+
+
+def unreadable_tail(path: Path) -> tuple[int, int] | None:
+    """``(bytes readable, bytes in the file)`` of an event file that ends in a partial record (cut short, as when a
+    run is killed while writing, or damaged): TensorBoard reads the records before it and says nothing. None when
+    every record is whole. Records are TFRecords: an 8-byte length, a 4-byte check, the data, a 4-byte check."""
+    import struct
+
+    data = path.read_bytes()
+    at = 0
+    while at + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        end = at + 12 + length + 4
+        if end > len(data):
+            break
+        at = end
+    return None if at == len(data) else (at, len(data))
 
 
 def load_run(path: Path) -> Run:
@@ -199,6 +230,11 @@ def load_run(path: Path) -> Run:
                 s.decode() for ev in acc.Tensors(tag) for s in ev.tensor_proto.string_val
             ]
     _read_trial(run)
+    for events in sorted(path.glob("events.out.tfevents.*")):
+        tail = unreadable_tail(events)
+        if tail is not None:
+            run.notes.append(f"{events.name} ends in a partial or damaged record after {tail[0]:,} of its {tail[1]:,} "
+                             "bytes (cut short while writing?): only what comes before it is read")
     hp = path / "hparams.yaml"
     if hp.is_file():
         try:

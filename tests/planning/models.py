@@ -28,3 +28,41 @@ class MaskedMLP(pl.LightningModule):
 class Selector(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h[h > 0]
+
+
+class ManualWithScheduler(pl.LightningModule):
+    """Manual optimization that steps its learning-rate scheduler itself (``self.lr_schedulers()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        loss = nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        scheduler.step()
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
+
+class WideAdamMLP(pl.LightningModule):
+    """Many parameters, small activations: Adam's step holds the peak at every micro-batch."""
+
+    def __init__(self, width: int = 1024) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)

@@ -100,8 +100,9 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     monkeypatch.chdir(ROOT)
     path = _small_config(tmp_path, "tests.tuning.tune_models.SleepyRegression")
     assert main(["--config", str(path), "--micro-batch", "4,8", "--memory", "1GB", "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["micro_batch"] for r in rows] == [4, 8] and all(r["fits"] for r in rows)
+    assert summary["largest_fitting_micro_batch"] > 8 and summary["capacity_bytes"] == 10**9
     assert set(rows[0]) == {"micro_batch", "peak_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes",
                             "activations_bytes", "other_bytes", "fits", "rank"}
     for args, phrase in ((["--device", "h900"], "--device 'h900' is not in the table; known: "),
@@ -113,3 +114,95 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert os.getcwd() == str(ROOT)
+
+
+# -- #47: estimate on bad or unusual input ---------------------------------------------------------------------------
+def test_half_weights_estimate_and_agree_with_a_real_step(tmp_path, monkeypatch):
+    """#47 item 8: bf16-true and 16-true ended in "_apply(): Couldn't swap Linear.weight"."""
+    monkeypatch.chdir(ROOT)
+    path = _small_config(tmp_path, "tests.planning.models.WideAdamMLP")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = estimate(path, micro_batches=[8])
+        half = estimate(path, micro_batches=[8], overrides=["--trainer.precision=bf16-true"])
+    assert half.rows[0].method == "traced on fake tensors"
+    assert half.rows[0].parts["parameters"] * 2 == full.rows[0].parts["parameters"]
+    real = measured_peak(str(path), ["--trainer.precision=bf16-true"], 8, tmp_path)
+    assert half.rows[0].peak_bytes == pytest.approx(real, rel=0.10)
+
+
+def test_manual_optimization_stepping_its_own_scheduler_is_traced(tmp_path, monkeypatch):
+    """#47 item 10: ``self.lr_schedulers()`` under manual optimization made the estimate say fit must train first."""
+    monkeypatch.chdir(ROOT)
+    path = _small_config(tmp_path, "tests.planning.models.ManualWithScheduler")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(path, micro_batches=[4])
+    assert plan.rows[0].method == "traced on fake tensors" and plan.rows[0].parts["gradients"] > 0
+
+
+def test_the_largest_micro_batch_is_found_when_the_optimizer_holds_the_peak(tmp_path, monkeypatch, capsys):
+    """#47 item 12: with Adam's step holding the peak at micro-batch 1 and 2 the largest size that fits was silently
+    missing (and always missing from --json); a model whose state alone does not fit was sent to checkpointing."""
+    monkeypatch.chdir(ROOT)
+    path = _small_config(tmp_path, "tests.planning.models.WideAdamMLP")
+    assert main(["--config", str(path), "--micro-batch", "4", "--memory", "60MB", "--json"]) == 0
+    row, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    largest = summary["largest_fitting_micro_batch"]
+    assert largest and summary["next_size"]["micro_batch"] == largest + 1
+    assert summary["next_size"]["peak_bytes"] > 60e6 >= row["peak_bytes"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(path, micro_batches=[4], memory="10MB")
+    state = sum(plan.rows[0].parts[p] for p in ("parameters", "gradients", "optimizer"))
+    assert state > 10e6 and plan.largest_fitting is None and plan.checkpointing == []
+    assert any(n.startswith("does not fit even at micro-batch 1: the parameters, gradients and optimizer state "
+                            "alone need") for n in plan.notes)
+
+
+def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkeypatch):
+    """#47 item 9: a model fake tensors cannot run, with --memory 80GB, was measured on a real step at micro-batch
+    19,999,010,530. The free memory is driven: 40 MB here."""
+    import importlib
+
+    import psutil
+
+    estimate_module = importlib.import_module("lit_compute.planning.estimate")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 40_000_000, "total": 10**9})())
+    measured = []
+    real = estimate_module._measure
+    monkeypatch.setattr(estimate_module, "_measure", lambda c, o, size, b: measured.append(size) or real(c, o, size, b))
+    path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(path, micro_batches=[4], memory="80GB")
+    peaks = {r.micro_batch: r.peak_bytes for r in plan.rows}
+    assert plan.largest_fitting and plan.next_size is None and max(measured) == plan.largest_fitting
+    assert any("larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
+               for n in plan.notes)
+    assert max(measured) * peaks[4] / 4 < 40_000_000  # never a step near the machine's memory
+    with pytest.raises(estimate_module.EstimateError, match="micro-batch 100000000 is not measured: a real step of "
+                                                            "it would need about"):
+        estimate(path, micro_batches=[100_000_000])
+
+
+def test_bad_input_to_estimate_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """#47 items 11 and 13: a missing data folder, a misspelt option, a packaged config's name."""
+    monkeypatch.chdir(ROOT)
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
+              "model": {"class_path": "tests.planning.models.WideAdamMLP"},
+              "data": {"class_path": "lit_compute.TorchvisionImageDataModule",
+                       "init_args": {"data_dir": str(tmp_path / "no_such_folder")}}}
+    path = tmp_path / "missing_data.yaml"
+    path.write_text(yaml.safe_dump(config))
+    small = _small_config(tmp_path, "tests.planning.models.WideAdamMLP")
+    for args, phrase in ((["--config", str(path)], "the config's training data cannot be read: "
+                                                   "TorchvisionImageDataModule(data_dir="),
+                         (["--config", str(small), "--devcie", "a100"], "unrecognized argument --devcie (did you mean "
+                                                                        "--device?)"),
+                         (["--config", "no_such_config"], "no such file, and no packaged config of that name")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and phrase in err, err

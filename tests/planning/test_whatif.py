@@ -164,6 +164,10 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
                                                    "lit_compute.FlopsLogger"),
                          ([run_dir, "--hardware", "h900"], "--hardware 'h900' is not in the table; known:"),
                          ([run_dir, "--network", "carrier-pigeon"], "--network 'carrier-pigeon' is not in the table"),
+                         ([run_dir, "--precision", "fp8"], "--precision 'fp8' is not one whatif prices; give one of "
+                                                           "32-true, 32, tf32, bf16-mixed"),
+                         ([run_dir, "--precision", "banana"], "--precision 'banana' is not one whatif prices"),
+                         ([run_dir, "--hardware", ","], "--hardware ',' names no chip"),
                          ([run_dir, "--prices", str(tmp_path / "nope.yaml")], "--prices"),
                          ([str(tmp_path / "missing")], "does not exist")):
         assert main(args) == 2
@@ -257,3 +261,17 @@ def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
     assert set(speedups.ratios) == {"matmul", "conv", "attention"}
     # one trial of 3 classes x 2 modes x 3 runs: about 50 readings; unbounded, 5 x 3 x 2 x 11 runs: over 660
     assert next(ticks) < 100
+
+
+@pytest.mark.parametrize("chip", ["xeon-6248", "l4", "made-up-loopback"])
+def test_more_nodes_never_scale_superlinearly_the_ring_runs_at_the_slowest_link(chip):
+    """#47 item 4: a multi-node step priced the gradient exchange on the network only, though the chips' own link
+    inside a node was slower: two nodes of 8 came out 2.7x one node."""
+    target = (Chip("made-up-loopback", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu")
+              if chip == "made-up-loopback" else CHIPS[chip])
+    run = _run(trainable=50_000_000, comm_overlap=0.0)
+    one = predict(run, Scenario(target, "32-true", 16, 1, 8), default_calibration())
+    two = predict(run, Scenario(target, "32-true", 16, 2, 8, find_link("400gbps")), default_calibration())
+    assert two.samples_per_s <= 2 * one.samples_per_s * (1 + 1e-9)
+    assert two.comm_total_s >= one.comm_total_s
+    assert two.network == target.link  # named: the slower of the two
