@@ -115,7 +115,11 @@ def settings(trainer: pl.Trainer, pl_module: Any, participants: Sequence[Any]) -
         hparams = getattr(holder, "hparams", None)
         if hparams:
             out.update({f"{name}.{k}": v for k, v in flatten(dict(hparams)).items()})
-    out.update({f"config.{k}": v for k, v in _CONFIGS.get(trainer, {}).items()})
+    # a strategy that says what it runs with is compared by its resolved settings: the config's way of writing it
+    # (``ddp_tuned`` on one node, a class_path with init_args on the other) is not a difference
+    resolved = callable(extra)
+    out.update({f"config.{k}": v for k, v in _CONFIGS.get(trainer, {}).items()
+                if not (resolved and k.startswith("trainer.strategy"))})
     return out
 
 
@@ -163,8 +167,13 @@ def _shown(value: str) -> str:
 
 
 def _order(key: str) -> tuple[int, str]:
-    """Trainer settings first (the usual culprits, in their listed order), then the rest alphabetically."""
-    return (TRAINER_SETTINGS.index(key), "") if key in TRAINER_SETTINGS else (len(TRAINER_SETTINGS), key)
+    """Trainer settings first (the usual culprits, in their listed order), then the strategy's resolved settings
+    (its class, then each setting: ``strategy.comm_hook``), then the rest alphabetically."""
+    if key in TRAINER_SETTINGS:
+        return TRAINER_SETTINGS.index(key), ""
+    if key == "strategy" or key.startswith("strategy."):
+        return len(TRAINER_SETTINGS), key
+    return len(TRAINER_SETTINGS) + 1, key
 
 
 def check(trainer: pl.Trainer, values: Mapping[str, str]) -> None:

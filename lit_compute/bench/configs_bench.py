@@ -77,6 +77,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"configs: {len(args.configs)} given; give at least two YAMLs to compare (the first is the reference)")
     if args.rounds < 1 or args.seconds <= 0:
         parser.error(f"--rounds {args.rounds} / --seconds {args.seconds}: both must be positive (e.g. --rounds 3 --seconds 30)")
+    if args.warmup_steps < 0:
+        parser.error(f"--warmup-steps {args.warmup_steps}: give 0 or more steps to run before timing (default 3)")
     configs: list[tuple[str, dict[str, Any]]] = []
     taken: set[str] = set()
     for value in args.configs:

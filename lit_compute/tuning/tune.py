@@ -270,6 +270,10 @@ class _Tuner:
             self.budget.spent_before_s = self.journal.spent_s
             self.echo(f"  the journal's baseline failed ({earlier.status}); running it again")
         result = self.measure(spec, self.estimate(spec), max(120.0, 0.5 * self.budget.total_s))
+        if result.status == "skipped":  # predicted not to fit --device-memory: the fix is memory, not the config
+            raise TuneError(f"the baseline (your config unchanged) is not started: {result.reason}. Give the device's "
+                            "real memory with --device-memory, or lower the config's batch size (lit-compute estimate "
+                            f"--config {self.config_path} --memory <size> finds the largest micro-batch that fits)")
         if not result.ok:
             raise TuneError(f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
                             f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "

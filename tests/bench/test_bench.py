@@ -160,3 +160,12 @@ def test_bench_configs_names_a_config_it_cannot_read(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "missing.yaml" in err and "no such file" in err
+
+
+def test_bench_configs_refuses_a_negative_warm_up_before_starting_a_run(tmp_path, capsys):
+    """#47 item 13: ``--warmup-steps -2`` started all six trials, each crashed, exit 1 and nothing on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "configs", "quickstart", "quickstart", "--warmup-steps", "-2", "--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--warmup-steps -2: give 0 or more steps" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

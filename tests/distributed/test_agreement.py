@@ -100,3 +100,20 @@ def test_what_is_compared_leaves_machine_local_values_out(tmp_path):
     assert values["callbacks[0]"] == "FlopsLogger" and values["callbacks[1] StepTimeMonitor.window"] == "7"
     assert not [v for v in values.values() if " at 0x" in v]  # object addresses differ between processes
     assert settings(trainer, model, trainer.callbacks[:2]) == values
+
+
+def test_strategies_written_two_ways_are_compared_by_their_resolved_settings(tmp_path):
+    """#47 item 14: node 0 wrote ``ddp_tuned``, node 1 a class_path with another comm_hook: the line listed
+    ``config.trainer.strategy: ddp_tuned vs (not set) ... and 50 more``; it names comm_hook first."""
+    from lit_compute.agreement import register_config
+    from lit_compute.distributed import TunedDDPStrategy
+
+    per_rank = []
+    for hook, written in (("none", "ddp_tuned"), ("bf16", {"class_path": "lit_compute.TunedDDPStrategy",
+                                                          "init_args": {"comm_hook": "bf16"}})):
+        trainer = make_trainer(tmp_path / hook, strategy=TunedDDPStrategy(comm_hook=hook))
+        register_config(trainer, {"trainer": {"strategy": written, "max_steps": 3}})
+        per_rank.append(settings(trainer, torch.nn.Linear(2, 2), []))
+    line = describe_mismatch(_entries(*per_rank))
+    assert "different settings: strategy.comm_hook: none on node 0 rank 0, bf16 on node 1 rank 1." in line, line
+    assert "config.trainer.strategy" not in line and "more" not in line

@@ -51,7 +51,8 @@ def test_knobs_are_found_by_inspecting_the_model_and_the_rest_say_why_not():
     assert reasons["ddp_buckets"] == "one process: no gradient all-reduce to tune"
     # a CPU without fast bf16: precision is listed with the measured reason
     _, skipped = find_knobs(RESNET_FACTS, Machine(device="cpu", note="float32 0.4, bfloat16 0.2 TFLOP/s GEMM"))
-    assert "no faster than float32 (float32 0.4, bfloat16 0.2" in {s.name: s.reason for s in skipped}["precision"]
+    assert "bfloat16 is not faster than float32 on this cpu (float32 0.4, bfloat16 0.2" in {
+        s.name: s.reason for s in skipped}["precision"]
     # a module that brings its own loaders (no datamodule): no loader knob, and it says why
     own = {**RESNET_FACTS, "datamodule_class": None, "datamodule_args": [], "conv2d": False}
     knobs, skipped = find_knobs(own, CPU_BF16, skip=["compile"])
@@ -416,6 +417,14 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
     assert not (tmp_path / "logs" / "trials" / f"{spec.slug(0)}.log").exists()  # never started
     assert "skipped: predicted peak" in lines[-1]
     assert tuner.journal.results[spec.key].status == "skipped"
+    # #47 item 13: a baseline predicted not to fit says the fix is memory (it said fit must train first)
+    from lit_compute.tuning.tune import TuneError
+
+    tuner.device_memory = 1_000_000
+    with pytest.raises(TuneError, match=r"the baseline \(your config unchanged\) is not started: predicted peak .* > "
+                                        r"--device-memory 0.001 GB .*Give the device's real memory with --device-memory"):
+        tuner.baseline()
+    assert not (tmp_path / "logs" / "trials" / "000_baseline.log").exists()
 
 
 # -- noise-aware decisions, replay, an --out always ------------------------------------------------------------------
