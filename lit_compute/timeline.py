@@ -188,6 +188,7 @@ class Timeline:
         self.event: LogEvent | None = None
         self.token_spec: TokenSpec | None = None  # None: auto-detect input_ids/attention_mask
         self._modes: list[tuple[Any, Callable[[BaseException], None] | None]] = []
+        self._timed_loggers: list[tuple[Any, Any]] = []  # (logger, the log_metrics wrapper set on it)
         self._watch: int | None = None  # collective_clock handle while training on more than one rank
         self._reset_loop()
 
@@ -321,15 +322,37 @@ class Timeline:
         self.stop_watching()
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             self._watch = collective_clock.watch(self._collective, self.now)
+        self._time_logger_writes(trainer)
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
             pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
             if isinstance(pad, int):
                 self.token_spec = TokenSpec(pad_id=pad)
 
     def stop_watching(self) -> None:
-        """Stop timing collectives (teardown, an exception); idempotent."""
+        """Stop timing collectives and logger writes (teardown, an exception); idempotent."""
         handle, self._watch = self._watch, None
         collective_clock.unwatch(handle)
+        loggers, self._timed_loggers = self._timed_loggers, []
+        for logger, wrapper in loggers:
+            if vars(logger).get("log_metrics") is wrapper:
+                del logger.log_metrics
+
+    def _time_logger_writes(self, trainer: pl.Trainer) -> None:
+        """Time every logger's ``log_metrics`` as instrument work (``logger_write``): rank 0 writes for the job, its own
+        and Lightning's metrics, and that is not its share of the training (it made rank 0 look a straggler). The
+        loggers' own method is restored by :meth:`stop_watching`; a logger whose ``log_metrics`` someone already
+        replaced on the instance is left alone."""
+        for logger in getattr(trainer, "loggers", None) or []:
+            if "log_metrics" in vars(logger):
+                continue
+            original = logger.log_metrics
+
+            def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                with self.instrument("logger_write"):
+                    return _original(*args, **kwargs)
+
+            logger.log_metrics = timed
+            self._timed_loggers.append((logger, timed))
 
     def _collective(self, start: float, end: float) -> None:
         """A collective wait on the training thread: inside a batch it is the step's communication wait; between
