@@ -183,9 +183,9 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
 
 
 # -- the device as a chip --------------------------------------------------------------------------------------------
-def _measured_extras(device: torch.device, fp32_quiet: bool) -> dict[str, Any]:
-    """The device's measured memory bandwidth and (CPU) bf16 speed-up per op class: cached, else measured (and cached
-    when measured on a quiet machine)."""
+def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, Any], bool]:
+    """The device's measured memory bandwidth and (CPU) bf16 speed-up per op class, and whether they were measured
+    on a quiet machine: cached, else measured (and cached when measured on a quiet machine)."""
     _, key = _device_key(device)
     data = _load()
     entry = data["devices"].get(key)
@@ -194,7 +194,7 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> dict[str, Any]:
     if (isinstance(entry, dict) and isinstance(entry.get("bandwidth"), (int, float))
             and isinstance(speedups, dict)
             and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0 for k in wanted)):
-        return entry
+        return entry, True
     quiet = fp32_quiet
     entry = {"bandwidth": measure.measure_bandwidth(device=device), "mixed_speedup": {}}
     if device.type == "cpu":
@@ -203,7 +203,7 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> dict[str, Any]:
     if quiet:  # cached like the peak: only when measured on a quiet machine
         data["devices"][key] = entry
         _save(data)
-    return entry
+    return entry, quiet
 
 
 def _table_row(device: torch.device) -> Chip | None:
@@ -238,13 +238,15 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
         peaks = {"float32": fp32.flops, "tf32": cached_peak_flops(dev, torch.float32, tf32=True).flops}
         with contextlib.suppress(RuntimeError):
             peaks["bfloat16"] = peaks["float16"] = cached_peak_flops(dev, torch.bfloat16).flops
-        entry = _measured_extras(dev, fp32.quiet)
+        entry, _ = _measured_extras(dev, fp32.quiet)
         memory = float(torch.cuda.get_device_properties(dev).total_memory)
         return Chip("this", peaks, float(entry["bandwidth"]), memory, "pcie4",
                     f"measured: {name} ({fp32.describe()}); not in the table", measured=True,
                     extras={"device_name": name, "this": True})
     fp32 = cached_peak_flops("cpu", torch.float32)
-    entry = _measured_extras(dev, fp32.quiet)
+    entry, quiet = _measured_extras(dev, fp32.quiet)
+    busy = {} if quiet and fp32.quiet else {"busy": "measured while other processes used the CPUs: its peaks are lower "
+                                                    "bounds, not cached"}
     speedups = {k: float(v) for k, v in entry["mixed_speedup"].items()}
     # the chip's own bf16 peak: the matmuls' and convolutions' (geometric mean); each class its own beside it
     mixed = fp32.flops * math.sqrt(speedups["matmul"] * speedups["conv"])
@@ -253,7 +255,7 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
                 float(psutil.virtual_memory().total), "loopback",
                 f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
                 "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
-                measured=True, extras={"mixed_speedup": speedups, "device_name": name, "this": True}, kind="cpu",
+                measured=True, extras={"mixed_speedup": speedups, "device_name": name, "this": True, **busy}, kind="cpu",
                 class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
                 sources={"peaks": "measured here", "memory": "psutil: this machine's memory",
                          "bandwidth": "measured here"})

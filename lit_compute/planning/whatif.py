@@ -442,6 +442,9 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
     model_flops = run.model_flops * scenario.micro_batch / run.samples * run.accumulate
     mfu = model_flops / step / peak if peak else None
+    if chip.extras.get("busy"):  # a peak measured under load is a lower bound: an MFU against it can pass 1
+        mfu = None
+        notes.append(f"{chip.name}: {chip.extras['busy']}; MFU is not given (run again on a quiet machine)")
     fits, peak_memory = _memory(run, scenario)
     cost = None
     if scenario.price_per_hour is not None:

@@ -97,3 +97,24 @@ def test_the_tune_and_the_benches_ask_the_same_bf16_question(monkeypatch):
     assert _common.low_precision("cpu") == "32-true"
     machine = tune.measure_machine("cpu")
     assert machine.bf16_fast is False and "0.40x" in machine.note
+
+
+def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
+    """#47 item 6: ``whatif --hardware this`` on a busy CPU put a peak measured under load into MFU (1.021). The busy
+    figures serve the one call, are never cached, and the prediction says why it gives no MFU."""
+    from pathlib import Path
+
+    from lit_compute.hardware import measure
+    from lit_compute.planning.whatif import Calibration, RunFacts, Scenario, predict
+
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    monkeypatch.setattr(measure, "measure_peak", lambda *a, **k: measure.PeakMeasurement(2e10, False, 0.4))
+    monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: 1e10)
+    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
+        {"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False))
+    chip = this_module.this_machine("cpu")
+    assert "lower bounds" in chip.extras["busy"] and not (tmp_path / "this_machine.json").exists()
+    run = RunFacts(path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25,
+                   wait_s=0.0)
+    p = predict(run, Scenario(chip, "32-true", 8), Calibration(1.0, 1.0, 1.0, 0.0, 1.0, "t"))
+    assert p.mfu is None and any("MFU is not given" in n for n in p.notes)
