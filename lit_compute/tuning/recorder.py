@@ -89,7 +89,11 @@ def _init_args(obj: Any) -> list[str]:
 
 
 def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-    """What the knobs need to know about the model, its data, optimizers and strategy (JSON-friendly)."""
+    """What the knobs need to know about the model, its data, optimizers and strategy (JSON-friendly); what the run
+    ran on (device, chip, precision, ranks, cores) from the run's record, as report and whatif read it."""
+    from lit_compute.writer import run_record
+
+    record = run_record(trainer)
     modules = list(pl_module.modules())
     norms = sorted({type(m).__name__ for m in modules if isinstance(m, (torch.nn.modules.batchnorm._NormBase,
                                                                          torch.nn.LayerNorm, torch.nn.GroupNorm))
@@ -119,13 +123,15 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
         "automatic_optimization": pl_module.automatic_optimization,
         "strategy": _path(trainer.strategy),
         "ddp": isinstance(trainer.strategy, DDPStrategy),
-        "world_size": trainer.world_size,
+        "world_size": record.world_size,
         "device": trainer.strategy.root_device.type,
-        "precision": str(trainer.precision),
+        "device_name": record.device,
+        "chip": record.chip,
+        "precision": record.precision,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
         "num_training_batches": trainer.num_training_batches if math.isfinite(trainer.num_training_batches) else None,
         "epoch_samples": _epoch_samples(trainer),
-        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_count": record.cpu_cores,
     }
 
 

@@ -599,6 +599,10 @@ def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
     result = json.loads((tmp_path / "r.json").read_text())
     assert len(result["losses"]) == 4 and result["loss_source"] == "logged as train_loss"
     assert result["facts"]["epoch_samples"] == 30
+    # what it ran on comes from the run's record, as report and whatif read it (#46)
+    facts = result["facts"]
+    assert (facts["device_name"], facts["chip"], facts["precision"], facts["world_size"]) == ("cpu", None, "32-true", 1)
+    assert facts["cpu_count"] >= 1
 
 
 def test_a_ctrl_c_something_swallowed_still_stops_the_tune_before_its_next_trial(tmp_path):
