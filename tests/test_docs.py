@@ -42,6 +42,15 @@ NOT_MEASURED = {
     ("docs/whatif.md", "15%"): "the issue's goal the table is read against",
     ("docs/whatif.md", "25%"): "the issue's goal the table is read against",
     ("docs/whatif.md", "30%"): "the issue's goal the table is read against",
+    ("CHANGELOG.md", "40GB"): "part of a device's name (NVIDIA A100-SXM4-40GB)",
+    ("docs/guarantees.md", "0.3 s"): "a driven clock's logger write in tests/test_timeline.py (an input, not a measurement)",
+    ("docs/guarantees.md", "2.0 ms"): "what tests/test_timeline.py asserts on its driven clock (4 items x 0.5 ms)",
+    ("docs/guarantees.md", "52 ms"): "what tests/test_timeline.py asserts on its driven clock",
+    ("docs/guarantees.md", "10%"): "the tolerance tests/planning/test_estimate.py asserts",
+    ("docs/guarantees.md", "60 MB"): "a capacity tests/planning/test_estimate.py gives (an input)",
+    ("docs/guarantees.md", "10 MB"): "a capacity tests/planning/test_estimate.py gives (an input)",
+    ("docs/guarantees.md", "40 MB"): "the free memory tests/planning/test_estimate.py drives (an input)",
+    ("docs/tune.md", "1.2x"): "the bf16 rule's threshold (hardware/this_machine.py BF16_FAST_RATIO)",
 }
 
 
