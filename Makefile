@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo demo-gpt test venv lint typecheck docs clean
+.PHONY: demo demo-gpt test test-fast venv lint typecheck docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -38,6 +38,12 @@ test: $(PY)
 	$(VENV)/bin/ruff check lit_compute tests examples scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow) left
+# out; `make test` runs both tiers
+test-fast: $(PY)
+	$(PIP) install -e '.[all,dev]'
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(PY)
 	$(VENV)/bin/ruff check lit_compute tests examples scripts

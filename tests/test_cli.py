@@ -161,6 +161,7 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize(("data_parallel", "tensor_parallel"), [(1, 2), (2, 1), (2, 2)],
                          ids=["tensor-parallel", "fsdp2", "fsdp2-x-tensor-parallel"])
+@pytest.mark.slow
 def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path, data_parallel,
                                                                                 tensor_parallel):
     """Each layout the config documents (its default, tensor parallel 2; FSDP2 only; and both, 2 x 2 on four

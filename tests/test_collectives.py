@@ -7,6 +7,7 @@ import traceback
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
@@ -72,10 +73,12 @@ def _run_everything(tmp_path) -> CollectiveWatch:
     return watch
 
 
+@pytest.mark.slow
 def test_every_hook_of_every_component_calls_no_collective_outside_the_logging_event(tmp_path):
     assert _run_everything(tmp_path).violations == []
 
 
+@pytest.mark.slow
 def test_the_watch_sees_a_collective_inside_a_hook(tmp_path, monkeypatch):
     """The way ProfilerWindow found its folder before: ``trainer.log_dir`` (a broadcast) at export time, which
     only the rank that exports reaches."""

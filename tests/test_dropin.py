@@ -175,6 +175,7 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
     assert seen["timeout"] == timedelta(seconds=123) and seen["backend"] == "gloo"
 
 
+@pytest.mark.slow
 def test_ddp_tuned_is_a_strategy_name_after_importing_lit_compute(tmp_path):
     """lit_compute imported first (the other order, Lightning first, is the fit-then-test script's below)."""
     source = "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger" + """
@@ -232,6 +233,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_fit_then_test_on_one_trainer_with_two_gloo_ranks(tmp_path):
     """Fit then test on one trainer of a spawned TunedDDPStrategy, training with PowerSGD on gloo."""
     result = run_script(tmp_path, FIT_THEN_TEST, timeout=300)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "lit_compute"
 
 
@@ -138,6 +140,7 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     """Each module imported first in a clean set of lit_compute modules (one interpreter, torch kept loaded)."""
     script = (

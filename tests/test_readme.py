@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # each distinct block once; a block that only includes a file (``--8<--``) is that file, run by its own tests
@@ -51,6 +53,7 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 5
 
 
+@pytest.mark.slow
 def test_every_python_block_of_the_readme_runs(tmp_path):
     script = tmp_path / "readme_blocks.py"
     script.write_text(f"BLOCKS = {BLOCKS!r}\n" + PRELUDE)

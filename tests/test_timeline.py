@@ -521,6 +521,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ok", "fail"])
 def test_ddp_ranks_with_different_shapes_never_hang_and_sum_their_tflops(tmp_path, mode):
     result = run_script(tmp_path, DDP_SCRIPT, str(tmp_path), mode, timeout=300)

@@ -26,6 +26,7 @@ def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None 
     return result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(tmp_path):
     import tomllib

@@ -33,6 +33,7 @@ def _rows(out: str) -> list[list[str]]:
     ids=["flops", "overhead-flops", "overhead-profiler", "precision", "loaders", "allreduce", "flops-zoo",
          "overhead-variable-length"],
 )
+@pytest.mark.slow
 def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
     monkeypatch.delenv("MASTER_PORT", raising=False)
     assert main(["bench", *argv]) == 0
@@ -44,6 +45,7 @@ def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
         assert re.search(r"time inside \w+'s hooks: median [0-9.]+ ms per step \([0-9.]+% of the median step", out)
 
 
+@pytest.mark.slow
 def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, capsys):
     assert main(["bench", "recipe", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--steps", "6",
                  "--images-per-class", "8", "--log-dir", str(tmp_path / "logs")]) == 0
@@ -70,6 +72,7 @@ def test_bench_gpu_without_a_gpu_says_so_and_exits_0(capsys):
     assert "no NVIDIA GPU" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvision(tmp_path, capsys, monkeypatch):
     import lit_compute.bench.recipe as recipe
 

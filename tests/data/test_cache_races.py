@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ..conftest import run_script
 
 RACE = r"""
@@ -39,6 +41,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_two_processes_fill_the_same_cold_caches_at_once(tmp_path):
     result = run_script(tmp_path, RACE, str(tmp_path / "cache"), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -149,6 +149,7 @@ class _PathModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+@pytest.mark.slow
 def test_ddp_spawn_ranks_read_disjoint_shards_with_equal_batch_counts(tmp_path):
     dm = _dm(synthetic_images_per_class=9, num_threads=1)  # 36 images over 2 ranks, batches of 8
     dm.with_source_info = True
@@ -261,6 +262,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_forked_workers_after_a_dali_pipeline_never_hang(tmp_path):
     from ..conftest import run_script
 

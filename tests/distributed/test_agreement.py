@@ -51,6 +51,7 @@ def _normalised(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_nodes_with_different_settings_stop_at_setup_naming_them(tmp_path):
     """A two-node job whose node 1 file differs in the logging interval, the steps and the batch size (a logging

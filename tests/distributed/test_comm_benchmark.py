@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import pytest
 
 from lit_compute import CommBenchmark, TunedDDPStrategy
 
@@ -9,6 +10,7 @@ from ..conftest import read_events, scalar_values, text_values
 from .conftest import _fit
 
 
+@pytest.mark.slow
 def test_benchmark_table_has_a_row_per_size_with_positive_bandwidth(tmp_path):
     strategy = TunedDDPStrategy(benchmark_collectives=True, benchmark_max_mb=1, start_method="spawn")
     _fit(tmp_path, "bench", strategy, logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="tb", version=0),

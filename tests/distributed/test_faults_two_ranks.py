@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ..conftest import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "faults_two_ranks.py"
 
 
+@pytest.mark.slow
 def test_no_collective_outside_the_logging_event_on_one_rank_and_a_killed_rank_loses_no_survivor_window(tmp_path):
     result = run_script(tmp_path, SCRIPT.read_text(), str(tmp_path), timeout=300)
     out = result.stdout

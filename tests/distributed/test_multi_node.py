@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ..conftest import read_events, scalar_values, text_values
 from .conftest import failure_lines, launch_nodes
+
+pytestmark = pytest.mark.slow  # the fast tier (make test-fast) leaves these out
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -50,6 +50,7 @@ class _Recording(TunedDDPStrategy):
 
 
 
+@pytest.mark.slow
 def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "Ring")  # exported by the user: the explicit setting wins
     nccl = NCCLSettings(algo="Tree", socket_nthreads=4, nsocks_perthread=4, extra={"NCCL_SOCKET_IFNAME": "lo"})
@@ -123,6 +124,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_popen_ddp_from_a_script_applies_the_settings(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))

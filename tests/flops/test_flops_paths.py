@@ -334,6 +334,7 @@ def test_a_custom_batch_object_gets_a_count_per_shape(tmp_path, kind):
 
 
 # -- variable shapes cost nothing ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_variable_length_batches_are_predicted_exactly(tmp_path):
     torch.manual_seed(0)
     model = _HFCausalLM(_gpt2())

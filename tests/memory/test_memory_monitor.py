@@ -142,6 +142,7 @@ def test_the_tracked_peak_agrees_with_the_profilers_memory_events(tmp_path, arch
         assert allocated >= 0.95 * tracked, (allocated, tracked)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_largest_rank_is_named(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=SpawnDDP(), log_every_n_steps=1,

@@ -66,6 +66,7 @@ def test_prometheus_port_in_use_is_a_clear_error():
             fallback.close()
 
 
+@pytest.mark.slow
 def test_port_in_use_warning_is_one_line_on_stderr():
     """As a user sees it in a terminal: one line naming the component and both ports, not Python's second line
     repeating the source line that raised it."""

@@ -42,6 +42,7 @@ def measured_peak(config: str, overrides: list[str], micro_batch: int, root: Pat
     return max(b.peak for b in monitor.breakdowns.values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_predicted_peak_is_within_10_percent_of_the_measured_one(case, tmp_path, monkeypatch):
@@ -60,6 +61,7 @@ def test_the_predicted_peak_is_within_10_percent_of_the_measured_one(case, tmp_p
     assert peaks == sorted(peaks) and peaks[0] < peaks[-1]  # more samples, more activations
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_largest_micro_batch_that_fits_trains_under_the_cap_and_the_next_does_not(tmp_path, monkeypatch):
     config, overrides, _ = CASES["gpt"]
@@ -141,6 +143,7 @@ def test_manual_optimization_stepping_its_own_scheduler_is_traced(tmp_path, monk
     assert plan.rows[0].method == "traced on fake tensors" and plan.rows[0].parts["gradients"] > 0
 
 
+@pytest.mark.slow
 def test_the_largest_micro_batch_is_found_when_the_optimizer_holds_the_peak(tmp_path, monkeypatch, capsys):
     """#47 item 12: with Adam's step holding the peak at micro-batch 1 and 2 the largest size that fits was silently
     missing (and always missing from --json); a model whose state alone does not fit was sent to checkpointing."""

@@ -161,6 +161,7 @@ def _revert_sync_batchnorm(module):
             _revert_sync_batchnorm(child)
 
 
+@pytest.mark.slow
 def test_sync_batchnorm_under_ddp_spawn_is_float32(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
                            plugins=[FP32BatchNormHalfPrecision("bf16-true")], logger=False)

@@ -72,6 +72,7 @@ def runs(tmp_path_factory):
     return root, _train(root, "fast"), _train(root, "slow", load_s=0.004)  # 32 ms of loading per batch of 8
 
 
+@pytest.mark.slow
 def test_report_sections_match_the_event_file(runs, tmp_path):
     _, fast, _ = runs
     out = tmp_path / "report.md"
@@ -402,6 +403,7 @@ def test_cut_or_empty_event_files_are_named_as_such(tmp_path, capsys):
     assert "train with lit_compute's callbacks" not in err
 
 
+@pytest.mark.slow
 def test_plots_in_a_folder_that_cannot_be_written_end_in_one_line(tmp_path, capsys):
     run_dir = _train(tmp_path / "logs", "ok", steps=2)
     blocked = tmp_path / "blocked"

@@ -527,6 +527,7 @@ def test_a_contended_machine_is_named_with_how_many_cpus_others_took():
     assert "| 1.90 |" in table(contended, [], {})
 
 
+@pytest.mark.slow
 def test_a_process_outside_this_tree_burning_cpu_is_seen(tmp_path):
     """The burner is started through a parent that exits at once, so it is not this process's descendant (a trial's
     own DataLoader workers are, and count as the trial's)."""

@@ -19,6 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lit_compute.tuning.trials import TrialSpec, run_trial
 
+pytestmark = pytest.mark.slow  # the fast tier (make test-fast) leaves these out
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
     "seed_everything": 0,
