@@ -48,6 +48,20 @@ def test_one_global_batch_has_the_same_flops_under_every_layout(runs, layout):
     assert _last(acc, "compute/global_tflops_per_sec") == pytest.approx(2 * _last(acc, "compute/tflops_per_sec"))
 
 
+def test_an_unsharded_head_beside_tensor_parallel_blocks_is_counted_against_torchs_own_counter(runs):
+    """#47 item 2, read against torch's FlopCounterMode on plain models: what a tensor-parallel device executed (its
+    shards at local shapes, the unsharded head whole) is its hardware FLOPs, exactly; its model FLOPs count the work
+    both peers repeat (the head) half on each, so the global model FLOPs are the unsharded model's and MFU means the
+    same under every layout (docs/flops.md, "Parallel layouts")."""
+    acc = _events(runs, "tp_head")
+    counted = [json.loads((runs / f"tp_head_rank{r}.json").read_text()) for r in (0, 1)]
+    assert counted[0] == counted[1]
+    local, unsharded = counted[0]["local_replica"], counted[0]["unsharded"]
+    assert _last(acc, "compute/hardware_flops_per_step") == local  # rank 0's; rank 1 executes the same
+    assert _last(acc, "compute/global_flops_per_step") == unsharded
+    assert _last(acc, "compute/flops_per_step") == unsharded / 2 < local
+
+
 @pytest.mark.parametrize(("layout", "replicas", "text"), [("ddp", 2, "data parallel 2 x tensor parallel 1"),
                                                           ("fsdp2", 2, "data parallel 2 x tensor parallel 1"),
                                                           ("tp", 1, "data parallel 1 x tensor parallel 2")])

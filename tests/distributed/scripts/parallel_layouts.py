@@ -138,6 +138,44 @@ def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | Non
         work.wait = real_wait
 
 
+class HeadedMLP(MLP):
+    """The MLP's two sharded layers and an unsharded head beside them, which both tensor-parallel peers run whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(256, 10)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.head(self.net(x)).square().mean()
+
+
+def _counted(model: nn.Module, x: torch.Tensor) -> int:
+    """torch's own FlopCounterMode over a forward and backward of a plain (non-DTensor) model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(x).square().mean().backward()
+    return counter.get_total_flops()
+
+
+def tp_head(out: Path) -> None:
+    """Tensor parallel 1 x 2 with an unsharded head: each rank writes what torch's FlopCounterMode counts on a plain
+    copy of what it executes (its shards at their local shapes and the whole head) and on the unsharded model."""
+    x = torch.randn(8 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=3, log_every_n_steps=1,
+                         strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+                         logger=pl.loggers.TensorBoardLogger(str(out), name="tp_head"), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[FlopsLogger(peak="none"), StepTimeMonitor()])
+    trainer.fit(HeadedMLP(), train_dataloaders=DataLoader(TensorDataset(x), batch_size=GLOBAL_BATCH))
+    batch = x[:GLOBAL_BATCH]
+    local = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.Linear(256, 10))
+    whole = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256), nn.Linear(256, 10))
+    (out / f"tp_head_rank{trainer.global_rank}.json").write_text(json.dumps(
+        {"local_replica": _counted(local, batch), "unsharded": _counted(whole, batch)}))
+
+
 def uneven_shapes(out: Path) -> None:
     """FSDP2 where rank 1 sees a batch shape rank 0 never sees (counted on rank 1 alone): no rank waits forever."""
     g = torch.Generator().manual_seed(1)
@@ -222,6 +260,7 @@ if __name__ == "__main__":
         slow="comm")
     run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
         callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
+    tp_head(OUT)
     uneven_shapes(OUT)
     fp32_norms()
     grad_norms(OUT)
