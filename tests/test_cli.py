@@ -228,6 +228,12 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     largest = scalar_values(acc, "memory/peak_gb_rank_max")[-1][1] * 1e9
     assert plan.rows[0].peak_bytes == pytest.approx(measured, rel=0.10)
     assert max(r.peak_bytes for r in plan.rows) == pytest.approx(largest, rel=0.10)
+    # with a capacity: the largest micro-batch that fits every rank, searched on the rank with the largest peak (#47)
+    capacity = 2 * max(r.peak_bytes for r in plan.rows)
+    fitted = estimate(tmp_path / "config.yaml", micro_batches=[4], memory=capacity, overrides=GPT_SMALL)
+    assert fitted.largest_fitting and fitted.largest_fitting > 4 and fitted.next_size.peak_bytes > capacity
+    assert any(n.startswith(f"largest micro-batch that fits: {fitted.largest_fitting} ") and "the largest)" in n
+               for n in fitted.notes), fitted.notes
 
 
 BAD_CONFIGS = {
