@@ -334,7 +334,7 @@ class Timeline:
         collective_clock.unwatch(handle)
         loggers, self._timed_loggers = self._timed_loggers, []
         for logger, wrapper in loggers:
-            if vars(logger).get("log_metrics") is wrapper:
+            if getattr(logger, "__dict__", {}).get("log_metrics") is wrapper:
                 del logger.log_metrics
 
     def _time_logger_writes(self, trainer: pl.Trainer) -> None:
@@ -343,15 +343,18 @@ class Timeline:
         loggers' own method is restored by :meth:`stop_watching`; a logger whose ``log_metrics`` someone already
         replaced on the instance is left alone."""
         for logger in getattr(trainer, "loggers", None) or []:
-            if "log_metrics" in vars(logger):
-                continue
+            if "log_metrics" in getattr(logger, "__dict__", {"log_metrics": None}):
+                continue  # replaced on the instance already (or an object without a __dict__): left alone
             original = logger.log_metrics
 
             def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
                 with self.instrument("logger_write"):
                     return _original(*args, **kwargs)
 
-            logger.log_metrics = timed
+            try:
+                logger.log_metrics = timed
+            except (AttributeError, TypeError):  # a logger that refuses instance attributes: not timed
+                continue
             self._timed_loggers.append((logger, timed))
 
     def _collective(self, start: float, end: float) -> None:
