@@ -252,3 +252,26 @@ def test_estimate_on_cuda_is_within_10_percent_of_the_allocators_peak(tmp_path, 
                             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
         measured = torch.cuda.max_memory_allocated()
         assert row.peak_bytes == pytest.approx(measured, rel=0.10), (row.micro_batch, row.peak_bytes, measured)
+
+
+def test_a_gpu_run_is_priced_against_its_own_chip(tmp_path, capsys):
+    """#46 on the device: a run trained here records its device and chip (run.json), and ``lit-compute whatif RUN``
+    (its default ``--hardware run``) prices it on that chip, calibrated on its own measured step."""
+    from lit_compute.planning.whatif import read_run
+    from lit_compute.planning.whatif_cli import main
+    from lit_compute.run_record import read_record
+
+    trainer = _gpu_trainer(tmp_path, max_steps=12, limit_train_batches=12, log_every_n_steps=2,
+                           callbacks=[FlopsLogger(log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2)])
+    trainer.fit(tiny_model(), train_dataloaders=_loader())
+    run_dir = trainer.logger.log_dir
+    record = read_record(run_dir)
+    name = torch.cuda.get_device_name(0)
+    assert record.device == name and record.chip == chip_for_name(name)
+    if record.chip is None:
+        pytest.skip(f"{name} is not in the hardware table: no chip to calibrate on")
+    facts = read_run(run_dir)
+    assert main([run_dir, "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["hardware"] == record.chip
+    assert row["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)  # calibrated on the run's own step
