@@ -220,9 +220,9 @@ class Hook(pl.Callback):
 if __name__ == "__main__":
     named = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
     print("STRATEGY", type(named.strategy).__name__)  # a name after `import lit_compute`, Lightning imported first
-    # the registered names build this same class (test above); one spawned strategy covers the loops, PowerSGD
+    # the registered names build this same class (test above); one forked strategy covers the loops, PowerSGD
     # taking over the gradients' exchange from its second iteration
-    strategy = lit_compute.TunedDDPStrategy(start_method="spawn", comm_hook="powersgd", powersgd_start_iter=2)
+    strategy = lit_compute.TunedDDPStrategy(start_method="fork", comm_hook="powersgd", powersgd_start_iter=2)
     trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=4, limit_val_batches=2, limit_test_batches=2,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, strategy=strategy, callbacks=[Hook()])

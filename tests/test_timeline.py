@@ -510,7 +510,7 @@ if __name__ == "__main__":
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, max_steps=12, log_every_n_steps=2, val_check_interval=4, limit_val_batches=2,
         num_sanity_val_steps=1, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        strategy=TunedDDPStrategy(start_method="spawn"),
+        strategy=TunedDDPStrategy(start_method="fork"),
         plugins=[FP32BatchNormPrecision("bf16-mixed")],
         logger=[pl.loggers.TensorBoardLogger(str(out), name="tb", version=0), PrometheusLogger(port=0)],
         callbacks=[Recording(peak_flops=1e11), StepTimeMonitor(), DeviceMonitor(gpu=False), LossScaleMonitor(),
