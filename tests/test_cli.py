@@ -196,16 +196,20 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
     hardware = scalar_values(acc, "compute/hardware_flops_per_step")[-1][1]
     assert total == pytest.approx(world * local, rel=1e-6)  # peers with the same count
-    # model FLOPs of the global step = the unsharded model's on the same global batch (TP: one batch of 4; FSDP2: a
-    # batch of 4 on each of 2 replicas); the work every TP peer repeats (embeddings, norms, the tied head) counts once
+    # per device is what the device executed (hardware FLOPs add the fused attention's recomputed scores): FSDP2 the
+    # whole model on its batch, so the global step is the unsharded model's on the global batch; tensor parallelism
+    # each peer's shards plus the work every peer repeats (embeddings, norms, the tied head), so the sum over the
+    # devices is more than that
     from lit_compute.flops import count_flops
     from lit_compute.models import GPT
 
     args = {**config["model"].get("init_args", {}), "block_size": 64, "n_layer": 2, "lr": 1e-4}
     unsharded = count_flops(GPT(**args), torch.zeros(4, 64, dtype=torch.long)).total * data_parallel
-    assert total == pytest.approx(unsharded, rel=1e-3)
-    if tensor_parallel == 2:  # HFU counts the repeated work on each peer: more than the model's share
-        assert hardware > local
+    assert hardware >= local
+    if tensor_parallel == 1:
+        assert total == pytest.approx(unsharded, rel=1e-3)
+    else:
+        assert unsharded < total < tensor_parallel * unsharded
     tags = set(acc.Tags()["scalars"])
     assert {"val/loss", "time/global_tokens_per_sec", "time/rank_skew", "rank/1/step_ms", "compute/mfu",
             "memory/peak_gb_rank_max"} <= tags

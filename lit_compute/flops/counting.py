@@ -203,25 +203,16 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.uncounted: set[str] = set()
         self._module_paths = module_paths
         self._hookless = hookless
-        #: model FLOPs of work every tensor-parallel peer repeats count this share on each (1 / tensor-parallel size),
-        #: so their sum over the peers is the work once; hardware FLOPs count it whole on each. A device's own share
-        #: of the work: an op on a sharded DTensor, or an op inside a module (below the root) whose parameters are
-        #: sharded - attention over the heads a column-wise projection left on this device, as local tensors.
-        self.replicated_share = 1.0
-        self.sharded_modules: set[str] = set()  # tracker names (model.blocks.0.attn) of modules with sharded parameters
         if hookless:
             self.mod_tracker = HooklessModuleTracker()
         self._reset_counts()
 
     @classmethod
-    def for_module(cls, module: nn.Module, tensor_parallel: int = 1) -> SafeFlopCounterMode:
-        """A silent, hookless counter with ``module``'s paths as module names, set up for ``tensor_parallel`` peers
-        (the share of replicated work, the modules with sharded parameters): the one FlopsLogger runs a step under."""
-        counter = cls(display=False, depth=99, module_paths=module, hookless=True)
-        if tensor_parallel > 1:
-            counter.replicated_share = 1.0 / tensor_parallel
-            counter.sharded_modules = sharded_module_names(module)
-        return counter
+    def for_module(cls, module: nn.Module) -> SafeFlopCounterMode:
+        """A silent, hookless counter with ``module``'s paths as module names: the one FlopsLogger runs a step under.
+        Under tensor parallelism it counts what this device executes: its shards' local ops and, whole, the work
+        every peer repeats (modules left unsharded)."""
+        return cls(display=False, depth=99, module_paths=module, hookless=True)
 
     def _reset_counts(self) -> None:
         self._model: dict[str, list[int]] = {}  # module -> [forward, backward] model FLOPs
@@ -232,7 +223,6 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step)
         self.in_optimizer_step = False
-        self._sharded_op = False  # the local ops of a DTensor op with a sharded operand (this device's own share)
 
     def __enter__(self) -> SafeFlopCounterMode:
         self._reset_counts()
@@ -244,13 +234,6 @@ class SafeFlopCounterMode(FlopCounterMode):
         if self._module_paths is not None:
             seed_module_names(self.mod_tracker, self._module_paths, _ROOT)
         return self
-
-    def _own_share(self, parents: set[str]) -> bool:
-        """Whether the op being counted is this device's own share of sharded work (see :attr:`replicated_share`)."""
-        if self._sharded_op:
-            return True
-        named = [p for p in parents if p.startswith(_ROOT + ".")]
-        return bool(named) and max(named, key=len) in self.sharded_modules
 
     def _op_bytes(self, args: Any, kwargs: Any, out: Any) -> int:
         """Bytes an op reads and writes: its tensor operands and results; 0 for a view (its result aliases an
@@ -289,8 +272,6 @@ class SafeFlopCounterMode(FlopCounterMode):
             self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
-            if self.replicated_share < 1.0 and not self._own_share(parents):
-                model = int(round(model * self.replicated_share))  # every tensor-parallel peer repeats it
             self._recompute += recompute
             column = 0 if phase == "forward" else 1
             for parent in parents:
@@ -363,26 +344,6 @@ def _has_fake(args: Any, kwargs: Any) -> bool:
 _InnerMode = getattr(flop_counter, "_FlopCounterMode", None)  # torch >= 2.5: the dispatch mode FlopCounterMode enters
 
 
-def sharded_module_names(model: nn.Module) -> set[str]:
-    """Tracker names (``model.blocks.0.attn``) of the modules below the root holding a sharded DTensor parameter in
-    their subtree: the work inside them is each tensor-parallel device's own share."""
-    module = sys.modules.get("torch.distributed.tensor")
-    dtensor, shard = getattr(module, "DTensor", None), getattr(module, "Shard", None)
-    if dtensor is None or shard is None:
-        return set()
-    return {f"{_ROOT}.{path}" for path, sub in model.named_modules() if path and any(
-        isinstance(p, dtensor) and any(isinstance(pl, shard) for pl in p.placements) for p in sub.parameters())}
-
-
-def _has_shard(args: Any, kwargs: Any) -> bool:
-    """True when a DTensor operand is sharded (its local work is this device's own, not a replica's)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    dtensor = getattr(module, "DTensor", None)
-    shard = getattr(module, "Shard", None)
-    return dtensor is not None and shard is not None and any(
-        isinstance(t, dtensor) and any(isinstance(p, shard) for p in t.placements) for t in tree_leaves((args, kwargs)))
-
-
 def _has_nested(args: Any, kwargs: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_nested for t in tree_leaves((args, kwargs)))
 
@@ -414,13 +375,11 @@ if _InnerMode is not None:
                 if self._in_dtensor_op:
                     return NotImplemented  # DTensor runs it on the local shards, through this mode
                 self._in_dtensor_op = True
-                self.counter._sharded_op = _has_shard(args, kwargs)
                 try:
                     with self:
                         return func(*args, **kwargs)
                 finally:
                     self._in_dtensor_op = False
-                    self.counter._sharded_op = False
             if self._in_dtensor_op and _has_fake(args, kwargs):
                 return func(*args, **kwargs)  # DTensor's sharding propagation: nothing is executed
             if isinstance(func, torch._ops.OpOverload) and _has_nested(args, kwargs):

@@ -191,7 +191,7 @@ class FlopsLogger(MeasuringCallback):
         if not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
-        counter = SafeFlopCounterMode.for_module(pl_module, _compat.parallel_layout(pl_module.trainer).tensor_parallel)
+        counter = SafeFlopCounterMode.for_module(pl_module)
         self.timeline.enter_for_batch(_compat.eager_compiled_code())
         # exited at the batch's end mark, with every other mode of the batch; a counter whose exit raises turns us off
         self.timeline.enter_for_batch(counter, on_error=self._counter_failed)

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def per_sample_flops(trainer: pl.Trainer | Any, flops: float, samples: int) -> float:
-    """The model's FLOPs per sample from this device's FLOPs: tensor-parallel peers each execute a share of the
-    same samples."""
+    """FLOPs per sample from this device's FLOPs: tensor-parallel peers each execute their shards of the same samples
+    (and, each of them, the work they all repeat), so the group's per-sample figure is the device's times the group's
+    size."""
     return flops * _compat.parallel_layout(trainer).tensor_parallel / samples
 
 
