@@ -119,14 +119,19 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
 
 
 # -- #47: estimate on bad or unusual input ---------------------------------------------------------------------------
+def _quietly(config, **kwargs):
+    """:func:`estimate` with Lightning's set-up warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return estimate(config, **kwargs)
+
+
 def test_half_weights_estimate_and_agree_with_a_real_step(tmp_path, monkeypatch):
     """#47 item 8: bf16-true and 16-true ended in "_apply(): Couldn't swap Linear.weight"."""
     monkeypatch.chdir(ROOT)
     path = _small_config(tmp_path, "tests.planning.models.WideAdamMLP")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        full = estimate(path, micro_batches=[8])
-        half = estimate(path, micro_batches=[8], overrides=["--trainer.precision=bf16-true"])
+    full = _quietly(path, micro_batches=[8])
+    half = _quietly(path, micro_batches=[8], overrides=["--trainer.precision=bf16-true"])
     assert half.rows[0].method == "traced on fake tensors"
     assert half.rows[0].parts["parameters"] * 2 == full.rows[0].parts["parameters"]
     real = measured_peak(str(path), ["--trainer.precision=bf16-true"], 8, tmp_path)
@@ -137,9 +142,7 @@ def test_manual_optimization_stepping_its_own_scheduler_is_traced(tmp_path, monk
     """#47 item 10: ``self.lr_schedulers()`` under manual optimization made the estimate say fit must train first."""
     monkeypatch.chdir(ROOT)
     path = _small_config(tmp_path, "tests.planning.models.ManualWithScheduler")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = estimate(path, micro_batches=[4])
+    plan = _quietly(path, micro_batches=[4])
     assert plan.rows[0].method == "traced on fake tensors" and plan.rows[0].parts["gradients"] > 0
 
 
@@ -154,9 +157,7 @@ def test_the_largest_micro_batch_is_found_when_the_optimizer_holds_the_peak(tmp_
     largest = summary["largest_fitting_micro_batch"]
     assert largest and summary["next_size"]["micro_batch"] == largest + 1
     assert summary["next_size"]["peak_bytes"] > 60e6 >= row["peak_bytes"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = estimate(path, micro_batches=[4], memory="10MB")
+    plan = _quietly(path, micro_batches=[4], memory="10MB")
     state = sum(plan.rows[0].parts[p] for p in ("parameters", "gradients", "optimizer"))
     assert state > 10e6 and plan.largest_fitting is None and plan.checkpointing == []
     assert any(n.startswith("does not fit even at micro-batch 1: the parameters, gradients and optimizer state "
@@ -178,9 +179,7 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
     real = estimate_module._measure
     monkeypatch.setattr(estimate_module, "_measure", lambda c, o, size, b: measured.append(size) or real(c, o, size, b))
     path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = estimate(path, micro_batches=[4], memory="80GB")
+    plan = _quietly(path, micro_batches=[4], memory="80GB")
     peaks = {r.micro_batch: r.peak_bytes for r in plan.rows}
     assert plan.largest_fitting and plan.next_size is None and max(measured) == plan.largest_fitting
     assert any("larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
