@@ -1,7 +1,8 @@
 # Two commands: `make demo` (the main job) and `make test`. Each sets itself up.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check -q
+# the package and its extras, editable: uv with pip's own settings (4x faster here), pip where uv cannot
+INSTALL := $(PY) scripts/install.py
 
 .PHONY: demo demo-gpt test test-fast venv lint typecheck docs clean
 
@@ -25,16 +26,16 @@ define fit_and_report
 endef
 
 demo: $(PY)
-	$(PIP) install -e '.[all]'
+	$(INSTALL) '.[all]'
 	$(call fit_and_report,configs/quickstart.yaml)
 
 demo-gpt: $(PY)
-	$(PIP) install -e '.[all]'
+	$(INSTALL) '.[all]'
 	$(call fit_and_report,configs/gpt.yaml)
 
 # the install, lint, the type checker, then the suite (which also builds the docs site with --strict)
 test: $(PY)
-	$(PIP) install -e '.[all,dev]'
+	$(INSTALL) '.[all,dev]'
 	$(VENV)/bin/ruff check lit_compute tests examples scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
@@ -42,7 +43,7 @@ test: $(PY)
 # the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow) left
 # out; `make test` runs both tiers
 test-fast: $(PY)
-	$(PIP) install -e '.[all,dev]'
+	$(INSTALL) '.[all,dev]'
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(PY)
@@ -53,7 +54,7 @@ typecheck: $(PY)
 
 # the docs site into site/ (open site/index.html); --strict: a broken link or API reference fails the build
 docs: $(PY)
-	$(PIP) install -e '.[dev]'
+	$(INSTALL) '.[dev]'
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
