@@ -86,7 +86,7 @@ def test_the_import_graph_has_no_cycle_even_counting_imports_inside_functions():
 #: components share floor 5 and never import each other; the commands are ordered among themselves.
 FLOORS = [
     {"_compat", "_validate", "formatting", "files", "figures", "tensorboard_layout", "collective_clock", "cpu_load",
-     "packaged_configs"},
+     "packaged_configs", "warm_start"},
     {"hardware", "run_record", "_batch", "model_state", "agreement"},
     {"timeline"},
     {"writer"},

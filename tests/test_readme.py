@@ -5,8 +5,6 @@ checks that the README's call binds to its signature, so the blocks run in secon
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,8 +53,8 @@ def test_the_readme_has_python_blocks():
 
 @pytest.mark.slow
 def test_every_python_block_of_the_readme_runs(tmp_path):
-    script = tmp_path / "readme_blocks.py"
-    script.write_text(f"BLOCKS = {BLOCKS!r}\n" + PRELUDE)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    from .conftest import run_script
+
+    result = run_script(tmp_path, f"BLOCKS = {BLOCKS!r}\n" + PRELUDE, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
     assert "FAILED BLOCKS: 0" in result.stdout, result.stdout[-6000:]

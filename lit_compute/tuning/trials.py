@@ -7,14 +7,12 @@ interrupted tune resumes where it stopped.
 from __future__ import annotations
 
 import copy
-import ctypes
 import errno
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, dump_yaml, section, short
 from lit_compute.tuning.measurement import Measurement
+from lit_compute.warm_start import WarmProcess, start_process
 
 # what a measurement leaves out; everything else (the model summary's forward of example_input_array included)
 # runs as the user's fit runs it, so a setting that breaks the user's fit breaks its trial
@@ -151,15 +150,6 @@ def _read_tb_scalar(run_dir: Path, tag: str) -> float | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """In the trial's child process: the kernel sends it SIGKILL when the tune dies, even by SIGKILL (Linux's
-    PR_SET_PDEATHSIG): a killed tune leaves no trial training on as an orphan."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # not Linux: the tune's own Ctrl-C handling still stops its trials
-        pass
-
-
 def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path, timeout: float,
               recorder: dict[str, Any]) -> TrialResult:
     """Train ``config`` with the trial settings in a child process and read what it measured.
@@ -184,9 +174,9 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     result = TrialResult(key=spec.key, slug=slug, settings=spec.settings, rung=spec.rung, repeat=spec.repeat,
                          status="ok")
     with open(log_file, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "lit_compute.cli", "fit", "--config", str(yaml_file)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        # forked from a helper that imported torch and Lightning once (a new interpreter where it cannot): each
+        # trial saves the imports' seconds
+        proc = start_process(["-m", "lit_compute.cli", "fit", "--config", str(yaml_file)], stdout=log, env=env)
         try:
             returncode = proc.wait(timeout=max(1.0, timeout))
         except BaseException as err:  # the timeout, or Ctrl-C in the tune: the trial's process group goes too
@@ -206,7 +196,7 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     return result
 
 
-def stop_group(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen | WarmProcess) -> None:
     """SIGTERM the child's process group (its DataLoader workers and ranks), SIGKILL what is left after 5 s."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -15,7 +12,7 @@ import torch.distributed as dist
 
 from lit_compute import NCCLSettings, TunedDDPStrategy
 
-from ..conftest import SpawnDDP, read_events, text_values
+from ..conftest import SpawnDDP, read_events, run_script, text_values
 from .conftest import _fit
 
 
@@ -126,12 +123,8 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_popen_ddp_from_a_script_applies_the_settings(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"))}
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_script(tmp_path, SCRIPT, str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:]
     for r in (0, 1):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == {"NCCL_PROTO": "Simple", "NCCL_MIN_CTAS": "2"}
         # the gloo group is destroyed at exit, not left to interpreter finalization (a SIGABRT there fails a node)
