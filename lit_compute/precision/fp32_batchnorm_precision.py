@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import lightning.pytorch as pl
 import torch
@@ -63,6 +64,22 @@ def warn_if_bf16_is_slow_here(name: str, precision: str, device: str | None) -> 
     rank_zero_warn(f"{name}(precision={precision!r}) on this CPU: {reason}, so bfloat16 matmuls and convolutions "
                    "run many times slower than float32 here. Train in '32-true' on this machine (leave the plugin "
                    "out), or use a CPU with AVX512-BF16 or AMX, or a GPU.")
+
+
+def bf16_is_fast_here(device: str) -> tuple[bool, str]:
+    """Whether bfloat16 training is fast on ``device`` and why, in words: a CPU whose torch kernels stop at AVX2 is
+    slow without measuring (:func:`slow_bf16_cpu`); any other CPU, and a CUDA device, is asked of the hardware room
+    (:func:`~lit_compute.hardware.this_machine.bf16_fast`: the GPU supports bf16; the CPU's measured bf16 speed-up
+    of training blocks, cached per machine, reaches its threshold)."""
+    if device == "cpu":
+        reason = slow_bf16_cpu()
+        if reason is not None:
+            return False, reason
+    if device not in ("cpu", "cuda"):
+        return True, f"bf16 on {device} is not measured: kept"
+    from lit_compute.hardware.this_machine import bf16_fast
+
+    return bf16_fast(device)
 
 
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
@@ -157,6 +174,13 @@ class FP32BatchNormPrecision(MixedPrecision):
       with the reason.
     - keyword-only: ``fp32_norms`` and the GradScaler settings ``init_scale``, ``growth_factor``,
       ``backoff_factor``, ``growth_interval`` (used when ``scaler`` is not given, under ``"16-mixed"``).
+    - keyword-only ``slow_bf16``: ``"warn"`` (the default: bf16 as asked, one warning on a CPU without bf16
+      instructions) or ``"float32"``: the precision is picked for the hardware the run trains on, by one rule:
+      bf16 where it is fast (a CUDA device that supports it; a CPU whose measured bf16 speed-up of training
+      blocks reaches :data:`~lit_compute.hardware.this_machine.BF16_FAST_RATIO`), float32 where it is not (a CPU
+      whose torch kernels stop at AVX2 without measuring). In float32 autocast is off and
+      ``trainer.precision`` reads ``"32-true"``; the plugin says which it picked in one line, and the run's
+      record shows it. (Lightning's ``ThroughputMonitor`` still reads a ``MixedPrecision`` as half precision.)
 
     Args:
         precision: ``"16-mixed"`` or ``"bf16-mixed"``.
@@ -168,6 +192,7 @@ class FP32BatchNormPrecision(MixedPrecision):
         growth_factor: GradScaler growth factor.
         backoff_factor: GradScaler backoff factor.
         growth_interval: GradScaler growth interval (steps).
+        slow_bf16: ``"warn"``, or ``"float32"`` to train in float32 where bf16 is slow (``"bf16-mixed"`` only).
 
     Raises:
         ValueError: ``"16-true"`` (with the reason), ``"bf16-true"`` (use :class:`FP32BatchNormHalfPrecision`), any
@@ -190,8 +215,14 @@ class FP32BatchNormPrecision(MixedPrecision):
         growth_factor: Annotated[float, Check(gt=1.0)] = 2.0,
         backoff_factor: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.5,
         growth_interval: Annotated[int, Check(ge=1)] = 2000,
+        slow_bf16: Literal["warn", "float32"] = "warn",
     ) -> None:
         name = type(self).__name__
+        if slow_bf16 == "float32" and precision != "bf16-mixed":
+            raise ValueError(f"{name}(precision={precision!r}, slow_bf16='float32'): the fallback is for 'bf16-mixed' "
+                             "only; use precision='bf16-mixed' or leave slow_bf16 at 'warn'")
+        self.slow_bf16 = slow_bf16
+        self.float32 = False  # set in connect() when slow_bf16='float32' and bf16 is slow where the model is
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError(f"{name}(precision='bf16-mixed', scaler=...): bf16 needs no loss scaling; drop the scaler")
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
@@ -223,11 +254,29 @@ class FP32BatchNormPrecision(MixedPrecision):
             self.device = device if device in ("cuda", "cpu", "mps", "xpu") else "cpu"
         if self.precision == "16-mixed" and self.scaler is None:
             self.scaler = self._build_scaler(self.device)
-        warn_if_bf16_is_slow_here(type(self).__name__, self.precision, self.device)
+        if self.slow_bf16 == "float32" and (self.precision == "bf16-mixed" or self.float32):
+            self._pick_for_the_hardware()
+        else:
+            warn_if_bf16_is_slow_here(type(self).__name__, self.precision, self.device)
         if self._pending_state and self.scaler is not None:
             self.scaler.load_state_dict(self._pending_state)
             self._pending_state = None
         return super().connect(model, optimizers, lr_schedulers)
+
+    def _pick_for_the_hardware(self) -> None:
+        """``slow_bf16='float32'``: bf16 where it is fast on this run's device, float32 where not; said in one line."""
+        from lightning.pytorch.utilities import rank_zero_info
+
+        fast, why = bf16_is_fast_here(str(self.device))
+        self.float32 = not fast
+        self.precision = "32-true" if self.float32 else "bf16-mixed"  # type: ignore[assignment]
+        picked = "float32 (autocast off)" if self.float32 else "bf16-mixed"
+        rank_zero_info(f"{type(self).__name__}(slow_bf16='float32'): training in {picked} on {self.device}: {why}")
+
+    def forward_context(self) -> Any:
+        if self.float32:
+            return contextlib.nullcontext()
+        return super().forward_context()
 
     def autocast_context_manager(self) -> torch.autocast:
         if self.device is None:  # used before Lightning connected it: the device this process would train on

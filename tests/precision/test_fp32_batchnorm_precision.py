@@ -189,3 +189,50 @@ def test_each_refusal_of_16_true_recommends_only_what_can_be_used():
     with pytest.raises(ValueError) as half:
         FP32BatchNormHalfPrecision("16-true")
     assert "precision='bf16-true'" in str(half.value) and "FP32BatchNormPrecision('16-mixed')" in str(half.value)
+
+
+@pytest.mark.parametrize(("capability", "measured", "picked"), [
+    ("AVX2", None, "32-true"),  # no bf16 instructions: float32 without measuring
+    ("AVX512", (False, "bf16 autocast runs training blocks at 0.62x float32's speed here"), "32-true"),
+    ("AVX512", (True, "bf16 autocast runs training blocks at 2.05x float32's speed here"), "bf16-mixed"),
+], ids=["avx2", "avx512-slow", "avx512-fast"])
+def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(tmp_path, monkeypatch, caplog, capability,
+                                                                          measured, picked):
+    """The demo's rule (#48): bf16 where it is fast on this run's device, float32 where it is not; the choice is
+    what trains (the convolution's output dtype), what ``trainer.precision`` reads, and one line on the console."""
+    import platform
+
+    from lit_compute.hardware import this_machine
+
+    asked: list[str] = []
+
+    def bf16_fast(device: str = "cpu"):
+        asked.append(device)
+        return measured
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(this_machine, "bf16_fast", bf16_fast)
+    model, seen = _ConvNet(), []
+    next(m for m in model.modules() if isinstance(m, nn.Conv2d)).register_forward_hook(
+        lambda module, args, out: seen.append(out.dtype))
+    plugin = FP32BatchNormPrecision("bf16-mixed", slow_bf16="float32")
+    caplog.set_level("INFO")
+    for fit in range(2):  # a second fit picks again, the same way
+        trainer = make_trainer(tmp_path / str(fit), max_steps=1, limit_val_batches=0, plugins=[plugin])
+        trainer.fit(model, train_dataloaders=_loader(n=8))
+        assert trainer.precision == picked
+    assert set(seen) == {torch.float32 if picked == "32-true" else torch.bfloat16}
+    assert asked == ([] if capability == "AVX2" else ["cpu", "cpu"])
+    said = [r.getMessage() for r in caplog.records if "slow_bf16='float32'" in r.getMessage()]  # Lightning's console
+    want = "float32 (autocast off)" if picked == "32-true" else "bf16-mixed"
+    assert len(said) == 2 and all(f"training in {want} on cpu: " in line for line in said), said
+    assert ("AVX2" in said[0]) if capability == "AVX2" else measured[1] in said[0]
+
+
+def test_slow_bf16_float32_is_for_bf16_mixed_only():
+    with pytest.raises(ValueError, match=r"FP32BatchNormPrecision\(precision='16-mixed', slow_bf16='float32'\): the "
+                                         r"fallback is for 'bf16-mixed' only"):
+        FP32BatchNormPrecision("16-mixed", slow_bf16="float32")
+    with pytest.raises(ValueError, match="slow_bf16"):
+        FP32BatchNormPrecision("bf16-mixed", slow_bf16="fp32")  # type: ignore[arg-type]
