@@ -38,7 +38,7 @@ test: $(PY)
 	$(INSTALL) '.[all,dev]'
 	$(VENV)/bin/ruff check lit_compute tests examples scripts
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow) left
 # out; `make test` runs both tiers

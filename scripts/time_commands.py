@@ -4,7 +4,8 @@
 
 Clones the current commit into a temporary folder (a fresh clone: no .venv, no caches of the repository's own),
 runs ``make demo`` then ``make test`` there, and writes ``docs/figures/commands.md`` under the figure header (the
-command, the commit, the date, the machine) and the same lines between README.md's ``commands`` markers. Exits
+command, the commit, the date, the machine) with the 20 slowest tests of that suite, and the same summary lines
+between README.md's ``commands`` markers. Exits
 with the first failing command's status, writing nothing then.
 """
 
@@ -49,6 +50,18 @@ def _write_readme_lines(readme: Path, lines: str) -> None:
     readme.write_text(text[:text.index(start) + len(start)] + "\n" + lines + text[text.index(end):])
 
 
+def slowest_table(out: str) -> str:
+    """pytest's ``--durations`` block of ``make test`` (the 20 slowest tests, set up and call timed apart) as a
+    markdown table; a line saying so when the output has none."""
+    block = out.split("slowest 20 durations", 1)
+    rows = re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", block[1], flags=re.M)[:20] if len(block) > 1 else []
+    if not rows:
+        return "pytest printed no durations.\n"
+    lines = ["The 20 slowest tests of that run (pytest's `--durations=20`):", "", "| s | phase | test |", "|---:|---|---|"]
+    lines += [f"| {float(seconds):.1f} | {phase} | `{test}` |" for seconds, phase, test in rows]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
@@ -78,7 +91,7 @@ def main() -> int:
              f"lint, type check and docs build, then {tests}).\n")
     figures = ROOT / "docs" / "figures" / "commands.md"
     figures.write_text(f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
-                       f"-->\n\n{lines}")
+                       f"-->\n\n{lines}\n{slowest_table(out)}")
     _write_readme_lines(ROOT / "README.md", lines)
     sys.stdout.write(f"written: {figures} and README.md\n{lines}")
     return 0

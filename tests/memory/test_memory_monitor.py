@@ -42,7 +42,7 @@ def _loader(n=64, batch=16):
                       batch_size=batch)
 
 
-def test_the_parts_are_what_the_model_holds_and_sum_to_the_peak(tmp_path):
+def test_the_parts_are_what_the_model_holds_and_fit_in_the_peak(tmp_path):
     model = _MLP()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=2,
@@ -51,7 +51,9 @@ def test_the_parts_are_what_the_model_holds_and_sum_to_the_peak(tmp_path):
     acc = read_events(trainer.logger.log_dir)
     last = {p: scalar_values(acc, f"memory/{p}_gb")[-1][1] * GB for p in PARTS}
     peak = scalar_values(acc, "memory/peak_gb")[-1][1] * GB
-    assert sum(last.values()) == pytest.approx(peak, rel=1e-6)  # the parts sum to the peak
+    # "other" is the peak less the named parts (by construction); what can fail is the named parts exceeding the peak
+    # they were read at (a part counted twice); the peak itself is checked against torch's profiler below
+    assert sum(v for p, v in last.items() if p != "other") <= peak
     assert last["parameters"] == pytest.approx(param_bytes, rel=1e-6)
     assert last["gradients"] == pytest.approx(param_bytes, rel=1e-6)
     # Adam: two moments per parameter, and a 4-byte step counter per parameter tensor
