@@ -155,10 +155,10 @@ def start_process(args: list[str], stdout: IO[Any] | int | None = None, env: dic
     where = str(cwd or os.getcwd())
     if sys.platform == "linux" and os.environ.get("LIT_COMPUTE_WARM_START", "1") != "0":
         key = (env.get("PYTHONPATH", ""), tuple(preload))  # a child takes its own working directory and environment
-        starter = _STARTERS.get(key)
-        if starter is None or starter._busy:
-            starter = _STARTERS.setdefault(key, WarmStarter(preload, cwd=where, env=env))
-        if not starter._busy:
+        if key not in _STARTERS:
+            _STARTERS[key] = WarmStarter(preload, cwd=where, env=env)
+        starter = _STARTERS[key]
+        if not starter._busy:  # while its child runs, a second one starts as a new interpreter
             with contextlib.suppress(OSError):
                 return starter.start(args, stdout=stdout, env=env, cwd=where)
     return subprocess.Popen([sys.executable, *args], stdout=stdout, stderr=subprocess.STDOUT if stdout else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import signal
 import sys
 import tempfile
 import warnings
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute.bench._common import emit, figure_header, machine_line, markdown
+from lit_compute.warm_start import start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDED = ["--data.init_args.max_tokens=200000", "--data.init_args.seq_len=64", "--model.init_args.block_size=64",
@@ -46,9 +47,17 @@ def _measured(config: str, overrides: list[str], micro_batch: int, processes: in
                    "--trainer.enable_model_summary=false", logger,
                    "--trainer.callbacks=[{class_path: lit_compute.MemoryMonitor, init_args: {log_every_n_steps: 1}}]"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            raise RuntimeError(f"{config} at micro-batch {micro_batch} failed: {done.stderr[-800:]}")
+        log = Path(out, "fit.log")
+        with open(log, "w") as stream:  # forked from a helper that imported torch and Lightning once
+            proc = start_process(command[1:], stdout=stream, env=env, cwd=ROOT)
+            try:
+                returncode = proc.wait(timeout=600)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        if returncode:
+            raise RuntimeError(f"{config} at micro-batch {micro_batch} failed: {log.read_text()[-800:]}")
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         run = next(Path(out, "runs").glob("version_*"))

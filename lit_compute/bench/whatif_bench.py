@@ -16,6 +16,7 @@ Four parts, each a table of predicted vs measured with the error:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -176,6 +177,7 @@ PUBLISHED = [
 ]
 
 
+@functools.cache
 def traced_facts(model: str, batch: int) -> Any:
     """The op-class counts of one training step of ``model`` at ``batch``, counted on fake tensors (shapes only)
     the way FlopsLogger counts a real step: forward, loss, backward, the optimizer's step."""

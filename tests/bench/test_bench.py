@@ -172,3 +172,50 @@ def test_bench_configs_refuses_a_negative_warm_up_before_starting_a_run(tmp_path
     assert exit_info.value.code == 2
     assert "--warmup-steps -2: give 0 or more steps" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
+    """The rows of the table under ``### title`` in a figure file."""
+    section = markdown_text.split(f"### {title}", 1)[1].split("\n### ", 1)[0]
+    return _rows(section)
+
+
+@pytest.mark.slow
+def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_its_rows(tmp_path, capsys):
+    """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
+    the same rows as docs/figures/whatif.md holds, and ``--fit-defaults`` fits whatif's default efficiencies on the
+    rows marked "sets the default" (the GPU rows are the only ones independent of this machine)."""
+    from pathlib import Path
+
+    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
+
+    out = tmp_path / "whatif.md"
+    assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out)]) == 0
+    written = out.read_text()
+    assert written.startswith("<!-- written by `lit-compute bench whatif --only gpu` at commit ")
+    title = "Published GPU training throughputs (samples/s)"
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif.md").read_text()
+    assert _table_rows(written, title) == _table_rows(committed, title)
+    assert len(_table_rows(written, title)) >= 9
+    assert main(["bench", "whatif", "--fit-defaults"]) == 0
+    import ast
+
+    fitted = ast.literal_eval(capsys.readouterr().out.split("fitted defaults: ", 1)[1].splitlines()[0])
+    assert fitted == DEFAULT_EFFICIENCY  # the defaults in the code are what the fit on the published rows gives
+
+
+@pytest.mark.slow
+def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
+    """``bench memory`` on one workload: estimate's predicted peak beside MemoryMonitor's on real steps, at three
+    micro-batch sizes, within the 10% the estimate promises, under its figure header."""
+    out = tmp_path / "memory.md"
+    assert main(["bench", "memory", "--only", "GPT, 2 layers", "--markdown", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("<!-- written by `lit-compute bench memory --only GPT, 2 layers` at commit ")
+    rows = _rows(text)[1:]
+    assert [row[1] for row in rows] == ["4", "8", "16"]
+    for name, _, predicted, measured, error in rows:
+        assert name == "GPT, 2 layers, packed (gpt.yaml)"
+        assert float(predicted) == pytest.approx(float(measured), rel=0.10)
+        assert abs(float(error.rstrip("%"))) <= 10
+    assert "over 3 predictions." in text

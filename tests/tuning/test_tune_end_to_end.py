@@ -119,8 +119,11 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
 
 
 def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, monkeypatch):
+    """Here a trial is a new interpreter (warm start off: the fallback's path); the killed-tune test below stops a
+    forked one."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("LIT_COMPUTE_WARM_START", "0")
     config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.NeverStarts"}}
     result = run_trial(config, TrialSpec({}, "short", 0, 1.0), 0, tmp_path, timeout=3.0,
                        recorder={"warmup_steps": 1, "loss_steps": 2})
