@@ -77,12 +77,18 @@ def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
     return pl.Trainer(**defaults)
 
 
+# Ranks started by a forkserver that imported torch and Lightning once for the whole session: each rank is a fork of
+# that clean process (no thread or process group of this one's), not a new interpreter paying the imports again
+torch.multiprocessing.set_forkserver_preload(["torch", "lightning.pytorch"])
+
+
 class SpawnDDP(pl.strategies.DDPStrategy):
-    """Lightning's DDP with spawned processes that destroy their process group at teardown (left to interpreter
-    exit, gloo's threads can abort a rank at random; TunedDDPStrategy does the same)."""
+    """Lightning's DDP with ranks started by the session's forkserver (a new interpreter's state, without its imports)
+    that destroy their process group at teardown (left to interpreter exit, gloo's threads can abort a rank at
+    random; TunedDDPStrategy does the same)."""
 
     def __init__(self, **kwargs):
-        super().__init__(start_method="spawn", **kwargs)
+        super().__init__(start_method="forkserver", **kwargs)
 
     def teardown(self):
         super().teardown()

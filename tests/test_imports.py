@@ -4,8 +4,6 @@ alone, no grab-bag module."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -141,7 +139,7 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 @pytest.mark.slow
-def test_every_module_imports_alone():
+def test_every_module_imports_alone(tmp_path):
     """Each module imported first in a clean set of lit_compute modules (one interpreter, torch kept loaded)."""
     script = (
         "import importlib, sys, traceback\n"
@@ -157,9 +155,10 @@ def test_every_module_imports_alone():
         "        failed.append(name + ': ' + traceback.format_exc().splitlines()[-1])\n"
         "print('FAILED', failed)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                            cwd=PACKAGE.parent)
-    assert result.returncode == 0, result.stderr[-3000:]
+    from .conftest import run_script  # a process of its own that has not imported lit_compute
+
+    result = run_script(tmp_path, script, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
     assert "FAILED []" in result.stdout, result.stdout[-3000:]
 
 

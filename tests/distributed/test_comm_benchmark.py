@@ -12,7 +12,7 @@ from .conftest import _fit
 
 @pytest.mark.slow
 def test_benchmark_table_has_a_row_per_size_with_positive_bandwidth(tmp_path):
-    strategy = TunedDDPStrategy(benchmark_collectives=True, benchmark_max_mb=1, start_method="spawn")
+    strategy = TunedDDPStrategy(benchmark_collectives=True, benchmark_max_mb=1, start_method="forkserver")
     _fit(tmp_path, "bench", strategy, logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="tb", version=0),
          callbacks=[CommBenchmark(max_mb=0.1, seconds=5)])
     acc = read_events(tmp_path / "tb" / "version_0")

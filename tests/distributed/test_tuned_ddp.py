@@ -53,7 +53,9 @@ def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_pa
     nccl = NCCLSettings(algo="Tree", socket_nthreads=4, nsocks_perthread=4, extra={"NCCL_SOCKET_IFNAME": "lo"})
     rec = tmp_path / "rec"
     rec.mkdir()
-    tuned = _Recording(str(rec), nccl=nccl, bucket_cap_mb=1, comm_hook="fp16", start_method="spawn")
+    # ranks started by multiprocessing from the pickled strategy, as under spawn, by the session's preloaded forkserver
+    # (the plain run below too: the same start for both, so only the settings differ)
+    tuned = _Recording(str(rec), nccl=nccl, bucket_cap_mb=1, comm_hook="fp16", start_method="forkserver")
     ranks = _fit(tmp_path, "tuned", tuned, logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="tb", version=0))
     for r in (0, 1):
         seen = json.loads((rec / f"env_rank{r}.json").read_text())

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import textwrap
 import urllib.request
 
@@ -67,7 +65,7 @@ def test_prometheus_port_in_use_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_port_in_use_warning_is_one_line_on_stderr():
+def test_port_in_use_warning_is_one_line_on_stderr(tmp_path):
     """As a user sees it in a terminal: one line naming the component and both ports, not Python's second line
     repeating the source line that raised it."""
     code = textwrap.dedent("""
@@ -79,9 +77,11 @@ def test_port_in_use_warning_is_one_line_on_stderr():
             logger.start()
             logger.close()
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    from ..conftest import run_script
+
+    result = run_script(tmp_path, code, timeout=120)  # stdout and stderr together, as a terminal shows them
+    assert result.returncode == 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
     (line,) = [line for line in lines if "PrometheusLogger: port" in line]
     assert "prometheus_logger.py:" in line and "UserWarning: PrometheusLogger: port" in line and "is in use" in line
     assert not any("rank_zero_warn(" in line for line in lines), lines
