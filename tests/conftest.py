@@ -87,8 +87,8 @@ class SpawnDDP(pl.strategies.DDPStrategy):
     that destroy their process group at teardown (left to interpreter exit, gloo's threads can abort a rank at
     random; TunedDDPStrategy does the same)."""
 
-    def __init__(self, **kwargs):
-        super().__init__(start_method="forkserver", **kwargs)
+    def __init__(self, start_method: str = "forkserver", **kwargs):
+        super().__init__(start_method=start_method, **kwargs)
 
     def teardown(self):
         super().teardown()

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, cast
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision, HalfPrecision, MixedPrecision
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -265,8 +266,6 @@ class FP32BatchNormPrecision(MixedPrecision):
 
     def _pick_for_the_hardware(self) -> None:
         """``slow_bf16='float32'``: bf16 where it is fast on this run's device, float32 where not; said in one line."""
-        from lightning.pytorch.utilities import rank_zero_info
-
         fast, why = bf16_is_fast_here(str(self.device))
         self.float32 = not fast
         self.precision = "32-true" if self.float32 else "bf16-mixed"  # type: ignore[assignment]
