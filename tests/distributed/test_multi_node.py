@@ -42,8 +42,8 @@ def _config(tmp_path: Path) -> Path:
     config = yaml.safe_load((ROOT / "configs" / "ddp.yaml").read_text())
     trainer = config["trainer"]
     trainer.update(devices=1, num_nodes=2, max_steps=12, max_epochs=None, log_every_n_steps=2)
-    trainer["strategy"]["init_args"].update(benchmark_max_mb=0.1, benchmark_seconds=2)
-    trainer["callbacks"][2]["init_args"].update(max_mb=0.1, seconds=2)  # CommBenchmark
+    trainer["strategy"]["init_args"].update(benchmark_max_mb=0.1, benchmark_seconds=1)
+    trainer["callbacks"][2]["init_args"].update(max_mb=0.1, seconds=1)  # CommBenchmark
     trainer["callbacks"].append({"class_path": "record_env.RecordEnv"})
     config["data"]["init_args"].update(batch_size=8, image_size=32, num_workers=0, synthetic_num_classes=4,
                                        synthetic_images_per_class=30)  # one epoch holds every step
