@@ -41,7 +41,10 @@ def pip_settings() -> dict[str, list[str]]:
 
 
 def uv_command(uv: str, requirements: list[str], settings: dict[str, list[str]]) -> list[str]:
-    command = [uv, "pip", "install", "--python", sys.executable, "--quiet", "--index-strategy", "unsafe-best-match"]
+    # --compile-bytecode: as pip does; without .pyc files (and with PYTHONDONTWRITEBYTECODE set, as on CI's machines)
+    # every new interpreter compiles torch's and Lightning's sources again: importing Lightning took 11.8 s, not 6.3 s
+    command = [uv, "pip", "install", "--python", sys.executable, "--quiet", "--index-strategy", "unsafe-best-match",
+               "--compile-bytecode"]
     for name, flag in _FLAGS.items():
         for value in settings.get(name, []):
             command += [flag, value]
