@@ -59,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stdout.write(f"lit-compute {__version__}\n")
         return 0
+    if args[0] == "tune" and not {"-h", "--help"} & set(args):
+        from lit_compute.warm_start import prestart
+
+        prestart()  # the trials' helper imports torch and Lightning while this process does the same (2 cores)
     if args[0] in EXTRA_COMMANDS:
         module_name, _, func = EXTRA_COMMANDS[args[0]][0].partition(":")
         return int(getattr(importlib.import_module(module_name), func or "main")(args[1:]) or 0)

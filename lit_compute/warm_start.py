@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["WarmProcess", "WarmStarter", "start_process"]
+__all__ = ["WarmProcess", "WarmStarter", "prestart", "start_process"]
 
 PRELOAD = ("torch", "lightning.pytorch", "lightning.pytorch.cli")
 
@@ -163,6 +163,20 @@ def start_process(args: list[str], stdout: IO[Any] | int | None = None, env: dic
                 return starter.start(args, stdout=stdout, env=env, cwd=where)
     return subprocess.Popen([sys.executable, *args], stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                             env=env, cwd=where, start_new_session=True, preexec_fn=die_with_parent)
+
+
+def prestart(env: dict[str, str] | None = None, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Start the helper :func:`start_process` will use for ``env`` now, without waiting: its imports run while the
+    caller does other work (the tune's own imports) instead of before the first child. Nothing where warm start is
+    off or not possible."""
+    env = dict(env if env is not None else os.environ)
+    if sys.platform != "linux" or os.environ.get("LIT_COMPUTE_WARM_START", "1") == "0":
+        return
+    key = (env.get("PYTHONPATH", ""), tuple(preload))
+    if key not in _STARTERS:
+        _STARTERS[key] = WarmStarter(preload, env=env)
+    with contextlib.suppress(OSError):
+        _STARTERS[key]._ensure()
 
 
 # -- the helper ----------------------------------------------------------------------------------------------

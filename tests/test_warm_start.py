@@ -98,3 +98,16 @@ def test_without_warm_start_it_is_a_new_interpreter(tmp_path, monkeypatch):
     proc = start_process([str(script), "4"], cwd=tmp_path, preload=())
     assert isinstance(proc, subprocess.Popen) and proc.args[0] == sys.executable
     assert proc.wait(timeout=60) == 4
+
+
+def test_a_prestarted_helper_is_the_one_the_first_child_comes_from(tmp_path):
+    from lit_compute import warm_start
+
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "prestarted")}
+    warm_start.prestart(env, preload=())
+    helper = warm_start._STARTERS[(env["PYTHONPATH"], ())]._proc
+    assert helper is not None and helper.poll() is None  # started, not waited for
+    proc = start_process([str(script), "2"], env=env, cwd=tmp_path, preload=())
+    assert isinstance(proc, WarmProcess) and proc.starter._proc is helper and proc.wait(timeout=60) == 2
