@@ -53,6 +53,32 @@ def tiny_model(**kwargs) -> ImageClassifier:
     return ImageClassifier(**kwargs)
 
 
+class SmallNet(torch.nn.Module):
+    """Convolutions with BatchNorm and a residual block, a few thousand parameters: the demo's kinds of layer for tests
+    whose precision is slow on a CPU (float16 anywhere; bf16 without bf16 instructions, where a ResNet-18 step takes
+    seconds)."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                   nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(x + self.block(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def small_model(**kwargs) -> ImageClassifier:
+    """:func:`tiny_model` with :class:`SmallNet` inside (an ImageClassifier still: its steps, metrics, optimizer)."""
+    model = tiny_model(**kwargs)
+    model.net = SmallNet(model.hparams.get("num_classes", 4))
+    return model
+
+
 def tiny_data(**kwargs) -> TorchvisionImageDataModule:
     return TorchvisionImageDataModule(**{**TINY_DATA, **kwargs})
 

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 import lit_compute
 
-from .conftest import make_trainer, tiny_data, tiny_model
+from .conftest import make_trainer, small_model, tiny_data, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING_BASES = (Callback, LightningDataModule, LightningModule, pl.plugins.Precision, pl.strategies.Strategy,
@@ -73,8 +73,9 @@ def _fit_twice(tmp_path: Path, name: str, obj) -> None:
             data = obj
         elif base is LightningModule:
             model = obj
-        elif base is pl.plugins.Precision:
+        elif base is pl.plugins.Precision:  # bf16 by default: small work for a CPU without bf16 instructions
             kwargs["plugins"] = [obj]
+            model = small_model()
         elif base is pl.strategies.Strategy:
             kwargs["strategy"] = obj
         elif base is pl.loggers.Logger:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-import torch
 import yaml
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -41,6 +40,7 @@ from ..conftest import (
     clocked_trainer,
     read_events,
     scalar_values,
+    small_model,
     tiny_model,
 )
 
@@ -53,28 +53,11 @@ def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Pat
     clock = DrivenClock()
     trainer = clocked_trainer(root, clock, max_steps=steps, limit_train_batches=steps, callbacks=callbacks,
                               logger=logger, plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
-    # a small ResNet-like ImageClassifier (convolutions with BatchNorm, a residual block): float16 on a CPU has no fast
-    # kernels, and a ResNet-18's 11 M parameters took 0.9 s a step in them whatever the image size
-    model = tiny_model(arch="resnet18")
-    model.net = _SmallNet()
+    # float16 on a CPU has no fast kernels: a ResNet-18's 11 M parameters took 0.9 s a step whatever the image size
+    model = small_model()
     model.training_step = _timed(model.training_step, clock, 0.02)
     trainer.fit(model, train_dataloaders=DataLoader(TimedImages(clock, load_s, n=64, size=16), batch_size=8))
     return Path(logger.log_dir)
-
-
-class _SmallNet(torch.nn.Module):
-    def __init__(self, classes: int = 4) -> None:
-        super().__init__()
-        nn = torch.nn
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                                   nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
-        self.head = nn.Linear(16, classes)
-
-    def forward(self, x):
-        x = self.stem(x)
-        x = torch.relu(x + self.block(x))
-        return self.head(x.mean(dim=(2, 3)))
 
 
 def _timed(step, clock: DrivenClock, seconds: float):
