@@ -223,7 +223,8 @@ class FP32BatchNormPrecision(MixedPrecision):
             raise ValueError(f"{name}(precision={precision!r}, slow_bf16='float32'): the fallback is for 'bf16-mixed' "
                              "only; use precision='bf16-mixed' or leave slow_bf16 at 'warn'")
         self.slow_bf16 = slow_bf16
-        self.float32 = False  # set in connect() when slow_bf16='float32' and bf16 is slow where the model is
+        self.float32 = False  # slow_bf16='float32' and bf16 is slow on the device picked for
+        self._picked_for: str | None = None  # that device, once picked
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError(f"{name}(precision='bf16-mixed', scaler=...): bf16 needs no loss scaling; drop the scaler")
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
@@ -255,8 +256,9 @@ class FP32BatchNormPrecision(MixedPrecision):
             self.device = device if device in ("cuda", "cpu", "mps", "xpu") else "cpu"
         if self.precision == "16-mixed" and self.scaler is None:
             self.scaler = self._build_scaler(self.device)
-        if self.slow_bf16 == "float32" and (self.precision == "bf16-mixed" or self.float32):
-            self._pick_for_the_hardware()
+        if self.slow_bf16 == "float32" and self._asked == "bf16-mixed":
+            if self._picked_for != self.device:  # picked before the device was known, for another one
+                self._pick_for_the_hardware()
         else:
             warn_if_bf16_is_slow_here(type(self).__name__, self.precision, self.device)
         if self._pending_state and self.scaler is not None:
@@ -264,13 +266,29 @@ class FP32BatchNormPrecision(MixedPrecision):
             self._pending_state = None
         return super().connect(model, optimizers, lr_schedulers)
 
+    @property  # type: ignore[override]
+    def precision(self) -> str:
+        """What trains: under ``slow_bf16='float32'`` the pick for the hardware (made at the first read, so callbacks
+        that read ``trainer.precision`` in their ``setup``, before Lightning connects this plugin, see it too)."""
+        constructed = hasattr(self, "device")  # MixedPrecision's __init__ reads it before setting the device
+        if constructed and getattr(self, "slow_bf16", "warn") == "float32" and self._asked == "bf16-mixed":
+            if self._picked_for is None:
+                self._pick_for_the_hardware()
+            return "32-true" if self.float32 else "bf16-mixed"
+        return self._asked
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._asked = value
+
     def _pick_for_the_hardware(self) -> None:
-        """``slow_bf16='float32'``: bf16 where it is fast on this run's device, float32 where not; said in one line."""
-        fast, why = bf16_is_fast_here(str(self.device))
-        self.float32 = not fast
-        self.precision = "32-true" if self.float32 else "bf16-mixed"  # type: ignore[assignment]
+        """``slow_bf16='float32'``: bf16 where it is fast on this run's device (before Lightning connects the plugin: the
+        device this process would train on), float32 where not; said in one line."""
+        device = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        fast, why = bf16_is_fast_here(device)
+        self.float32, self._picked_for = not fast, device
         picked = "float32 (autocast off)" if self.float32 else "bf16-mixed"
-        rank_zero_info(f"{type(self).__name__}(slow_bf16='float32'): training in {picked} on {self.device}: {why}")
+        rank_zero_info(f"{type(self).__name__}(slow_bf16='float32'): training in {picked} on {device}: {why}")
 
     def forward_context(self) -> Any:
         if self.float32:
