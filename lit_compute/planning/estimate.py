@@ -81,6 +81,7 @@ class _Pieces:
     batch_size: int
     trainer: Any
     fake_mode: Any
+    built: str = ""  # how the model was built when the meta device was not enough (a note for the plan)
 
 
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
@@ -100,6 +101,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     if not path.is_file():
         raise EstimateError(unknown_config_message(str(config)) or f"--config {config}: no such file")
     fake_mode = _compat.fake_tensor_mode()
+    built: list[str] = []
 
     class FakeModelCLI(LitComputeCLI):
         """The config's classes as ``fit`` builds them, the LightningModule on fake tensors (no memory)."""
@@ -108,8 +110,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
             super().before_instantiate_classes()
 
             def on_fake_tensors(class_type: type, *args: Any, **kwargs: Any) -> Any:
-                with torch.device("meta"):  # built without memory, then given fake tensors on the config's device
-                    return class_type(*args, **kwargs)
+                return _build_module(class_type, args, kwargs, built)
 
             self.parser.add_instantiator(on_fake_tensors, LightningModule, subclasses=True, prepend=True)
 
@@ -118,10 +119,15 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
         with contextlib.redirect_stdout(io.StringIO()):
             cli = FakeModelCLI(args=args, run=False)
     except (ValueError, TypeError, ModuleNotFoundError) as err:  # a component refusing its arguments: one line
+        unbuildable = next((e for e in _chain(err) if isinstance(e, _Unbuildable)), None)
+        if unbuildable is not None:
+            raise EstimateError(str(unbuildable)) from None
         ours = refusal(err)
         if ours is None:
             raise
         raise EstimateError(ours) from None
+    except _Unbuildable as err:
+        raise EstimateError(str(err)) from None
     model, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
     # the precision's conversion (bf16-true, 16-true) on the meta module: a fake parameter cannot be swapped for another
     model = trainer.precision_plugin.convert_module(model)
@@ -135,7 +141,42 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
                             "the batch's first dimension")
-    return _Pieces(model, batch, size, trainer, fake_mode)
+    return _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "")
+
+
+class _Unbuildable(TypeError):
+    """The model's constructor failed on the meta device and on the CPU: the message names the class and the call."""
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and its causes and contexts (jsonargparse wraps an instantiation error in its own)."""
+    seen: list[BaseException] = []
+    while err is not None and err not in seen:
+        seen.append(err)
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return seen
+
+
+def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str]) -> Any:
+    """The LightningModule built on the meta device (no memory; its tensors become fake ones on the config's device).
+    A constructor that reads tensor values back (RegNet's block widths, a ``torch.linspace(...).tolist()`` drop-path
+    schedule) cannot run there: it is built on the CPU instead, its parameters then turned into fake tensors (their
+    memory freed), and ``built`` says so. A model that cannot be built either way is one line naming the class."""
+    try:
+        with torch.device("meta"):
+            return class_type(*args, **kwargs)
+    except Exception as meta_err:  # noqa: BLE001 - any constructor failure on meta: tried once more on the CPU
+        why = f"{type(meta_err).__name__}: {str(meta_err).strip().splitlines()[0] if str(meta_err).strip() else ''}"
+    try:
+        with torch.device("cpu"):
+            module = class_type(*args, **kwargs)
+    except Exception as cpu_err:  # noqa: BLE001 - the user's constructor: its failure in one line
+        text = str(cpu_err).strip().splitlines()[0] if str(cpu_err).strip() else ""
+        raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU "
+                           f"{type(cpu_err).__name__}: {text}") from None
+    built.append(f"{class_type.__name__} was built on the CPU (its constructor reads tensor values, which the meta "
+                 f"device has not: {why}), then traced on fake tensors")
+    return module
 
 
 def fake_tensors(module: nn.Module, fake_mode: Any, device: torch.device) -> nn.Module:
@@ -363,7 +404,7 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
         return _estimate_ranks(config, overrides, sizes, layout, capacity, source)
     optimizers = _prepare(pieces)
     buckets = _bucket_bytes(pieces)
-    notes = []
+    notes = [pieces.built] if pieces.built else []
     if buckets:
         notes.append(f"DDP: each rank holds the whole model and {buckets / 1e9:.3g} GB of gradient buckets")
     traced: dict[int, MemoryBreakdown] = {}

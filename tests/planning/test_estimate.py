@@ -208,3 +208,75 @@ def test_bad_input_to_estimate_is_one_line_naming_it(tmp_path, monkeypatch, caps
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and phrase in err, err
+
+
+BUILD_MODELS = '''
+import lightning.pytorch as pl
+import torch
+
+
+class DropPathSchedule(pl.LightningModule):
+    """A timm-style constructor: its drop-path rates computed with a tensor and read back."""
+
+    def __init__(self, depth: int = 4):
+        super().__init__()
+        self.rates = torch.linspace(0, 0.1, depth).tolist()
+        self.blocks = torch.nn.Sequential(*[torch.nn.Linear(3 * 32 * 32, 3 * 32 * 32) for _ in range(depth)])
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.blocks(x.flatten(1)).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Broken(DropPathSchedule):
+    def __init__(self):
+        raise RuntimeError("the weights file is missing")
+'''
+
+
+def _image_config(tmp_path: Path, model: dict) -> Path:
+    config = {"trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 2},
+              "model": model,
+              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
+                       "init_args": {"batch_size": 4, "image_size": 32, "num_workers": 0, "synthetic_num_classes": 4,
+                                     "synthetic_images_per_class": 8}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.slow
+def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_estimated(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """#49 item 1: torchvision's RegNet computes its block widths with tensors and reads them back (``.tolist()``):
+    on the meta device that ended in a 40-line traceback. Built on the CPU instead (said in a note), its prediction
+    is checked against a real step like the others; a drop-path schedule the same; a constructor that fails anyway
+    is one line naming the class."""
+    (tmp_path / "build_models.py").write_text(BUILD_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    regnet = _image_config(tmp_path, {"class_path": "lit_compute.models.ImageClassifier",
+                                      "init_args": {"arch": "regnet_y_400mf", "num_classes": 4}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(regnet, micro_batches=[2, 4])
+    assert any(n.startswith("ImageClassifier was built on the CPU") and "Cannot copy out of meta tensor" in n
+               for n in plan.notes), plan.notes
+    for row in plan.rows:
+        assert row.peak_bytes == pytest.approx(measured_peak(str(regnet), [], row.micro_batch, tmp_path), rel=0.10)
+    schedule = _image_config(tmp_path, {"class_path": "build_models.DropPathSchedule"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(schedule, micro_batches=[2])
+    assert any(n.startswith("DropPathSchedule was built on the CPU") for n in plan.notes), plan.notes
+    broken = _image_config(tmp_path, {"class_path": "build_models.Broken"})
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:  # the CLI's one line for a constructor that fails, exit 2
+        estimate(broken, micro_batches=[2])
+    assert info.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line == ("lit-compute: error: Broken(...) cannot be built: on the meta device RuntimeError: the weights "
+                    "file is missing; on the CPU RuntimeError: the weights file is missing")
