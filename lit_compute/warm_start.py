@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["WarmProcess", "WarmStarter", "prestart", "start_process"]
+__all__ = ["WarmProcess", "WarmStarter", "prestart", "start_process", "stop_group"]
 
 PRELOAD = ("torch", "lightning.pytorch", "lightning.pytorch.cli")
 
@@ -177,6 +177,18 @@ def prestart(env: dict[str, str] | None = None, preload: tuple[str, ...] = PRELO
         _STARTERS[key] = WarmStarter(preload, env=env)
     with contextlib.suppress(OSError):
         _STARTERS[key]._ensure()
+
+
+def stop_group(proc: subprocess.Popen | WarmProcess) -> None:
+    """SIGTERM the child's process group (its DataLoader workers and ranks), SIGKILL what is left after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # -- the helper ----------------------------------------------------------------------------------------------

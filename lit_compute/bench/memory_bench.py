@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import warnings
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute.bench._common import emit, figure_header, machine_line, markdown
-from lit_compute.warm_start import start_process
+from lit_compute.warm_start import start_process, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDED = ["--data.init_args.max_tokens=200000", "--data.init_args.seq_len=64", "--model.init_args.block_size=64",
@@ -54,8 +53,7 @@ def _measured(config: str, overrides: list[str], micro_batch: int, processes: in
                 returncode = proc.wait(timeout=600)
             finally:
                 if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    stop_group(proc)
         if returncode:
             raise RuntimeError(f"{config} at micro-batch {micro_batch} failed: {log.read_text()[-800:]}")
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

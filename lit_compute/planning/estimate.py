@@ -119,15 +119,10 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
         with contextlib.redirect_stdout(io.StringIO()):
             cli = FakeModelCLI(args=args, run=False)
     except (ValueError, TypeError, ModuleNotFoundError) as err:  # a component refusing its arguments: one line
-        unbuildable = next((e for e in _chain(err) if isinstance(e, _Unbuildable)), None)
-        if unbuildable is not None:
-            raise EstimateError(str(unbuildable)) from None
         ours = refusal(err)
         if ours is None:
             raise
         raise EstimateError(ours) from None
-    except _Unbuildable as err:
-        raise EstimateError(str(err)) from None
     model, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
     # the precision's conversion (bf16-true, 16-true) on the meta module: a fake parameter cannot be swapped for another
     model = trainer.precision_plugin.convert_module(model)
@@ -145,16 +140,8 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
 
 
 class _Unbuildable(TypeError):
-    """The model's constructor failed on the meta device and on the CPU: the message names the class and the call."""
-
-
-def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and its causes and contexts (jsonargparse wraps an instantiation error in its own)."""
-    seen: list[BaseException] = []
-    while err is not None and err not in seen:
-        seen.append(err)
-        err = err.__cause__ or err.__context__  # type: ignore[assignment]
-    return seen
+    """The model's constructor failed on the meta device and on the CPU: the message names the class and the call
+    (LitComputeCLI prints it as its one line for a constructor that fails, and exits 2)."""
 
 
 def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str]) -> Any:

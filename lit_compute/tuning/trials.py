@@ -20,7 +20,7 @@ from typing import Any
 
 from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, dump_yaml, section, short
 from lit_compute.tuning.measurement import Measurement
-from lit_compute.warm_start import WarmProcess, start_process
+from lit_compute.warm_start import start_process, stop_group
 
 # what a measurement leaves out; everything else (the model summary's forward of example_input_array included)
 # runs as the user's fit runs it, so a setting that breaks the user's fit breaks its trial
@@ -194,20 +194,6 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     if result.status == "ok":
         _read_result(result, out_json, log_dir / "runs" / slug)
     return result
-
-
-def stop_group(proc: subprocess.Popen | WarmProcess) -> None:
-    """SIGTERM the child's process group (its DataLoader workers and ranks), SIGKILL what is left after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _read_result(result: TrialResult, out_json: Path, run_dir: Path) -> None:
