@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 from typing_extensions import override
 
 from lit_compute import _batch, _compat
@@ -148,6 +149,7 @@ class MemoryMonitor(MeasuringCallback):
         for part, tensors in state_tensors(pl_module, trainer.optimizers).items():
             tracker.register(tensors, part)
         tracker.register_bytes(_compat.ddp_bucket_bytes(trainer.strategy.model), "gradients")
+        tracker.register(tree_leaves(batch), "other")  # the batch is in memory through the step
         self._tracker = tracker
         # exited at the batch's end mark, innermost first; a tracker whose exit raises turns this callback off
         self.timeline.enter_for_batch(tracker, on_error=lambda err: self.disable(

@@ -14,9 +14,9 @@ allocations. Each storage gets one of the parts of :data:`PARTS` when the run en
 - ``other``: everything else (temporaries, the batch, kernel outputs freed soon after).
 
 The same code on fake tensors (``FakeTensorMode``: shapes, dtypes and devices, no memory) gives the same log, which
-is how :mod:`lit_compute.planning.estimate` predicts a step's peak before any real step. Limits: memory a kernel
-allocates for itself without a tensor (a cuBLAS or oneDNN workspace) is not seen; the caching allocator's
-rounding and fragmentation are not modelled (CUDA: ``max_memory_allocated`` is the measured total).
+is how :mod:`lit_compute.planning.estimate` predicts a step's peak before any real step. Memory a kernel allocates
+for itself without a tensor (a convolution's workspace) is not seen unless ``workspaces`` measures it
+(:mod:`lit_compute.memory.workspaces`, as the estimate does).
 """
 
 from __future__ import annotations
@@ -87,8 +87,11 @@ class StorageTracker(TorchDispatchMode):
         16640
     """
 
-    def __init__(self) -> None:
+    def __init__(self, workspaces: Any = None) -> None:
+        """``workspaces``: ``workspaces(func, args, kwargs)`` -> bytes the op allocates for itself beyond its outputs
+        (:class:`~lit_compute.memory.workspaces.KernelWorkspaces`), counted as ``other`` while the op runs."""
         super().__init__()
+        self.workspaces = workspaces
         self._log: list[tuple[int, int]] = []  # (+record or -record - 1, ...) as (kind, record) pairs
         self._records: list[list[Any]] = []  # [nbytes, phase, storage weakref]
         self._live: dict[int, int] = {}  # id(storage) -> record
@@ -185,7 +188,17 @@ class StorageTracker(TorchDispatchMode):
                 st = _storage(t)
                 if st is not None and st.nbytes() > 0:
                     self._note(st)
+        if self.workspaces is not None:
+            self._transient(self.workspaces(func, args, kwargs))
         return out
+
+    def _transient(self, nbytes: int) -> None:
+        """``nbytes`` allocated beside the op's outputs and freed as it returns (a kernel's workspace)."""
+        if nbytes > 0:
+            record = len(self._records)
+            self._records.append([int(nbytes), self._phase, None])
+            self._log.append((1, record))
+            self._log.append((-1, record))
 
     # -- reading ------------------------------------------------------------------------------------
     @property

@@ -27,6 +27,7 @@ from torch import nn
 
 from lit_compute import _compat
 from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
+from lit_compute.memory.workspaces import KernelWorkspaces
 from lit_compute.planning.capacity import capacity_of
 from lit_compute.planning.checkpoint_advice import Checkpointing, checkpoint_candidates
 
@@ -82,6 +83,7 @@ class _Pieces:
     trainer: Any
     fake_mode: Any
     built: str = ""  # how the model was built when the meta device was not enough (a note for the plan)
+    workspaces: KernelWorkspaces = field(default_factory=KernelWorkspaces)
 
 
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
@@ -236,16 +238,20 @@ def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
 
 
 def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], precision: Any,
-               extra_gradient_bytes: int = 0) -> MemoryBreakdown:
+               extra_gradient_bytes: int = 0, workspaces: Any = None) -> MemoryBreakdown:
     """Run one training step of ``model`` on ``batch`` as Lightning's automatic optimization does (``training_step``,
     ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`; the
     step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
-    backward, ``optimizers()`` the built optimizers)."""
+    backward, ``optimizers()`` the built optimizers). The batch counts as ``other`` (it is in memory through the step);
+    ``workspaces`` adds what kernels allocate for themselves (:class:`~lit_compute.memory.workspaces.KernelWorkspaces`)."""
+    from torch.utils._pytree import tree_leaves
+
     from lit_compute.memory.memory_monitor import state_tensors
 
-    tracker = StorageTracker()
+    tracker = StorageTracker(workspaces)
     for part, tensors in state_tensors(model, optimizers).items():
         tracker.register(tensors, part)
+    tracker.register(tree_leaves(batch), "other")
     tracker.register_bytes(extra_gradient_bytes, "gradients")
     manual = not model.automatic_optimization
     if manual:
@@ -277,8 +283,8 @@ def _predict(pieces: _Pieces, optimizers: list[Any], micro_batch: int, bucket_by
     batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
     precision = pieces.trainer.precision_plugin
     with pieces.fake_mode:
-        first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes)
-        second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes)
+        first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces)
+        second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces)
     return max(first, second, key=lambda b: b.peak)
 
 
