@@ -52,6 +52,7 @@ class MemoryBreakdown:
     parts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
     at: str = ""
     baseline: int = 0
+    reserved: int | None = None  # a CUDA caching allocator's reserved peak, where modelled
 
     def as_dict(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak, **{f"{p}_bytes": self.parts[p] for p in PARTS}, "at": self.at}
@@ -99,6 +100,7 @@ class StorageTracker(TorchDispatchMode):
         self._fixed: dict[int, str] = {}  # record -> part, for registered storages
         self._phase = "forward"
         self._hooks: Any = None
+        self._resize: tuple[Any] | None = None  # UntypedStorage's own resize_ (or None) before this tracker
         self._in_dtensor = False
 
     # -- recording ----------------------------------------------------------------------------------
@@ -150,8 +152,29 @@ class StorageTracker(TorchDispatchMode):
         """Label what runs from now on (``"backward"``, ``"optimizer"``): the peak says where it happened."""
         self._phase = label
 
+    def _resized(self, st: torch.UntypedStorage) -> None:
+        """``st`` was resized in place (FSDP2 frees a gathered parameter's storage by resizing it to 0 bytes and
+        gathers into it again later): its old size is freed, its new size allocated, in the same part."""
+        key = id(st)
+        old = self._live.get(key)
+        if old is not None:
+            self._free(key, old)
+        if st.nbytes() > 0:
+            record = self._note(st, self._fixed.get(old) if old is not None else None)
+            if old in self._saved:
+                self._saved.add(record)
+
     def __enter__(self) -> StorageTracker:
         tracker = self
+        resize = torch.UntypedStorage.resize_
+
+        def tracked_resize(st: torch.UntypedStorage, size: int) -> Any:
+            out = resize(st, size)
+            tracker._resized(st)
+            return out
+
+        self._resize = (torch.UntypedStorage.__dict__.get("resize_"),)  # the class's own override, if any
+        setattr(torch.UntypedStorage, "resize_", tracked_resize)  # noqa: B010 - restored at exit
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             st = _storage(t) if isinstance(t, torch.Tensor) else None
@@ -167,6 +190,13 @@ class StorageTracker(TorchDispatchMode):
         try:
             super().__exit__(*exc)
         finally:
+            if self._resize is not None:
+                (own,) = self._resize
+                if own is None:
+                    delattr(torch.UntypedStorage, "resize_")  # the inherited method again
+                else:
+                    setattr(torch.UntypedStorage, "resize_", own)  # noqa: B010 - an outer tracker's
+                self._resize = None
             if self._hooks is not None:
                 self._hooks.__exit__(*exc)
                 self._hooks = None
@@ -212,6 +242,11 @@ class StorageTracker(TorchDispatchMode):
         for i, (kind, record) in enumerate(self._log):
             live += kind * self._records[record][0]
             yield i, live
+
+    def events(self) -> Iterator[tuple[int, int, int]]:
+        """The log as ``(kind, record, nbytes)``: kind +1 an allocation, -1 a free, in order."""
+        for kind, record in self._log:
+            yield kind, record, self._records[record][0]
 
     def breakdown(self, gradients: Iterable[Any] = (), optimizer: Iterable[Any] = ()) -> MemoryBreakdown:
         """The peak and its parts. ``gradients`` and ``optimizer`` are the tensors that are gradients and optimizer

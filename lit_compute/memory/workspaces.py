@@ -4,10 +4,10 @@ A convolution on a CPU (oneDNN) reorders its output and gradients through buffer
 takes the workspace of the algorithm it picks. No tensor holds these buffers, so
 :class:`~lit_compute.memory.StorageTracker` cannot see them, yet they are in the step's peak (a 3-conv CNN at 64 px
 was 25% over its tensors' bytes on a CPU). :class:`KernelWorkspaces` measures them: for each convolution shape a
-trace meets (forward and backward), it runs the op for real on the trace's device at micro-batch 1 and 2 (small
-tensors, a few milliseconds) and takes how much more than its outputs the allocator held at the op's peak; the
-workspace is then the line through the two, at the traced micro-batch. A CPU is measured with the profiler's
-allocator events, a GPU with the caching allocator's peak. A device that is not here (a GPU config estimated on a
+trace meets (forward and backward), it runs the op once for real on the trace's device at the traced micro-batch
+(within a memory budget; beyond it, at two smaller sizes and along the line through them) and takes how much more
+than its outputs the allocator held at the op's peak. A CPU is measured with the profiler's allocator events, a GPU
+with the caching allocator's peak. A device that is not here (a GPU config estimated on a
 CPU machine) is not measured: :attr:`KernelWorkspaces.unmeasured` names it.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PROBED", "KernelWorkspaces"]
+__all__ = ["PROBED", "KernelWorkspaces", "blas_workspaces"]
 
 aten = torch.ops.aten
 
@@ -69,19 +69,34 @@ def _cuda_peak_above_outputs(run: Callable[[], Any], device: torch.device) -> in
 
 class KernelWorkspaces:
     """``workspaces(func, args, kwargs)``: the bytes ``func`` allocates beyond its outputs at these shapes (0 for an op
-    that is not in :data:`PROBED`), measured as the module docstring says and kept per shape."""
+    that is not in :data:`PROBED`), measured as the module docstring says and kept per shape.
 
-    def __init__(self) -> None:
-        self._lines: dict[tuple, tuple[float, float]] = {}
+    Args:
+        budget: The most bytes one measurement's real tensors may take (default: a tenth of this machine's free
+            memory, at most 1 GB). Within it the op runs at the traced micro-batch itself; beyond it, at the two
+            largest halvings that fit, and the workspace is the line through them (kernels pick other algorithms at
+            very small batches: a line through micro-batch 1 and 2 missed ResNet-50's by 4x).
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self._measured: dict[tuple, int] = {}
         self.unmeasured: set[str] = set()  # device types that are not here
         self.failed: list[str] = []  # ops whose measurement failed (counted as 0)
+
+    def _budget(self) -> int:
+        if self.budget is None:
+            import psutil
+
+            self.budget = min(10**9, psutil.virtual_memory().available // 10)
+        return self.budget
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> int:
         batched = PROBED.get(func)
         if batched is None:
             return 0
         first = args[batched[0]]
-        if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        if not isinstance(first, torch.Tensor) or first.dim() == 0 or first.shape[0] < 1:
             return 0
         device = first.device
         if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
@@ -89,15 +104,28 @@ class KernelWorkspaces:
             return 0
         key = (func, device.type, tuple(_signature(a, i in batched) for i, a in enumerate(args)),
                tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-        if key not in self._lines:
-            try:
-                one, two = (self._measure(func, args, kwargs, batched, n, device) for n in (1, 2))
-            except Exception as err:  # noqa: BLE001 - a probe that cannot run counts nothing, and says so
-                self.failed.append(f"{func}: {type(err).__name__}")
-                one = two = 0
-            self._lines[key] = (one - (two - one), two - one)  # workspace(n) = a + b n through n = 1, 2
-        a, b = self._lines[key]
-        return max(0, int(a + b * first.shape[0]))
+        n = int(first.shape[0])
+        per_sample = sum(_nbytes(a) // max(1, int(a.shape[0])) for i, a in enumerate(args)
+                         if i in batched and isinstance(a, torch.Tensor))
+        fixed = sum(_nbytes(a) for i, a in enumerate(args) if i not in batched and isinstance(a, torch.Tensor))
+        largest = max(1, (self._budget() // 2 - fixed) // max(1, per_sample))  # inputs and about as much output
+        try:
+            if n <= largest:
+                return self._at(key, func, args, kwargs, batched, n, device)
+            m = 1 << (largest.bit_length() - 1)  # the two largest powers of two that fit: the line through them
+            if m < 2:
+                return 0
+            low, high = (self._at(key, func, args, kwargs, batched, size, device) for size in (m // 2, m))
+            return max(0, int(high + (high - low) / (m - m // 2) * (n - m)))
+        except Exception as err:  # noqa: BLE001 - a measurement that cannot run counts nothing, and says so
+            self.failed.append(f"{func}: {type(err).__name__}")
+            return 0
+
+    def _at(self, key: tuple, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int,
+            device: torch.device) -> int:
+        if (key, n) not in self._measured:
+            self._measured[(key, n)] = self._measure(func, args, kwargs, batched, n, device)
+        return self._measured[(key, n)]
 
     def _measure(self, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int,
                  device: torch.device) -> int:
@@ -113,6 +141,10 @@ class KernelWorkspaces:
             if device.type == "cuda":
                 return _cuda_peak_above_outputs(run, device)
             return _cpu_peak_above_outputs(run)
+
+
+def _nbytes(a: Any) -> int:
+    return a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
 
 
 def _signature(a: Any, batched: bool) -> Any:
@@ -131,3 +163,35 @@ def _real(a: Any, n: int | None, device: torch.device) -> Any:
     fmt = torch.channels_last if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and \
         not a.is_contiguous() else torch.contiguous_format
     return torch.zeros(shape, dtype=a.dtype, device=device).contiguous(memory_format=fmt)
+
+
+def blas_workspaces(device: torch.device) -> int | None:
+    """Bytes the caching allocator keeps for cuBLAS and cuBLASLt workspaces once a training step has run matmuls
+    on ``device`` (one per handle and stream: the forward's thread and autograd's backward thread each have a handle),
+    measured by running float32 and bfloat16 matmuls forward and backward after clearing them; ``None`` when
+    ``device`` is not a CUDA device that is here."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from lit_compute.memory.caching_allocator import round_size
+
+    with _disable_current_modes():
+        torch.cuda.synchronize(device)
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        before = torch.cuda.memory_allocated(device)
+        kept = 0
+        dtypes = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_bf16_supported() else [])
+        tensors = []
+        for dtype in dtypes:
+            a = torch.randn(256, 256, device=device, dtype=dtype, requires_grad=True)
+            bias = torch.zeros(256, device=device, dtype=dtype, requires_grad=True)
+            ((a @ a).sum() + torch.nn.functional.linear(a, a, bias).sum()).backward()
+            tensors += [a, a.grad, bias, bias.grad]
+        torch.cuda.synchronize(device)
+        kept = sum(round_size(t.untyped_storage().nbytes()) for t in tensors if t is not None)
+        held = torch.cuda.memory_allocated(device) - before - kept
+        del tensors
+    return max(0, int(held))

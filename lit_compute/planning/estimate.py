@@ -49,10 +49,12 @@ class EstimateRow:
     rank: int = 0
     at: str = ""
     method: str = "traced on fake tensors"
+    reserved_bytes: int | None = None  # CUDA: the caching allocator's reserved peak (model)
 
     def as_json(self) -> dict[str, Any]:
         return {"micro_batch": self.micro_batch, "peak_bytes": self.peak_bytes,
-                **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS}, "fits": self.fits, "rank": self.rank}
+                **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS}, "fits": self.fits, "rank": self.rank,
+                "reserved_bytes": self.reserved_bytes}
 
 
 @dataclass
@@ -84,6 +86,7 @@ class _Pieces:
     fake_mode: Any
     built: str = ""  # how the model was built when the meta device was not enough (a note for the plan)
     workspaces: KernelWorkspaces = field(default_factory=KernelWorkspaces)
+    cuda_workspaces: int = 0  # cuBLAS workspaces the caching allocator keeps (a CUDA device here: measured)
 
 
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
@@ -138,7 +141,12 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
                             "the batch's first dimension")
-    return _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "")
+    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "")
+    if trainer.strategy.root_device.type == "cuda":
+        from lit_compute.memory.workspaces import blas_workspaces
+
+        pieces.cuda_workspaces = blas_workspaces(trainer.strategy.root_device) or 0
+    return pieces
 
 
 class _Unbuildable(TypeError):
@@ -238,12 +246,17 @@ def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
 
 
 def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], precision: Any,
-               extra_gradient_bytes: int = 0, workspaces: Any = None) -> MemoryBreakdown:
+               extra_gradient_bytes: int = 0, workspaces: Any = None,
+               caching_allocator: int | None = None) -> MemoryBreakdown:
     """Run one training step of ``model`` on ``batch`` as Lightning's automatic optimization does (``training_step``,
     ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`; the
     step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
     backward, ``optimizers()`` the built optimizers). The batch counts as ``other`` (it is in memory through the step);
-    ``workspaces`` adds what kernels allocate for themselves (:class:`~lit_compute.memory.workspaces.KernelWorkspaces`)."""
+    ``workspaces`` adds what kernels allocate for themselves (:class:`~lit_compute.memory.workspaces.KernelWorkspaces`).
+    ``caching_allocator`` (a CUDA device: the bytes of cuBLAS workspaces it keeps) replays the step through the model
+    of the CUDA caching allocator (:mod:`lit_compute.memory.caching_allocator`): the peak is then what
+    ``max_memory_allocated`` would read (rounding and whole blocks beyond the tensors in ``other``) and ``reserved``
+    what ``max_memory_reserved`` would."""
     from torch.utils._pytree import tree_leaves
 
     from lit_compute.memory.memory_monitor import state_tensors
@@ -276,15 +289,24 @@ def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], 
             for optimizer in optimizers:
                 optimizer.step()
     kept = state_tensors(model, optimizers)
-    return tracker.breakdown(gradients=kept["gradients"], optimizer=kept["optimizer"])
+    found = tracker.breakdown(gradients=kept["gradients"], optimizer=kept["optimizer"])
+    if caching_allocator is not None:
+        from lit_compute.memory.caching_allocator import simulate
+
+        persistent = [(1, -1, caching_allocator)] if caching_allocator else []
+        peaks = simulate([*persistent, *tracker.events()])
+        found.parts["other"] += max(0, peaks.allocated - found.peak)
+        found.peak, found.reserved = max(found.peak, peaks.allocated), peaks.reserved
+    return found
 
 
 def _predict(pieces: _Pieces, optimizers: list[Any], micro_batch: int, bucket_bytes: int) -> MemoryBreakdown:
     batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
     precision = pieces.trainer.precision_plugin
+    caching = pieces.cuda_workspaces if pieces.trainer.strategy.root_device.type == "cuda" else None
     with pieces.fake_mode:
-        first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces)
-        second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces)
+        first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces, caching)
+        second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces, caching)
     return max(first, second, key=lambda b: b.peak)
 
 
@@ -436,6 +458,7 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     except _TooLarge as err:
         raise EstimateError(f"micro-batch {err.size} is not measured: {err.why}") from None
     plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
+    plan.notes += _device_notes(pieces)
     _fit(plan, peak_at, capacity)
     if (capacity is not None and checkpoint_advice and any(r.fits is False for r in rows)
             and method[0] == "traced on fake tensors" and not plan.checkpointing_useless):
@@ -478,10 +501,35 @@ def _affordable(size: int, measured: dict[int, MemoryBreakdown], share: float = 
 SEARCH_LIMIT = 2**24
 
 
+def _device_notes(pieces: _Pieces) -> list[str]:
+    """What the prediction adds for the device beyond tensors, and what it could not measure here."""
+    notes = []
+    device = pieces.trainer.strategy.root_device
+    if device.type == "cuda":
+        notes.append(f"CUDA: the caching allocator modelled (512-byte rounding, blocks handed out whole, 2 MiB and "
+                     f"20 MiB segments: the reserved column); {pieces.cuda_workspaces / 2**20:.0f} MiB of cuBLAS "
+                     "workspaces measured on this device")
+    if pieces.workspaces.unmeasured:
+        notes.append(f"convolution workspaces on {', '.join(sorted(pieces.workspaces.unmeasured))} are not counted: "
+                     "that device is not here to measure them on")
+    if pieces.workspaces.failed:
+        notes.append(f"workspaces not measured (counted as 0): {'; '.join(pieces.workspaces.failed[:3])}")
+    return notes
+
+
 def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
-    """The largest micro-batch that fits, and a note saying so (or why there is none)."""
+    """The largest micro-batch that fits, and a note saying so (or why there is none); on CUDA, also the largest
+    whose modelled reserved peak fits (the allocator needs whole segments)."""
     if capacity is None:
         return
+    if any(r.reserved_bytes is not None for r in plan.rows):
+        def reserved_at(size: int) -> MemoryBreakdown:
+            found = peak_at(size)
+            return MemoryBreakdown(peak=found.reserved or found.peak, parts=found.parts, at=found.at)
+
+        largest, _, _ = _largest_fitting(reserved_at, capacity)
+        plan.notes.append(f"largest micro-batch whose reserved memory fits: {largest}" if largest is not None else
+                          "not even micro-batch 1 fits once the caching allocator's segments are counted")
     plan.largest_fitting, plan.next_size, limited = _largest_fitting(peak_at, capacity)
     if plan.largest_fitting is not None and plan.next_size is not None:
         plan.notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
@@ -591,7 +639,8 @@ def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], 
 
 def _row(size: int, found: MemoryBreakdown, capacity: int | None, method: str = "traced on fake tensors") -> EstimateRow:
     return EstimateRow(micro_batch=size, peak_bytes=found.peak, parts=dict(found.parts), at=found.at,
-                       fits=None if capacity is None else found.peak <= capacity, method=method)
+                       fits=None if capacity is None else found.peak <= capacity, method=method,
+                       reserved_bytes=found.reserved)
 
 
 def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> MemoryBreakdown:

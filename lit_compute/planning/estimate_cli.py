@@ -22,11 +22,15 @@ def _gb(n: int | None) -> str:
 
 def render(plan: Plan) -> str:
     """The plan as the text ``lit-compute estimate`` prints."""
-    rows = [[r.micro_batch, _gb(r.peak_bytes), *(_gb(r.parts.get(p, 0)) for p in PARTS), r.at,
-             {True: "yes", False: "NO", None: "-"}[r.fits]] for r in plan.rows]
+    reserved = any(r.reserved_bytes is not None for r in plan.rows)  # CUDA: the caching allocator's reserved peak
+    rows = [[r.micro_batch, _gb(r.peak_bytes), *([_gb(r.reserved_bytes)] if reserved else []),
+             *(_gb(r.parts.get(p, 0)) for p in PARTS), r.at, {True: "yes", False: "NO", None: "-"}[r.fits]]
+            for r in plan.rows]
+    peak = "allocated peak GB" if reserved else "peak GB"
     lines = [f"Predicted peak memory per device of one training step ({plan.rows[0].method if plan.rows else ''}); "
              f"capacity: {plan.capacity_source}", "",
-             markdown_table(["micro-batch", "peak GB", *(f"{p} GB" for p in PARTS), "peak in", "fits"], rows)]
+             markdown_table(["micro-batch", peak, *(["reserved peak GB"] if reserved else []),
+                             *(f"{p} GB" for p in PARTS), "peak in", "fits"], rows)]
     lines += [f"- {note}" for note in plan.notes]
     if plan.checkpointing:
         lines += ["", "To fit a larger micro-batch, recompute these blocks' activations in backward "

@@ -1,6 +1,7 @@
-"""``lit-compute estimate``: the peak predicted on fake tensors against the peak measured on a real step (the
-MemoryMonitor's tracker) at three micro-batch sizes for a ResNet-50, the GPT and a Hugging Face GPT-2; the largest
-micro-batch that fits; bad input."""
+"""``lit-compute estimate``: the peak predicted on fake tensors against the peak torch's allocator reports over a
+real step (its profiler memory events: :mod:`lit_compute.bench.memory_reference`, not the tracker the estimate
+uses) at three micro-batch sizes for a ResNet-50, the GPT and a Hugging Face GPT-2; the largest micro-batch that
+fits; bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_compute import MemoryMonitor
 from lit_compute._lightning_cli import LitComputeCLI
 from lit_compute.planning import estimate
 from lit_compute.planning.estimate_cli import main
@@ -29,17 +29,22 @@ CASES = {  # config, arguments that keep it small, micro-batch sizes
 
 
 def measured_peak(config: str, overrides: list[str], micro_batch: int, root: Path) -> int:
-    """The peak MemoryMonitor measures on real training steps of ``config`` at ``micro_batch``."""
+    """The allocator's peak over a steady-state real training step of ``config`` at ``micro_batch`` (step 2: the
+    optimizer's state exists), from torch's profiler memory events: the reference ``bench memory`` uses."""
+    import shutil
+
+    out = root / "reference"
+    shutil.rmtree(out, ignore_errors=True)
     args = ["fit", "--config", config, *overrides, f"--data.init_args.batch_size={micro_batch}",
-            "--trainer.max_steps=2", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+            "--trainer.max_steps=3", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
             "--trainer.num_sanity_val_steps=0", f"--trainer.default_root_dir={root}",
-            "--trainer.callbacks+=lit_compute.MemoryMonitor"]
+            "--trainer.callbacks+=lit_compute.bench.memory_reference.ProfiledStep",
+            f"--trainer.callbacks.out={out}"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cli = LitComputeCLI(args=args)
-    monitor = [c for c in cli.trainer.callbacks if isinstance(c, MemoryMonitor)][-1]
-    return max(b.peak for b in monitor.breakdowns.values())
+        LitComputeCLI(args=args)
+    return json.loads((out / "rank0.json").read_text())["allocator_peak"]
 
 
 @pytest.mark.slow
@@ -106,7 +111,8 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     assert [r["micro_batch"] for r in rows] == [4, 8] and all(r["fits"] for r in rows)
     assert summary["largest_fitting_micro_batch"] > 8 and summary["capacity_bytes"] == 10**9
     assert set(rows[0]) == {"micro_batch", "peak_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes",
-                            "activations_bytes", "other_bytes", "fits", "rank"}
+                            "activations_bytes", "other_bytes", "fits", "rank", "reserved_bytes"}
+    assert rows[0]["reserved_bytes"] is None  # the caching allocator's reserved peak: CUDA only
     for args, phrase in ((["--device", "h900"], "--device 'h900' is not in the table; known: "),
                          (["--memory", "lots"], "--memory 'lots' is not a size"),
                          (["--micro-batch", "eight"], "--micro-batch 'eight': give whole numbers")):
