@@ -99,6 +99,7 @@ class StorageTracker(TorchDispatchMode):
         self._saved: set[int] = set()  # records autograd saved for backward
         self._fixed: dict[int, str] = {}  # record -> part, for registered storages
         self._phase = "forward"
+        self._current = 0  # bytes live now
         self._hooks: Any = None
         self._resize: tuple[Any] | None = None  # UntypedStorage's own resize_ (or None) before this tracker
         self._in_dtensor = False
@@ -119,6 +120,7 @@ class StorageTracker(TorchDispatchMode):
             pass
         self._live[key] = record
         self._log.append((1, record))
+        self._current += self._records[record][0]
         if part is not None:
             self._fixed[record] = part
         return record
@@ -130,6 +132,7 @@ class StorageTracker(TorchDispatchMode):
         if self._live.get(key) == record:
             del self._live[key]
             self._log.append((-1, record))
+            self._current -= self._records[record][0]
 
     def register(self, tensors: Iterable[Any], part: str) -> None:
         """Count storages that exist before tracking (parameters, buffers, kept gradients, optimizer state) in
@@ -146,6 +149,7 @@ class StorageTracker(TorchDispatchMode):
             record = len(self._records)
             self._records.append([int(nbytes), self._phase, None])
             self._log.append((1, record))
+            self._current += int(nbytes)
             self._fixed[record] = part
 
     def phase(self, label: str) -> None:
@@ -233,8 +237,8 @@ class StorageTracker(TorchDispatchMode):
     # -- reading ------------------------------------------------------------------------------------
     @property
     def current(self) -> int:
-        """Bytes live now."""
-        return sum(self._records[r][0] for r in self._live.values())
+        """Bytes live now (storages tracked and alive, registered bytes included)."""
+        return self._current
 
     def _walk(self) -> Iterator[tuple[int, int]]:
         """(log index, bytes live after it) through the log."""

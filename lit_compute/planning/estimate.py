@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,25 +155,65 @@ class _Unbuildable(TypeError):
     (LitComputeCLI prints it as its one line for a constructor that fails, and exits 2)."""
 
 
+#: a model built on the CPU (its constructor reads tensor values) may take at most this share of the free memory
+#: and this many seconds; beyond either, the estimate stops with one line instead
+BUILD_MEMORY_SHARE = 0.5
+BUILD_SECONDS = 300.0
+_clock = time.monotonic
+
+
+class _OverBudget(RuntimeError):
+    pass
+
+
+class _BuildBudget(StorageTracker):
+    """Follows what a constructor allocates on the CPU and stops it (:class:`_OverBudget`) past ``max_bytes`` or
+    ``max_seconds``."""
+
+    def __init__(self, max_bytes: int, max_seconds: float) -> None:
+        super().__init__()
+        self.max_bytes, self.max_seconds = max_bytes, max_seconds
+        self.start = _clock()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.current > self.max_bytes:
+            raise _OverBudget(f"it had allocated {_gb(self.current)}, more than {BUILD_MEMORY_SHARE:.0%} of this "
+                              f"machine's free memory ({_gb(self.max_bytes)})")
+        if _clock() - self.start > self.max_seconds:
+            raise _OverBudget(f"it ran for more than {self.max_seconds:.0f} s")
+        return out
+
+
 def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str]) -> Any:
     """The LightningModule built on the meta device (no memory; its tensors become fake ones on the config's device).
     A constructor that reads tensor values back (RegNet's block widths, a ``torch.linspace(...).tolist()`` drop-path
-    schedule) cannot run there: it is built on the CPU instead, its parameters then turned into fake tensors (their
-    memory freed), and ``built`` says so. A model that cannot be built either way is one line naming the class."""
+    schedule) cannot run there: it is built on the CPU instead, within a memory and time budget
+    (:data:`BUILD_MEMORY_SHARE` of the free memory, :data:`BUILD_SECONDS`), its parameters then turned into fake
+    tensors (their memory freed), and ``built`` says so. A model that cannot be built either way is one line naming
+    the class."""
+    import psutil
+
     try:
         with torch.device("meta"):
             return class_type(*args, **kwargs)
     except Exception as meta_err:  # noqa: BLE001 - any constructor failure on meta: tried once more on the CPU
         why = f"{type(meta_err).__name__}: {str(meta_err).strip().splitlines()[0] if str(meta_err).strip() else ''}"
+    budget = _BuildBudget(int(BUILD_MEMORY_SHARE * psutil.virtual_memory().available), BUILD_SECONDS)
     try:
-        with torch.device("cpu"):
+        with torch.device("cpu"), budget:
             module = class_type(*args, **kwargs)
+    except _OverBudget as err:
+        raise _Unbuildable(f"{class_type.__name__}(...) cannot be built on the meta device ({why}), and on the CPU "
+                           f"{err}: stopped. Give the model a constructor that does not read tensor values, or "
+                           "estimate on a machine with more memory") from None
     except Exception as cpu_err:  # noqa: BLE001 - the user's constructor: its failure in one line
         text = str(cpu_err).strip().splitlines()[0] if str(cpu_err).strip() else ""
         raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU "
                            f"{type(cpu_err).__name__}: {text}") from None
     built.append(f"{class_type.__name__} was built on the CPU (its constructor reads tensor values, which the meta "
-                 f"device has not: {why}), then traced on fake tensors")
+                 f"device has not: {why}; {_gb(budget.current)} for {_clock() - budget.start:.1f} s), then traced on "
+                 "fake tensors")
     return module
 
 

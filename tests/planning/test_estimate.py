@@ -286,3 +286,20 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert line == ("lit-compute: error: Broken(...) cannot be built: on the meta device RuntimeError: the weights "
                     "file is missing; on the CPU RuntimeError: the weights file is missing")
+    # built on the CPU within a budget: past the memory share or the time, one line saying which, never a traceback
+    import sys
+
+    estimate_module = sys.modules["lit_compute.planning.estimate"]  # the package exports the function of that name
+    schedule = _image_config(tmp_path, {"class_path": "build_models.DropPathSchedule"})  # the file Broken took
+
+    for name, value, phrase in (("BUILD_MEMORY_SHARE", 1e-6, "more than 0% of this machine's free memory"),
+                                ("_clock", iter(range(0, 10**6, 100)).__next__, "it ran for more than 300 s")):
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as info:
+            patch.setattr(estimate_module, name, value)
+            estimate(schedule, micro_batches=[2])
+        assert info.value.code == 2
+        (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device") and \
+            phrase in line and line.endswith("stopped. Give the model a constructor that does not read tensor "
+                                             "values, or estimate on a machine with more memory"), line
