@@ -7,7 +7,8 @@
 # build). Wheels placed in .whl/ (nvidia-dali-cuda120, jsonargparse, ...) are installed to /tmp/site first.
 # Prints and saves under ${OUT:-gpu_checks_out}/: versions.txt, bench_gpu.txt (`lit-compute bench gpu`, one
 # table; bench_gpu.md: its table, rewritten after each check, under the figure header, with the commit from git or
-# $LIT_COMPUTE_COMMIT) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
+# $LIT_COMPUTE_COMMIT), memory_cuda.md/.txt (`lit-compute bench memory` on the demo's ResNet-18: the estimate against
+# max_memory_allocated and max_memory_reserved) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
 # BENCH_TIMEOUT and PYTEST_TIMEOUT (seconds) bound the two parts.
 set -uo pipefail
 out=${OUT:-gpu_checks_out}
@@ -35,8 +36,10 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, lightning {l
 PY
 status=0
 timeout "${BENCH_TIMEOUT:-420}" "$py" -m lit_compute.cli bench gpu --markdown "$out/bench_gpu.md" 2>&1 | tee "$out/bench_gpu.txt" || status=1
+# the memory estimate on CUDA against max_memory_allocated and max_memory_reserved of real steps (#49)
+timeout "${MEMORY_TIMEOUT:-150}" "$py" -m lit_compute.cli bench memory --only "ResNet-18" --markdown "$out/memory_cuda.md" 2>&1 | tee "$out/memory_cuda.txt" || status=1
 tests="tests/test_gpu.py tests/precision"
 "$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/data/test_dali_datamodule.py"
 # shellcheck disable=SC2086
-timeout "${PYTEST_TIMEOUT:-240}" "$py" -m pytest -q -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
+timeout "${PYTEST_TIMEOUT:-240}" "$py" -m pytest -q -rA -s -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
 exit $status

@@ -210,16 +210,23 @@ def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_
 
 @pytest.mark.slow
 def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
-    """``bench memory`` on one workload: estimate's predicted peak beside MemoryMonitor's on real steps, at three
-    micro-batch sizes, within the 10% the estimate promises, under its figure header."""
+    """``bench memory`` on one workload: estimate's predicted peak beside the allocator's peak over a real step (its
+    profiler events: not the tracker), within the 10% the estimate promises, the profiler timeline and
+    MemoryMonitor's tracked peak beside them, under its figure header."""
     out = tmp_path / "memory.md"
     assert main(["bench", "memory", "--only", "GPT, 2 layers", "--markdown", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("<!-- written by `lit-compute bench memory --only GPT, 2 layers` at commit ")
-    rows = _rows(text)[1:]
-    assert [row[1] for row in rows] == ["4", "8", "16"]
-    for name, _, predicted, measured, error in rows:
+    header, *rows = _rows(text)
+    assert header == ["workload", "micro-batch", "predicted peak MB", "allocator peak MB", "error",
+                      "profiler timeline MB", "MemoryMonitor MB (tracing check)"]
+    assert [row[1] for row in rows] == ["4", "16"]
+    for name, _, predicted, measured, error, timeline, monitor in rows:
         assert name == "GPT, 2 layers, packed (gpt.yaml)"
         assert float(predicted) == pytest.approx(float(measured), rel=0.10)
-        assert abs(float(error.rstrip("%"))) <= 10
-    assert "over 3 predictions." in text
+        # the error is the prediction's against the measured peak (from the bytes: the MB shown are rounded)
+        assert float(error[:-1]) == pytest.approx(100 * (float(predicted) / float(measured) - 1), abs=0.2)
+        assert abs(float(error[:-1])) <= 10
+        assert float(timeline.split()[0]) > 0 and float(monitor) > 0
+    assert float(rows[0][3]) < float(rows[1][3])  # more samples, more memory, measured
+    assert "Largest error against the allocator: " in text and "over 2 predictions." in text
