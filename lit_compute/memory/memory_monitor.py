@@ -66,7 +66,8 @@ class MemoryMonitor(MeasuringCallback):
     first two times a batch signature (paths, shapes, dtypes) and model state occurs (the first step creates the
     optimizer's state, the second starts with it), the larger kept and reused for later steps like them; tracked
     steps are left out of every time figure. On CUDA whatever the allocator holds beyond the tracked parts is
-    ``other``; on a CPU the tracked peak is the total. Under FSDP2 and tensor parallelism each device's shards at
+    ``other``; on a CPU the tracked peak is the total of tensors (a kernel's own workspace, which
+    ``lit-compute estimate`` measures, is not in it). Under FSDP2 and tensor parallelism each device's shards at
     their local size (DTensors by their local tensors), gathered parameters and buffers as the collectives
     allocate them. DDP's gradient buckets (allocated at wrap time) count as gradients.
 

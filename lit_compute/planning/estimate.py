@@ -4,7 +4,10 @@ The config's model is built on fake tensors (``FakeTensorMode``: shapes, dtypes 
 arithmetic), one real batch is read from its datamodule and reshaped to each micro-batch size, and one whole
 training step - ``training_step``, backward, the optimizer's step, under the config's precision plugin - runs
 under :class:`~lit_compute.memory.StorageTracker`: the same tracker :class:`~lit_compute.MemoryMonitor` runs on a
-real step, so the prediction has the same parts. The step is traced twice (the first creates the optimizer's state,
+real step, so the prediction has the same parts. What no tensor holds is added: each convolution's workspace,
+measured once per shape on the device (:mod:`lit_compute.memory.workspaces`), and on CUDA the caching allocator's
+rounding, blocks and segments, replayed through its model after the cuBLAS workspaces it keeps
+(:mod:`lit_compute.memory.caching_allocator`): the allocated and the reserved peak. The step is traced twice (the first creates the optimizer's state,
 as a real run's first step does) and the larger peak is the prediction. Per rank: under DDP its gradient buckets
 are added (every rank holds the whole model).
 
@@ -70,10 +73,12 @@ class Plan:
     checkpointing: list[Checkpointing] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     checkpointing_useless: bool = False  # the state alone does not fit: recomputing activations cannot help
+    largest_fitting_reserved: int | None = None  # CUDA: the largest whose modelled reserved peak fits
 
     def summary_json(self) -> dict[str, Any]:
         """What the plan found beyond its rows, for ``--json``'s last line."""
-        return {"largest_fitting_micro_batch": self.largest_fitting, "capacity_bytes": self.capacity_bytes,
+        return {"largest_fitting_micro_batch": self.largest_fitting,
+                "largest_fitting_micro_batch_reserved": self.largest_fitting_reserved, "capacity_bytes": self.capacity_bytes,
                 "next_size": self.next_size.as_json() if self.next_size else None, "notes": self.notes}
 
 
@@ -569,6 +574,7 @@ def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
             return MemoryBreakdown(peak=found.reserved or found.peak, parts=found.parts, at=found.at)
 
         largest, _, _ = _largest_fitting(reserved_at, capacity)
+        plan.largest_fitting_reserved = largest
         plan.notes.append(f"largest micro-batch whose reserved memory fits: {largest}" if largest is not None else
                           "not even micro-batch 1 fits once the caching allocator's segments are counted")
     plan.largest_fitting, plan.next_size, limited = _largest_fitting(peak_at, capacity)

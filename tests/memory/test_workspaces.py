@@ -89,3 +89,41 @@ def test_the_caching_allocator_model_rounds_splits_and_keeps_segments():
     # a freed block is reused (no new segment), and neighbours merge into one block that a larger request fits
     peaks = simulate([(1, 0, 4 * MiB), (1, 1, 4 * MiB), (-1, 0, 0), (-1, 1, 0), (1, 2, 8 * MiB)])
     assert peaks.reserved == 20 * MiB and peaks.allocated == 8 * MiB
+
+
+def test_a_cuda_step_is_replayed_through_the_allocator_model_and_printed_with_its_reserved_peak():
+    """What ``estimate`` does for a CUDA config (its device here: the replay runs on any trace): the peak becomes the
+    allocator's (rounding and whole blocks in ``other``, after the kept cuBLAS workspaces), with a reserved peak."""
+    from lit_compute.planning.estimate import EstimateRow, Plan, trace_step
+    from lit_compute.planning.estimate_cli import render
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(100, 300), nn.ReLU(), nn.Linear(300, 3))
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).square().mean()
+
+    class NoPrecision:
+        def forward_context(self):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    model = Net()
+    model.automatic_optimization = True
+    opt = torch.optim.Adam(model.parameters())
+    batch = (torch.randn(7, 100),)
+    tensors = trace_step(model, batch, [opt], NoPrecision())
+    modelled = trace_step(model, batch, [opt], NoPrecision(), caching_allocator=32 * MiB)
+    assert tensors.reserved is None and modelled.reserved is not None
+    assert modelled.peak >= tensors.peak + 32 * MiB  # the workspaces are allocated through the step
+    assert modelled.reserved >= modelled.peak and modelled.reserved % (2 * MiB) == 0  # whole segments
+    assert sum(modelled.parts.values()) == modelled.peak  # the allocator's extra bytes are "other"
+    row = EstimateRow(micro_batch=7, peak_bytes=modelled.peak, parts=modelled.parts, fits=None,
+                      reserved_bytes=modelled.reserved)
+    text = render(Plan(rows=[row], capacity_bytes=None, capacity_source="none"))
+    header = next(line for line in text.splitlines() if line.startswith("|"))
+    assert [c.strip() for c in header.strip("|").split("|")][:3] == ["micro-batch", "allocated peak GB",
+                                                                     "reserved peak GB"]
