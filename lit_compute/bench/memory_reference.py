@@ -29,7 +29,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["ProfiledStep", "allocator_peak", "state_bytes", "timeline_peak"]
+__all__ = ["ProfiledStep", "allocator_peak", "allocator_walk", "state_bytes", "timeline_peak"]
 
 
 def _storages(tensors: Any) -> dict[int, int]:
@@ -92,11 +92,25 @@ def allocator_peak(prof: Any, device: torch.device, before: int) -> int:
             if event.typed[0] == _EventType.Allocation:
                 fields = event.typed[1]
                 if fields.device.type == device.type:
-                    changes.append((event.start_time_ns, int(fields.alloc_size)))
+                    changes.append((event.start_time_ns, int(fields.alloc_size), int(fields.ptr)))
             elif event.name.startswith(FREED):
-                changes.append((event.start_time_ns, -int(event.name[len(FREED):])))
+                changes.append((event.start_time_ns, -int(event.name[len(FREED):]), None))
+    return allocator_walk(changes, before)
+
+
+def allocator_walk(changes: list[tuple[int, int, int | None]], before: int) -> int:
+    """The peak of ``before`` plus ``(time, bytes, pointer)`` changes in time order. A free counts only for a block
+    allocated in the profile (or a marked one, pointer None): the CPU allocator remembers blocks from earlier
+    profiles and reports their frees, with sizes that may be stale, when their address is freed again."""
     live = peak = before
-    for _, change in sorted(changes):
+    allocated: set[int] = set()
+    for _, change, ptr in sorted(changes, key=lambda c: c[0]):
+        if ptr is not None and change > 0:
+            allocated.add(ptr)
+        elif ptr is not None:
+            if ptr not in allocated:
+                continue
+            allocated.discard(ptr)
         live += change
         peak = max(peak, live)
     return peak

@@ -44,9 +44,16 @@ def _cpu_peak_above_outputs(run: Callable[[], Any]) -> int:
             event = stack.pop()
             stack.extend(event.children)
             if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
-                changes.append((event.start_time_ns, int(event.typed[1].alloc_size)))
+                changes.append((event.start_time_ns, int(event.typed[1].alloc_size), int(event.typed[1].ptr)))
     live = peak = 0
-    for _, change in sorted(changes):
+    allocated: set[int] = set()  # a free counts only for a block allocated here (the allocator reports frees of
+    for _, change, ptr in sorted(changes, key=lambda c: c[0]):  # blocks from earlier profiles, at stale sizes)
+        if change > 0:
+            allocated.add(ptr)
+        elif ptr in allocated:
+            allocated.discard(ptr)
+        else:
+            continue
         live += change
         peak = max(peak, live)
     kept = sum(t.untyped_storage().nbytes() for t in tree_leaves(out) if isinstance(t, torch.Tensor))

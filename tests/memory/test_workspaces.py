@@ -127,3 +127,13 @@ def test_a_cuda_step_is_replayed_through_the_allocator_model_and_printed_with_it
     header = next(line for line in text.splitlines() if line.startswith("|"))
     assert [c.strip() for c in header.strip("|").split("|")][:3] == ["micro-batch", "allocated peak GB",
                                                                      "reserved peak GB"]
+
+
+def test_the_reference_counts_a_free_only_for_a_block_it_saw_allocated_or_marked():
+    """The CPU allocator keeps the sizes of blocks from earlier profiles and reports their frees when the address is
+    freed again: in a long process (the test suite) such a stale free lowered the measured peak of a later step by a
+    gradient's worth. The walk ignores it; a marked free of a storage older than the profile counts."""
+    from lit_compute.bench.memory_reference import allocator_walk
+
+    changes = [(1, 100, 1), (2, -50, 9), (3, -30, None), (4, 70, 2), (5, -100, 1), (6, 10, 3)]
+    assert allocator_walk(changes, before=1000) == 1000 + 100 - 30 + 70  # the free of block 9 (never seen) ignored
