@@ -83,7 +83,7 @@ def allocator_peak(prof: Any, device: torch.device, before: int) -> int:
     the profile (which it does not report)."""
     from torch._C._profiler import _EventType
 
-    changes: list[tuple[int, int]] = []
+    changes: list[tuple[int, int, int | None]] = []
     for root in prof.profiler.kineto_results.experimental_event_tree():
         stack = [root]
         while stack:
