@@ -10,7 +10,9 @@ Four parts, each a table of predicted vs measured with the error:
 - ``gpu``: published GPU training throughputs (NVIDIA DeepLearningExamples, cited in each row) against the
   prediction from this model's step counted on fake tensors at the published batch, at the default efficiencies;
   the rows the defaults were set on are marked as such, the others are the check;
-- ``input``: an input-bound run (a loader with one worker and a heavy decode) priced on an H100.
+- ``input``: an input-bound run (a loader decoding 224 px images in the training process) calibrated at one
+  micro-batch and predicting two others on this CPU, measured (the loader's cost per batch and per sample timed
+  apart from the run).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
     slow spell of the machine touches them all alike); each figure is the run of median step time."""
     from lit_compute.hardware.this_machine import this_machine
-    from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run
+    from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
     chip = this_machine()
     rows = []
@@ -90,7 +92,7 @@ def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
             for name, extra, _, _ in targets[round_ % len(targets):] + targets[:round_ % len(targets)]:
                 emit(f"  {family}: {name} (round {round_ + 1} of {repeats}) ...")
                 runs[name].append(read_run(_fit([*base, *extra, _CALLBACKS], out)))
-        base_run = _median_run(runs["calibration"])
+        base_run = with_loader_cost(_median_run(runs["calibration"]))
         calibration = ", ".join(f"{r.step_s * 1e3:.0f}" for r in sorted(runs["calibration"], key=lambda r: r.step_s))
         cal = calibrate(base_run, chip)
         for name, _, micro, precision in targets[1:]:
@@ -299,22 +301,36 @@ def fit_defaults() -> dict[str, float]:
 
 
 # -- an input-bound run -----------------------------------------------------------------------------------------
-def input_part(out: str) -> list[list[Any]]:
-    from lit_compute.hardware.chips import find_chip
-    from lit_compute.planning.whatif import Scenario, default_calibration, predict, read_run
+def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
+    """A linear probe on 224 px images whose loader decodes in the training process (no workers): calibrated on a
+    run at micro-batch 8, its loader timed apart at two batch sizes, predicting the runs at micro-batch 4 and 32 on
+    this CPU, each measured (``repeats`` rounds interleaved; the run of median step time)."""
+    from lit_compute.hardware.this_machine import this_machine
+    from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
-    args = [*_IMAGE, "--data.init_args.num_workers=1", "--data.init_args.image_size=224",
-            "--model=lit_compute.bench.whatif_bench.LinearProbe", "--data.init_args.batch_size=32", _CALLBACKS]
-    emit("  a loader with one worker decoding 224 px images for a linear probe ...")
-    run = read_run(_fit(args, out))
-    p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", run.samples), default_calibration())
-    if not run.step_s:
-        raise RuntimeError("the input-bound run logged no step time (StepTimeMonitor)")
-    measured = run.samples_per_step / run.step_s
-    return [[f"a linear probe on 224 px images, 1 loader worker (waits {100 * (run.wait_s or 0) / run.step_s:.0f}% "
-             "of the step here), on h100-sxm bf16-mixed",
-             f"bottleneck predicted: {p.bottleneck}", f"{p.samples_per_s:,.1f}", f"{measured:,.1f}",
-             _error(p.samples_per_s, measured)]]
+    chip = this_machine()
+    args = [*_IMAGE, "--data.init_args.num_workers=0", "--data.init_args.image_size=224",
+            "--model=lit_compute.bench.whatif_bench.LinearProbe", _CALLBACKS]
+    sizes = (8, 4, 32)
+    runs: dict[int, list[Any]] = {size: [] for size in sizes}
+    for round_ in range(repeats):
+        for size in sizes:
+            emit(f"  a linear probe decoding 224 px images in the training process, micro-batch {size} "
+                 f"(round {round_ + 1} of {repeats}) ...")
+            runs[size].append(read_run(_fit([*args, f"--data.init_args.batch_size={size}"], out)))
+    base = with_loader_cost(_median_run(runs[8]))
+    cal = calibrate(base, chip)
+    loader = (f"its loader timed apart: {base.loader.per_batch * 1e3:.2f} ms a batch + {base.loader.per_sample * 1e3:.2f} "
+              "ms a sample" if base.loader is not None else "its loader not timed apart")
+    rows = []
+    for size in sizes[1:]:
+        measured = _median_run(runs[size])
+        p = predict(base, Scenario(chip, "32-true", size), cal)
+        rows.append([f"a linear probe on 224 px images, loader in the process (waits {100 * (base.wait_s or 0) / base.step_s:.0f}"
+                     f"% of the step at micro-batch 8)", f"calibrated on micro-batch 8, {loader}; predicts micro-batch "
+                     f"{size} on this CPU (measured runs: {', '.join(f'{r.step_s * 1e3:.0f}' for r in sorted(runs[size], key=lambda r: r.step_s))} ms)",
+                     f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}", _error(p.step_time_s, measured.step_s)])
+    return rows
 
 
 class LinearProbe(pl.LightningModule):
@@ -350,7 +366,7 @@ def main(argv: list[str]) -> int:
         parts = [("cpu", "This CPU: calibrated on one run, predicting others (step time, ms)", cpu_part),
                  ("comm", "Collectives on two gloo ranks (ms per step)", comm_part),
                  ("gpu", "Published GPU training throughputs (samples/s)", lambda _: gpu_part()),
-                 ("input", "An input-bound run priced on an H100 (samples/s)", input_part)]
+                 ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part)]
         for name, title, part in parts:
             if args.only and args.only != name:
                 continue

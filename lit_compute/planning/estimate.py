@@ -93,6 +93,7 @@ class _Pieces:
     built: str = ""  # how the model was built when the meta device was not enough (a note for the plan)
     workspaces: KernelWorkspaces = field(default_factory=KernelWorkspaces)
     cuda_workspaces: int = 0  # cuBLAS workspaces the caching allocator keeps (a CUDA device here: measured)
+    loader: Any = None  # the training loader, in this process (no workers)
 
 
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
@@ -139,7 +140,8 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     model = trainer.precision_plugin.convert_module(model)
     fake_tensors(model, fake_mode, trainer.strategy.root_device)
     try:
-        batch = next(iter(_train_loader(model, datamodule)))
+        loader = _train_loader(model, datamodule)
+        batch = next(iter(loader))
     except (ValueError, TypeError, OSError, ModuleNotFoundError) as err:  # a data folder or file that is not there
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise EstimateError(f"the config's training data cannot be read: {text}") from None
@@ -147,7 +149,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
                             "the batch's first dimension")
-    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "")
+    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "", loader=loader)
     if trainer.strategy.root_device.type == "cuda":
         from lit_compute.memory.workspaces import blas_workspaces
 

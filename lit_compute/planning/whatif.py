@@ -12,9 +12,12 @@ bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step 
   compute time. Elsewhere it is :data:`DEFAULT_EFFICIENCY` (docs/whatif.md names the results it was set on). The
   micro-batch scales every class but the optimizer's step (and the matmuls' weight traffic); the precision scales
   the bytes (two per value in bf16/fp16) and picks the peak of the compute dtype.
-- **input**: the data wait a faster chip does not shorten. A loader in the training process (no workers) costs its
-  measured time per sample; a loader with workers prefetches, and the rate it fed at when the run waited for it is
-  a ceiling on the throughput.
+- **input**: the host's work for each batch, which a faster chip does not shorten. A loader in the training process
+  (no workers) costs Lightning's fetch (fixed per batch) plus the loader's own cost per batch and per sample, timed
+  apart from the run at two batch sizes (:mod:`lit_compute.planning.loader_cost`); a fixed cost is not multiplied
+  by the micro-batch. On an accelerator the host fetches the next batch while the device runs the queued kernels,
+  so the step is the longer of the two (the output says when the host is the bottleneck); on a CPU they add. A
+  loader with workers prefetches, and the rate it fed at when the run waited for it is a ceiling on the throughput.
 - **communication**: the gradients' all-reduce (DDP: ``2(N-1)/N`` of the gradient bytes per rank, ring) or FSDP2's
   gathers and reduce-scatter (``(N-1)/N`` of twice the parameters and once the gradients) over the slowest link
   (the chip's own within a node, the network across nodes), less the overlap with compute the run measured (none
@@ -33,7 +36,7 @@ from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
 __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError", "calibrate",
-           "predict", "read_run"]
+           "predict", "read_run", "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The four FLOP fractions were set by ``lit-compute bench whatif --fit-defaults`` on four published
@@ -88,6 +91,7 @@ class RunFacts:
     torch_threads: int | None = None  # the compute threads of each process
     devices_per_node: int = 1
     notes: list[str] = field(default_factory=list)  # what reading the run found (several runs, a cut-short file)
+    loader: Any = None  # LoaderCost: the in-process loader's cost per batch and per sample, timed apart (None: unknown)
 
     @property
     def samples_per_step(self) -> int:
@@ -174,11 +178,13 @@ class Prediction:
     peak_memory_bytes: float | None
     cost_per_million: float | None
     notes: list[str] = field(default_factory=list)
+    host_s: float = 0.0  # the host's input work per step (the loader in the process, Lightning's fetch), hidden or not
 
     def as_json(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
                 "network": self.network, "precision": self.precision, "micro_batch": self.micro_batch,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s, "input_s": self.input_s,
+                "host_s": self.host_s,
                 "comm_s": self.comm_s, "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "bottleneck": self.bottleneck, "fits": self.fits,
                 "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million}
@@ -411,13 +417,8 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     per_batch, flops_bound, bytes_bound = _roofline(classes, chip, scenario.precision, cal)
     compute = per_batch * run.accumulate
     samples_per_step = scenario.micro_batch * run.accumulate
-    # input: what a faster chip does not shorten
-    input_serial, loader_rate = 0.0, None
-    if run.wait_s is not None and run.step_s:
-        if run.loader_workers == 0:
-            input_serial = run.wait_s / run.samples_per_step * samples_per_step
-        elif run.wait_s > 0.05 * run.step_s:
-            loader_rate = run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
+    # input: the host's work for each batch that a faster chip does not shorten
+    host, loader_rate = _host_input(run, scenario, notes)
     link = _slowest_link(scenario)
     comm = _comm_seconds(run, scenario, link, cal, measured_links)
     overlap = run.comm_overlap if run.comm_overlap is not None else 0.0
@@ -429,14 +430,21 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         notes.append(f"collectives overlapped with compute run {slowdown:.2g}x slower: on a CPU their thread shares "
                      "the cores with the computing ones")
     exposed = comm * (1.0 - overlap)
-    step = compute + exposed + input_serial
+    device = compute + exposed
+    # an accelerator runs its queued kernels while the host fetches the next batch: the step is the longer of the two;
+    # a CPU does both itself, one after the other
+    accelerator = chip.kind != "cpu"
+    step = max(device, host) if accelerator else device + host
     bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"
-    if input_serial > max(compute, exposed):
+    if host > (device if accelerator else max(compute, exposed)):
         bottleneck = "input"
     if loader_rate is not None and samples_per_step / loader_rate > step:
         step, bottleneck = samples_per_step / loader_rate, "input"
-    elif exposed > compute and exposed > input_serial:
+    elif exposed > compute and exposed > host:
         bottleneck = "communication"
+    if accelerator and host and bottleneck == "input":
+        notes.append(f"the host is the bottleneck: {host * 1e3:.3g} ms of loading and Lightning's own work per step on "
+                     f"the run's CPU against {device * 1e3:.3g} ms on the device")
     replicas = scenario.devices // max(1, run.tensor_parallel)
     samples_per_s = replicas * samples_per_step / step
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
@@ -451,11 +459,53 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         cost = 1e6 / samples_per_s / 3600 * scenario.devices * scenario.price_per_hour
     return Prediction(hardware=chip.name, nodes=scenario.nodes, devices_per_node=scenario.devices_per_node,
                       network=link.name, precision=scenario.precision, micro_batch=scenario.micro_batch,
-                      step_time_s=step, compute_s=compute, input_s=max(input_serial, step - compute - exposed),
+                      step_time_s=step, compute_s=compute, input_s=max(0.0, step - device), host_s=host,
                       comm_s=exposed, comm_total_s=comm, samples_per_s=samples_per_s,
                       tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
                       mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,
                       cost_per_million=cost, notes=notes)
+
+
+def _host_input(run: RunFacts, scenario: Scenario, notes: list[str]) -> tuple[float, float | None]:
+    """(seconds of host input work per step, the feed-rate ceiling of a loader with workers or None).
+
+    A loader without workers runs in the training process: the run's measured wait per batch is Lightning's fetch and
+    hooks (fixed per batch) plus the loader's own cost, timed apart at two batch sizes (:mod:`loader_cost`): per
+    batch and per sample. At the target's micro-batch: the fixed part, the loader's per-batch cost and its per-sample
+    cost times the samples. Without the loader's timing the whole wait is priced per batch (a note says so). A loader
+    with workers prefetches: when the run waited for it, the rate it fed at is a ceiling."""
+    if run.wait_s is None or not run.step_s:
+        return 0.0, None
+    if run.loader_workers == 0:
+        waited = run.wait_s / max(1, run.accumulate)  # per batch
+        if run.loader is not None:
+            fixed = max(0.0, waited - run.loader.at(run.samples))
+            per_batch = fixed + run.loader.at(scenario.micro_batch)
+        else:
+            per_batch = waited
+            if scenario.micro_batch != run.samples:
+                notes.append("the loader's cost per sample is not known (its loader was not timed apart): the run's "
+                             "data wait is priced per batch, at any micro-batch")
+        return per_batch * run.accumulate, None
+    if run.wait_s > 0.05 * run.step_s:
+        return 0.0, run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
+    return 0.0, None
+
+
+def with_loader_cost(run: RunFacts) -> RunFacts:
+    """``run`` with its in-process loader timed apart (:func:`~lit_compute.planning.loader_cost.loader_cost`) when it
+    had no workers and waited for data; a note where that cannot be done (no config in the run folder, a loader
+    that does not build here)."""
+    if run.loader_workers != 0 or not run.wait_s or run.loader is not None:
+        return run
+    from lit_compute.planning.loader_cost import loader_cost
+
+    try:
+        run.loader = loader_cost(run.path, run.samples)
+    except Exception as err:  # noqa: BLE001 - the user's data code: the reason in one line, priced without it
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        run.notes.append(f"the loader could not be timed apart ({text[:160]}): its data wait is priced per batch")
+    return run
 
 
 def host_contention(run: RunFacts, scenario: Scenario) -> float:

@@ -29,6 +29,7 @@ from lit_compute.planning.whatif import (
     default_calibration,
     predict,
     read_run,
+    with_loader_cost,
 )
 
 __all__ = ["PRECISIONS", "main", "load_prices", "sweep"]
@@ -155,7 +156,7 @@ def main(argv: list[str]) -> int:
         names = [n.strip() for n in args.hardware.split(",") if n.strip()]
         if not names:
             raise WhatifError(f"--hardware {args.hardware!r} names no chip; give table keys, device names, run or this")
-        run = read_run(args.run)
+        run = with_loader_cost(read_run(args.run))
         targets = [own_hardware(run, chips) if n.lower() == "run" else this_chip(chips) if n.lower() == "this"
                    else find_chip(n, chips) for n in names]
         networks = [find_link(n, links) for n in args.network.split(",") if n.strip()]
@@ -166,7 +167,7 @@ def main(argv: list[str]) -> int:
         if any(n < 1 for n in nodes) or args.devices_per_node < 1 or (args.micro_batch is not None and args.micro_batch < 1):
             raise WhatifError("--nodes, --devices-per-node and --micro-batch must be >= 1")
         prices = load_prices(args.prices, chips) if args.prices else {}
-        calibration_run = read_run(args.calibration) if args.calibration else None
+        calibration_run = with_loader_cost(read_run(args.calibration)) if args.calibration else None
         precision = args.precision or run.precision
         if precision.lower() not in PRECISIONS:
             raise WhatifError(f"--precision {precision!r} is not one whatif prices; give one of {', '.join(PRECISIONS)}"

@@ -66,3 +66,49 @@ class WideAdamMLP(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+class _Clock:
+    """A clock the data below advances (tests drive time, they do not measure it)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+CLOCK = _Clock()
+
+
+class _ClockedSamples(torch.utils.data.Dataset):
+    def __init__(self, per_sample_s: float, n: int = 64) -> None:
+        self.per_sample_s, self.n = per_sample_s, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        CLOCK.t += self.per_sample_s
+        return torch.zeros(8), torch.tensor(0.0)
+
+
+class _ClockedCollate:
+    def __init__(self, per_batch_s: float) -> None:
+        self.per_batch_s = per_batch_s
+
+    def __call__(self, items):
+        CLOCK.t += self.per_batch_s
+        return torch.utils.data.default_collate(items)
+
+
+class ClockedData(pl.LightningDataModule):
+    """Regression samples whose loading advances :data:`CLOCK`: ``per_sample_s`` each, ``per_batch_s`` a batch."""
+
+    def __init__(self, batch_size: int = 8, per_sample_s: float = 0.0, per_batch_s: float = 0.0) -> None:
+        super().__init__()
+        self.batch_size, self.per_sample_s, self.per_batch_s = batch_size, per_sample_s, per_batch_s
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(_ClockedSamples(self.per_sample_s), batch_size=self.batch_size,
+                                           collate_fn=_ClockedCollate(self.per_batch_s))

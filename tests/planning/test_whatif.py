@@ -3,6 +3,8 @@ command on a real run folder (bad input in one line)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -83,7 +85,51 @@ def test_an_input_bound_run_stays_input_bound_on_a_faster_chip():
     assert p.bottleneck == "input" and p.samples_per_s == pytest.approx(8.0)
     serial = predict(_run(step_s=2.0, wait_s=1.5, loader_workers=0), Scenario(find_chip("h100-sxm"), "bf16-mixed", 32),
                      default_calibration())
-    assert serial.input_s == pytest.approx(3.0) and serial.bottleneck == "input"  # 1.5 s per 16 samples, in-process
+    # in the process, its loader not timed apart: the 1.5 s wait is priced per batch, and the GPU computes meanwhile
+    assert serial.host_s == pytest.approx(1.5) and serial.bottleneck == "input"
+    assert serial.step_time_s == pytest.approx(1.5) and serial.input_s == pytest.approx(1.5 - serial.compute_s)
+    assert any("cost per sample is not known" in n for n in serial.notes)
+
+
+@pytest.mark.parametrize("kind", ["per batch", "per sample"])
+def test_an_in_process_loader_is_priced_per_batch_and_per_sample_as_timed(kind):
+    """#50 item 1: a run at micro-batch 8 waited 30 ms per step: 10 ms of Lightning's fetch and 20 ms of its loader,
+    which costs 20 ms a batch whatever its size (a file opened per batch) or 2.5 ms a sample (a decode). At micro-batch
+    64 the first stays 30 ms, the second is 10 + 160 ms; on a GPU the host's work overlaps the device's, on a CPU
+    they add."""
+    from lit_compute.planning.loader_cost import LoaderCost
+
+    loader = (LoaderCost(0.020, 0.0, (4, 8), (0.020, 0.020)) if kind == "per batch"
+              else LoaderCost(0.0, 0.0025, (4, 8), (0.010, 0.020)))
+    run = _run(step_s=1.0, wait_s=0.030, samples=8, loader_workers=0, loader=loader)
+    gpu = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", 64), default_calibration())
+    expected = 0.030 if kind == "per batch" else 0.010 + 64 * 0.0025
+    assert gpu.host_s == pytest.approx(expected)
+    assert gpu.step_time_s == pytest.approx(max(gpu.compute_s, expected))  # overlapped
+    cpu = predict(run, Scenario(dataclasses.replace(CHIP, kind="cpu"), "32-true", 64), UNIT)
+    assert cpu.step_time_s == pytest.approx(cpu.compute_s + expected) and cpu.input_s == pytest.approx(expected)
+    assert not any("not known" in n for n in gpu.notes + cpu.notes)
+
+
+def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path, monkeypatch):
+    """``loader_cost`` builds the run's own loader from the config.yaml that ``lit-compute fit`` leaves in the run
+    folder and times it at two batch sizes; the dataset and collate advance a clock (2 ms a sample, 15 ms a batch)."""
+    import yaml
+
+    from lit_compute.planning import loader_cost as module
+    from tests.planning import models
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2}, "ckpt_path": None,  # fit's own key, left out
+              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
+              "data": {"class_path": "tests.planning.models.ClockedData",
+                       "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cost = module.loader_cost(tmp_path, 8, clock=models.CLOCK.now)
+    assert cost.sizes == (4, 8)
+    assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
+    with pytest.raises(FileNotFoundError, match="has no config.yaml"):
+        module.loader_cost(tmp_path / "elsewhere", 8)
 
 
 def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
