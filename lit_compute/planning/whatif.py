@@ -412,7 +412,8 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     """The target step of ``scenario`` for ``run`` at efficiencies ``cal`` (see the module docstring).
     ``measured_links``: price the collectives at the bandwidths the run's CommBenchmark measured (the run's own
     machines) instead of the link table's."""
-    chip, notes = scenario.chip, []
+    chip = scenario.chip
+    notes: list[str] = []
     classes = _scaled_classes(run, scenario)
     per_batch, flops_bound, bytes_bound = _roofline(classes, chip, scenario.precision, cal)
     compute = per_batch * run.accumulate

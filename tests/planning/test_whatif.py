@@ -4,7 +4,6 @@ command on a real run folder (bad input in one line)."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
