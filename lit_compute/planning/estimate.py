@@ -94,6 +94,7 @@ class _Pieces:
     workspaces: KernelWorkspaces = field(default_factory=KernelWorkspaces)
     cuda_workspaces: int = 0  # cuBLAS workspaces the caching allocator keeps (a CUDA device here: measured)
     loader: Any = None  # the training loader, in this process (no workers)
+    loader_workers: int | None = None  # the config's loader's worker processes
 
 
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
@@ -139,8 +140,9 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     # the precision's conversion (bf16-true, 16-true) on the meta module: a fake parameter cannot be swapped for another
     model = trainer.precision_plugin.convert_module(model)
     fake_tensors(model, fake_mode, trainer.strategy.root_device)
+    workers: list[int] = []
     try:
-        loader = _train_loader(model, datamodule)
+        loader = _train_loader(model, datamodule, workers)
         batch = next(iter(loader))
     except (ValueError, TypeError, OSError, ModuleNotFoundError) as err:  # a data folder or file that is not there
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -149,7 +151,8 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
                             "the batch's first dimension")
-    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "", loader=loader)
+    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "", loader=loader,
+                     loader_workers=workers[0] if workers else None)
     if trainer.strategy.root_device.type == "cuda":
         from lit_compute.memory.workspaces import blas_workspaces
 
@@ -242,12 +245,15 @@ def fake_tensors(module: nn.Module, fake_mode: Any, device: torch.device) -> nn.
     return module
 
 
-def _train_loader(model: Any, datamodule: Any) -> Any:
+def _train_loader(model: Any, datamodule: Any, workers: list[int] | None = None) -> Any:
+    """The training loader, without worker processes (one batch is read); ``workers`` gets the loader's own count."""
     source = datamodule if datamodule is not None else model
     if datamodule is not None:
         datamodule.prepare_data()
         datamodule.setup("fit")
     loader = source.train_dataloader()
+    if workers is not None and hasattr(loader, "num_workers"):
+        workers.append(int(loader.num_workers))
     if hasattr(loader, "num_workers") and loader.num_workers:  # one batch: no worker processes
         loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size,
                                              collate_fn=loader.collate_fn, num_workers=0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderCost", "loader_cost", "time_batches"]
+__all__ = ["LoaderCost", "loader_cost", "time_batches", "time_loader"]
 
 
 @dataclass
@@ -89,7 +89,13 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
             pieces = _build(classes, [])
         except SystemExit as err:  # the CLI's one line for a config that does not build here
             raise ValueError(f"its config does not build here (exit {err.code})") from None
-    loader = pieces.loader
+    return time_loader(pieces.loader, batch_size, batches, clock)
+
+
+def time_loader(loader: Any, batch_size: int, batches: int = 3,
+                clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
+    """Time ``loader``'s dataset and collate at ``batch_size`` and half of it (1 and 2 for a batch of 1), in this
+    process. Raises ``ValueError`` for a loader that is not a torch DataLoader or holds too few samples."""
     dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
     if dataset is None:
         raise ValueError(f"its loader is a {type(loader).__name__}, not a torch DataLoader")

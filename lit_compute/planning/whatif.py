@@ -474,9 +474,16 @@ def _host_input(run: RunFacts, scenario: Scenario, notes: list[str]) -> tuple[fl
     hooks (fixed per batch) plus the loader's own cost, timed apart at two batch sizes (:mod:`loader_cost`): per
     batch and per sample. At the target's micro-batch: the fixed part, the loader's per-batch cost and its per-sample
     cost times the samples. Without the loader's timing the whole wait is priced per batch (a note says so). A loader
-    with workers prefetches: when the run waited for it, the rate it fed at is a ceiling."""
+    with workers prefetches: when the run waited for it, the rate it fed at is a ceiling. Facts without a measured
+    step (a config counted before any run) have only the loader's timing: in the process it is the host's time, with
+    workers each worker loads whole batches at that cost, side by side (the ceiling)."""
     if run.wait_s is None or not run.step_s:
-        return 0.0, None
+        if run.loader is None:
+            return 0.0, None
+        per_batch = run.loader.at(scenario.micro_batch)
+        if run.loader_workers:
+            return 0.0, run.loader_workers * scenario.micro_batch / per_batch if per_batch > 0 else None
+        return per_batch * max(1, run.accumulate), None
     if run.loader_workers == 0:
         waited = run.wait_s / max(1, run.accumulate)  # per batch
         if run.loader is not None:

@@ -1,4 +1,4 @@
-"""``lit-compute whatif RUN [--hardware h100-sxm,a100,this] [--precision bf16-mixed] [--micro-batch 256]
+"""``lit-compute whatif RUN | --config C [--hardware h100-sxm,a100,this] [--precision bf16-mixed] [--micro-batch 256]
 [--nodes 1,8,64] [--devices-per-node 8] [--network 25gbps,100gbps] [--prices FILE] [--hardware-file FILE]
 [--calibration RUN] [--json]``: the run's step on other hardware, node counts and networks (lit_compute.whatif)."""
 
@@ -116,6 +116,8 @@ def own_hardware(run: RunFacts, chips: dict[str, Chip]) -> Chip:
     machine's CPU (measured here: the same CPU when the run was made here)."""
     if run.device.lower() in ("cpu", "this"):
         return this_chip(chips)
+    if run.device == "traced":
+        raise WhatifError("a config has run nowhere yet: name the target with --hardware (h100-sxm, a100, this, ...)")
     try:
         return find_chip(run.chip or run.device, chips)
     except HardwareError:
@@ -137,7 +139,10 @@ def _table(rows: list[Prediction], run: RunFacts) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute whatif", description=__doc__)
-    parser.add_argument("run", help="a TensorBoard run folder (lightning_logs/version_N) trained with FlopsLogger")
+    parser.add_argument("run", nargs="?", default=None,
+                        help="a TensorBoard run folder (lightning_logs/version_N) trained with FlopsLogger")
+    parser.add_argument("--config", default=None,
+                        help="instead of a run: a lit-compute fit YAML, its step counted on fake tensors before any run")
     parser.add_argument("--hardware", default="run",
                         help="chips, comma-separated: table keys (h100-sxm) or device names (NVIDIA A100-SXM4-80GB); "
                              "run = the hardware the run ran on (the default), this = this machine")
@@ -156,7 +161,14 @@ def main(argv: list[str]) -> int:
         names = [n.strip() for n in args.hardware.split(",") if n.strip()]
         if not names:
             raise WhatifError(f"--hardware {args.hardware!r} names no chip; give table keys, device names, run or this")
-        run = with_loader_cost(read_run(args.run))
+        if (args.run is None) == (args.config is None):
+            raise WhatifError("give a run folder (lit-compute whatif RUN) or a config (--config C), one of the two")
+        if args.config is not None:
+            from lit_compute.planning.config_facts import config_facts
+
+            run = config_facts(args.config)
+        else:
+            run = with_loader_cost(read_run(args.run))
         targets = [own_hardware(run, chips) if n.lower() == "run" else this_chip(chips) if n.lower() == "this"
                    else find_chip(n, chips) for n in names]
         networks = [find_link(n, links) for n in args.network.split(",") if n.strip()]

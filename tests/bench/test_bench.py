@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,27 @@ def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
         assert float(timeline.split()[0]) > 0 and float(monitor) > 0
     assert float(rows[0][3]) < float(rows[1][3])  # more samples, more memory, measured
     assert "Largest error against the allocator: " in text and "over 2 predictions." in text
+
+
+def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
+    """#50 item 4: ``bench gpu`` printed "pass" for a whatif check with 1 of 4 rows within 30%. A prediction that
+    misses the rate measured on the GPU by more than 30% now fails the check (its table is still written)."""
+    from lit_compute.bench import gpu_checks
+    from lit_compute.planning.whatif import RunFacts
+
+    facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100)}, samples=8, model_flops=1e12,
+                     trainable=1000, precision="32-true", device="traced")
+    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("lit_compute.bench.whatif_bench.traced_facts", lambda model, batch: facts)
+    monkeypatch.setattr(gpu_checks, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    rate = predict(facts, Scenario(find_chip("h100-sxm"), "bf16-mixed", 8), default_calibration()).samples_per_s
+    for measured, passes in ((rate * 1.2, True), (rate * 1.5, False)):
+        monkeypatch.setattr(gpu_checks, "measure_rate", lambda *a, m=measured, **k: m)
+        if passes:
+            assert gpu_checks.check_whatif("unused").startswith("table above: 1 of 1 within 30%")
+        else:
+            with pytest.raises(AssertionError, match="a prediction missed by more than 30%"):
+                gpu_checks.check_whatif("unused")

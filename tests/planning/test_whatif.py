@@ -320,3 +320,39 @@ def test_more_nodes_never_scale_superlinearly_the_ring_runs_at_the_slowest_link(
     assert two.samples_per_s <= 2 * one.samples_per_s * (1 + 1e-9)
     assert two.comm_total_s >= one.comm_total_s
     assert two.network == target.link  # named: the slower of the two
+
+
+def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_path, monkeypatch, capsys):
+    """#50 item 6: ``whatif --config C`` counts the step on fake tensors (FlopsLogger's counter) and prices it, no CPU
+    run first. Its op classes are what FlopsLogger logs on a real run of the same config; the loader is timed here."""
+    import yaml
+
+    from lit_compute._lightning_cli import LitComputeCLI
+    from lit_compute.planning.config_facts import config_facts
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    config = {"seed_everything": 0, "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 4,
+                                                "log_every_n_steps": 2, "enable_checkpointing": False},
+              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 64}},
+              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 8}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    facts = config_facts(path)
+    assert facts.samples == 8 and facts.device == "traced" and facts.loader is not None
+    assert facts.loader_workers == 0 and facts.memory and facts.memory["optimizer"] > 0
+    LitComputeCLI(args=["fit", "--config", str(path), "--trainer.enable_progress_bar=false",
+                        f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=lit_compute.FlopsLogger",
+                        "--trainer.callbacks.peak=none"])
+    real = read_run(next((tmp_path / "lightning_logs").glob("version_*")))
+    assert {k: v[0] for k, v in facts.by_class.items()} == {k: v[0] for k, v in real.by_class.items()}  # FLOPs
+    assert facts.model_flops == real.model_flops
+    capsys.readouterr()  # the fit's own output
+    assert main(["--config", str(path), "--hardware", "h100-sxm,a100", "--micro-batch", "64", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["hardware"] for r in rows] == ["h100-sxm", "a100"] and all(r["samples_per_s"] > 0 for r in rows)
+    assert all(r["host_s"] > 0 for r in rows)  # the loader, timed here, at micro-batch 64
+    for argv, phrase in ((["--config", str(path)], "a config has run nowhere yet: name the target with --hardware"),
+                         ([str(tmp_path), "--config", str(path)], "give a run folder (lit-compute whatif RUN) or a "
+                                                                   "config (--config C), one of the two")):
+        assert main(argv) == 2
+        assert phrase in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""A config's facts before any run, for ``lit-compute whatif --config C``: what would this cost on an H100, with no
+CPU run first.
+
+The config is built as ``lit-compute estimate`` builds it (the LightningModule on fake tensors, one real batch),
+and one whole training step - ``training_step``, backward, every optimizer's step, under the config's precision
+plugin - runs on fake tensors under FlopsLogger's counter (``SafeFlopCounterMode``: the op classes' FLOPs, bytes
+and kernels a real run's ``compute/op_classes`` would hold) and the memory tracker (the step's peak and its parts).
+The training loader is timed apart in this process (:mod:`lit_compute.planning.loader_cost`). What no run has
+measured is said in the facts' notes: the efficiencies are the defaults, and Lightning's own work per step is not
+in the host's time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lit_compute import _compat
+from lit_compute.planning.whatif import RunFacts, WhatifError
+
+__all__ = ["config_facts"]
+
+
+def config_facts(config: str | Path, overrides: list[str] | None = None) -> RunFacts:
+    """The facts :func:`~lit_compute.planning.whatif.predict` needs, from ``config`` alone (see the module
+    docstring). Raises :class:`WhatifError` for a config that cannot be built or traced (the message says why)."""
+    from lit_compute.flops.counting import SafeFlopCounterMode
+    from lit_compute.planning.estimate import (
+        EstimateError,
+        _build,
+        _prepare,
+        resized,
+        trace_step,
+        untraceable_module,
+    )
+    from lit_compute.planning.loader_cost import time_loader
+
+    try:
+        pieces = _build(config, list(overrides or []))
+    except EstimateError as err:
+        raise WhatifError(f"--config {config}: {err}") from None
+    if _compat.model_parallel_sizes(pieces.trainer.strategy) is not None:
+        raise WhatifError(f"--config {config}: ModelParallelStrategy is not traced by whatif --config; train a few "
+                          "steps with FlopsLogger and StepTimeMonitor and price that run (lit-compute whatif RUN)")
+    optimizers = _prepare(pieces)
+    counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pieces.model, hookless=True)
+
+    def optimizer_begins(*_: Any) -> None:
+        counter.in_optimizer_step = True
+
+    hooks = [opt.register_step_pre_hook(optimizer_begins) for opt in optimizers]
+    batch = resized(pieces.batch, pieces.batch_size, pieces.batch_size, pieces.fake_mode)
+    try:
+        with pieces.fake_mode, counter:
+            memory = trace_step(pieces.model, batch, optimizers, pieces.trainer.precision_plugin)
+    except EstimateError as err:
+        raise WhatifError(f"--config {config}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - the user's step on fake tensors: where it failed, in one line
+        raise WhatifError(f"--config {config}: the step cannot be counted on fake tensors "
+                          f"({untraceable_module(err, pieces.model)}: {type(err).__name__}); train a few steps with "
+                          "FlopsLogger and price that run (lit-compute whatif RUN)") from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    count = counter.result()
+    params = list(pieces.model.parameters())
+    trainer = pieces.trainer
+    notes = [f"{Path(config).name}: counted on fake tensors before any run; priced at the default efficiencies"]
+    facts = RunFacts(
+        path=Path(config), by_class={k: (float(v[0]), float(v[1]), float(v[2])) for k, v in count.by_class.items()},
+        samples=pieces.batch_size, model_flops=float(count.total), accumulate=int(trainer.accumulate_grad_batches),
+        parameters=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
+        parameter_bytes=sum(p.numel() * p.element_size() for p in params), precision=str(trainer.precision),
+        device="traced", world_size=int(trainer.world_size), data_parallel=int(trainer.world_size),
+        strategy=type(trainer.strategy).__name__, loader_workers=pieces.loader_workers,
+        tokens_per_sample=_tokens_per_sample(pieces.batch), memory={p: float(v) for p, v in memory.parts.items()},
+        notes=notes)
+    try:
+        facts.loader = time_loader(pieces.loader, pieces.batch_size)
+        notes.append("the host's time is the loader's own, timed here at two batch sizes; Lightning's work per step "
+                     "is not in it (no run measured it)")
+    except Exception as err:  # noqa: BLE001 - the user's data code: priced without input, and said
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        notes.append(f"the loader could not be timed here ({text[:160]}): no input time is priced")
+    return facts
+
+
+def _tokens_per_sample(batch: Any) -> float | None:
+    ids = batch.get("input_ids") if isinstance(batch, dict) else getattr(batch, "input_ids", None)
+    return float(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
