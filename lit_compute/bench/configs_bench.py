@@ -1,9 +1,11 @@
-"""``lit-compute bench configs A.yaml B.yaml ...``: whole configs measured side by side, as ratios to the first.
+"""``lit-compute bench configs A.yaml B.yaml ...``: whole configs measured side by side, as ratios to the first
+and to the fastest.
 
 Each config trains as a tune trial does (:func:`lit_compute.tuning.trials.run_trial`: a child process, the same
 warm-up, timed steps and recorder, so a figure here means what a tune's does), in rounds: every config once per
 round, the order reversed every other round, so slow drift of the machine falls on all of them alike. The ratio of
-each config to the first comes from the runs of the same round (paired), with the 95% interval of
+each config to the first (and to the fastest, the one of highest median rate) comes from the runs of the same round
+(paired), with the 95% interval of
 :func:`lit_compute.tuning.search.paired_ratio`; the column "others' CPUs" says how busy the rest of the machine
 kept its CPUs while each was timed. This is how a tuned config is checked against hand-picked settings.
 """
@@ -41,9 +43,22 @@ def order(rounds: int, count: int) -> list[tuple[int, int]]:
     return out
 
 
+def _median_rate(results: list[TrialResult]) -> float | None:
+    rates = [r.rate for r in results if r.ok and r.rate]
+    return statistics.median(rates) if rates else None
+
+
+def _ratio_to(mine: list[TrialResult], theirs: list[TrialResult]) -> str:
+    pairs = [(c, b) for c, b in zip(mine, theirs) if c.ok and b.ok]
+    return paired_ratio(pairs).text() if pairs else "n/a"
+
+
 def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[Any]]:
-    """The table's rows: each config's runs, median rate, and ratio to the first config from same-round pairs."""
+    """The table's rows: each config's runs, median rate, and ratios from same-round pairs to the first config (the
+    reference) and to the fastest (the one of highest median rate: how far each is from the best found)."""
     first = runs[names[0]]
+    medians = {name: _median_rate(runs[name]) for name in names}
+    fastest = max((n for n in names if medians[n] is not None), key=lambda n: medians[n] or 0.0, default=None)
     rows: list[list[Any]] = []
     for name in names:
         mine = runs[name]
@@ -54,10 +69,15 @@ def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[A
         if name == names[0]:
             ratio = "1 (reference)" if rates else "n/a"
         else:
-            pairs = [(c, b) for c, b in zip(mine, first) if c.ok and b.ok]
-            ratio = paired_ratio(pairs).text() if pairs else "n/a"
+            ratio = _ratio_to(mine, first)
+        if fastest is None:
+            to_fastest = "n/a"
+        elif name == fastest:
+            to_fastest = "1 (fastest)"
+        else:
+            to_fastest = _ratio_to(mine, runs[fastest])
         rows.append([name, " / ".join(rate_text(r) for r in rates) or "n/a",
-                     rate_text(statistics.median(rates)) if rates else "n/a", ratio,
+                     rate_text(statistics.median(rates)) if rates else "n/a", ratio, to_fastest,
                      "n/a" if busy is None else f"{busy:.2f}",
                      "; ".join(f"{r.status}: {r.reason}" for r in failed) or "ok"])
     return rows
@@ -103,5 +123,5 @@ def main(argv: list[str]) -> int:
     unit = next((r.unit for rs in runs.values() for r in rs if r.ok), "samples/s")
     emit("")
     emit(markdown(["config", f"{unit} per device, each round", "median", f"vs {names[0]} (same-round pairs)",
-                   "others' CPUs (max)", "runs"], compare(names, runs)))
+                   "vs the fastest (same-round pairs)", "others' CPUs (max)", "runs"], compare(names, runs)))
     return 0 if all(r.ok for rs in runs.values() for r in rs) else 1

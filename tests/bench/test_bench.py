@@ -159,7 +159,9 @@ def test_bench_configs_alternates_the_order_and_pairs_each_round(tmp_path, capsy
     assert ran == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
     rows = {r[0]: r for r in _rows(capsys.readouterr().out)}
     assert rows["b"][3] == "2.00x, 95% interval 2.00-2.00x over 2 pair(s)"
-    assert rows["a"][3] == "1 (reference)" and rows["a"][4] == "0.50"
+    assert rows["a"][3] == "1 (reference)" and rows["a"][5] == "0.50"
+    # #51 item 5: each config against the fastest as well as against the first
+    assert rows["b"][4] == "1 (fastest)" and rows["a"][4] == "0.50x, 95% interval 0.50-0.50x over 2 pair(s)"
 
 
 def test_bench_configs_names_a_config_it_cannot_read(tmp_path, capsys):
