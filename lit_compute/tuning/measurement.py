@@ -12,12 +12,13 @@ class Measurement(TypedDict, total=False):
     facts: dict[str, Any]  # the run's model and trainer facts (parameters, precision, batch, devices, ...)
     losses: list[float]  # the training loss of each step the numerics check reads
     loss_source: str | None  # where the losses came from (returned by training_step, logged as NAME); None: none
-    timed_steps: int  # full steps timed (after warm-up)
+    timed_steps: int  # full steps timed in the steady state (after warm-up and settling)
     remainder_steps: int  # steps after the last full window, not timed
     steps_seen: int
     samples_per_sec: float | None
     ci: float | None  # relative 95% interval of the samples/s
-    step_rates: list[float]  # samples/s (or tokens/s) of each timed step, for paired comparisons
+    step_rates: list[float]  # samples/s (or tokens/s) of each timed steady-state step, for paired comparisons
+    settling_steps: int  # timed steps before the step time settled, left out of every figure (MSER-5)
     data_wait: float | None  # share of the timed time spent waiting for data
     samples_per_step: float | None
     samples_per_batch: float | None

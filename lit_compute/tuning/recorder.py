@@ -58,6 +58,31 @@ def relative_ci(rates: list[float]) -> float:
     return t95(len(rates) - 1) * statistics.stdev(rates) / math.sqrt(len(rates)) / mean if mean > 0 else math.inf
 
 
+#: steps per batch mean in the warm-up detection (MSER-5)
+MSER_BATCH = 5
+
+
+def steady_start(durations: list[float], batch: int = MSER_BATCH) -> int:
+    """Where a run's step times settle: the number of leading steps to drop, by the marginal standard error rule
+    (MSER-5, White 1997): over means of ``batch`` consecutive steps, the truncation point ``d`` that minimizes the
+    squared standard error of the mean of what is left, ``sum((x - mean)^2) / (n - d)^2``, searched over the first
+    half. A run whose first steps are slow (oneDNN preparing bf16 or channels-last kernels, caches filling) drops
+    them; a run that is steady from the start drops none. Fewer than two batches: none."""
+    means = [statistics.fmean(durations[i:i + batch]) for i in range(0, len(durations) - batch + 1, batch)]
+    if len(means) < 2:
+        return 0
+    best, best_d = math.inf, 0
+    for d in range(len(means) // 2 + 1):
+        rest = means[d:]
+        if len(rest) < 2:
+            break
+        mean = statistics.fmean(rest)
+        value = sum((x - mean) ** 2 for x in rest) / len(rest) ** 2
+        if value < best - 1e-18:
+            best, best_d = value, d
+    return best_d * batch
+
+
 def _loss_of(outputs: Any) -> float | None:
     value = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -175,6 +200,7 @@ class TrialRecorder(MeasuringCallback):
         self.facts: dict[str, Any] = {}
         self.losses: list[float] = []
         self.steps: list[dict[str, Any]] = []  # timed steps: duration, wait, samples, tokens
+        self.settling_steps = 0  # timed steps before the step time settled (left out: steady_start)
         self._real_tokens: list[Any] = []
         self._pending_loss: float | None = None
         self._seen = 0
@@ -266,10 +292,13 @@ class TrialRecorder(MeasuringCallback):
         trainer.should_stop = True
 
     def _full(self) -> list[int]:
-        """Indices of the timed steps with full batches: an epoch's remainder batch is left out, so trials that
-        stop at different points (before or after an epoch's end) compare like with like."""
+        """Indices of the timed steps with full batches in the run's steady state: an epoch's remainder batch is left
+        out, so trials that stop at different points (before or after an epoch's end) compare like with like, and so
+        are the steps before the step time settles (:func:`steady_start`, found per run)."""
         most = max((s["samples"] for s in self.steps), default=0)
-        return [i for i, s in enumerate(self.steps) if s["samples"] == most and s["s"] > 0]
+        full = [i for i, s in enumerate(self.steps) if s["samples"] == most and s["s"] > 0]
+        self.settling_steps = steady_start([self.steps[i]["s"] for i in full])
+        return full[self.settling_steps:]
 
     def _rates(self) -> list[float]:
         return [self.steps[i]["samples"] / self.steps[i]["s"] for i in self._full()]
@@ -319,6 +348,7 @@ class TrialRecorder(MeasuringCallback):
             "samples_per_sec": samples / total_s if total_s > 0 else None,
             "ci": relative_ci(rates) if len(rates) >= 2 else None,
             "step_rates": [round(r, 6) for r in rates],
+            "settling_steps": self.settling_steps,
             "data_wait": sum(s["wait"] for s in steps) / total_s if total_s > 0 else None,
             "samples_per_step": samples / len(steps) if steps else None,
             "samples_per_batch": samples / max(1, sum(s["batches"] for s in steps)) if steps else None,

@@ -64,6 +64,8 @@ class Options:
     final_share: float = 0.25  # budget kept for the side-by-side measurement
     final_pairs: int = 3
     max_pairs: int = 3  # paired long runs of a candidate and the incumbent before a knob is called inconclusive
+    run_noise: float = 0.03  # the spread between two runs of one configuration until the tune has measured its own
+    retry: bool = True  # a knob not taken is tried again once when a later knob changed the configuration under it
 
 
 @dataclass
@@ -140,6 +142,28 @@ def reference_rate(incumbent: TrialResult, result: TrialResult) -> float:
     return incumbent.rate * statistics.fmean(theirs[:n]) / statistics.fmean(theirs)
 
 
+#: how a short trial's verdict begins when it is inside the noise: it is measured as a pair, never rejected
+UNCLEAR = "unclear"
+
+
+def short_verdict(result: TrialResult, incumbent: TrialResult, options: Options) -> str:
+    """A short trial against the incumbent over the same steady-state steps: "" when it is faster (by half the
+    minimum gain), a reason starting "slower beyond the noise" when even the top of the two runs' joint 95% interval
+    is not faster than the incumbent, else a reason starting :data:`UNCLEAR` (it goes on to a paired measurement)."""
+    reference = reference_rate(incumbent, result)
+    if result.rate is None or not reference:
+        return ""
+    ratio = result.rate / reference
+    if ratio >= 1 + options.min_gain / 2:
+        return ""
+    noise = math.hypot(result.ci or 0.0, incumbent.ci or 0.0)  # relative half-widths, the two runs independent
+    text = (f"{rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same steady-state steps "
+            f"({ratio:.2f}x, the runs' joint 95% interval +-{100 * noise:.1f}%)")
+    if ratio * (1 + noise) < 1.0:
+        return f"slower beyond the noise: {text}"
+    return f"{UNCLEAR}, measured as a pair: {text}"
+
+
 def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
             same_batches: bool = True) -> str | None:
     """Why ``result`` cannot be used (a failure or the numerics), or None."""
@@ -179,8 +203,12 @@ class Paired:
         return f"{self.ratio:.2f}x, 95% interval {self.low:.2f}-{self.high:.2f}x over {self.pairs} pair(s)"
 
 
-def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]]) -> Paired:
-    """The paired comparison of ``(candidate, incumbent)`` runs (both finished with a rate)."""
+def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]], run_noise: float | None = None) -> Paired:
+    """The paired comparison of ``(candidate, incumbent)`` runs (both finished with a rate). ``run_noise``: the
+    relative spread (standard deviation of the log rate) between two runs of one configuration, which steps within a
+    run cannot show; each pair's ratio carries two runs' worth of it, so the interval is widened by
+    ``1.96 sqrt(2 run_noise^2 / pairs)`` (in logs) from the first pair on. From three pairs the spread between the
+    pairs themselves bounds it too."""
     logs = [math.log((c.rate or 0.0) / (i.rate or 1.0)) for c, i in pairs]
     center = statistics.fmean(logs)
     step_logs: list[float] = []
@@ -197,6 +225,8 @@ def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]]) -> Paired:
         half = t95(len(step_logs) - 1) * statistics.stdev(step_logs) / math.sqrt(len(step_logs))
     if within:
         half = math.hypot(half, math.sqrt(statistics.fmean(w * w for w in within) / len(pairs)))
+    if run_noise:
+        half = math.hypot(half, 1.96 * math.sqrt(2 * run_noise**2 / len(pairs)))
     if len(pairs) >= 3:
         half = max(half, t95(len(pairs) - 1) * statistics.stdev(logs) / math.sqrt(len(pairs)))
     return Paired(ratio=math.exp(center), low=math.exp(center - half), high=math.exp(center + half), pairs=len(pairs))
@@ -215,6 +245,23 @@ class Search:
         self.estimate_s = estimate_s
         self.cached = cached  # the journal holds this trial: replayed at no cost, whatever the budget says
         self._reruns: dict[str, int] = {}  # incumbent re-runs so far, by settings (their trials' repeat index)
+        self._rates: dict[str, list[float]] = {}  # the long runs' rates by settings: the run-to-run spread
+
+    def _measured(self, spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
+        result = self.measure(spec, estimate, limit)
+        if result.ok and result.rate and spec.rung in ("long", "pair", "final"):
+            self._rates.setdefault(repr(sorted(spec.settings.items())), []).append(result.rate)
+        return result
+
+    def run_noise(self) -> float:
+        """The spread between runs of one configuration: pooled over the configurations this tune ran long more than
+        once (the standard deviation of their log rates); the option's prior until there are any."""
+        groups = [[math.log(r) for r in rates] for rates in self._rates.values() if len(rates) >= 2]
+        if not groups:
+            return self.options.run_noise
+        dof = sum(len(g) - 1 for g in groups)
+        pooled = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g) / dof
+        return math.sqrt(pooled)
 
     def _cost(self, *specs: TrialSpec) -> float:
         """Seconds these trials will take: none for those the journal holds."""
@@ -236,23 +283,33 @@ class Search:
         o = self.options
         outcome = Outcome(baseline=baseline, settings={})
         incumbent = baseline
+        not_taken: list[tuple[Knob, dict[str, Any]]] = []  # knobs tried and not taken, with the settings under them
         for knob in self.knobs:
+            before, verdicts = dict(outcome.settings), len(outcome.verdicts)
             incumbent = self._try_knob(knob, incumbent, outcome)
+            if knob.name not in outcome.settings and len(outcome.verdicts) > verdicts:
+                not_taken.append((knob, before))
+        # the configuration under a knob not taken has changed since (bf16 accepted after channels-last was
+        # rejected): that knob is tried again, once, on what is there now
+        for knob, before in not_taken if o.retry else []:
+            if outcome.settings != before and knob.name not in outcome.settings:
+                incumbent = self._try_knob(knob, incumbent, outcome, again=True)
         pairs = 0 if not outcome.settings else o.final_pairs
         for i in range(pairs):
             specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
             if i > 0 and not self._affordable(self.budget.left(), *specs):
                 break
-            limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
-            outcome.final_baseline.append(self.measure(specs[0], self.estimate_s(specs[0]), limit / 2))
-            limit = self.budget.left() + 0.05 * self.budget.total_s
-            outcome.final_tuned.append(self.measure(specs[1], self.estimate_s(specs[1]), limit))
+            # the order alternates pair by pair: neither side always runs first (a machine warming or cooling)
+            for position, spec in enumerate(specs if i % 2 == 0 else specs[::-1]):
+                limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
+                result = self._measured(spec, self.estimate_s(spec), limit / 2 if position == 0 else limit)
+                (outcome.final_baseline if spec.settings == {} else outcome.final_tuned).append(result)
         return outcome
 
     def _same_batches(self, settings: dict[str, Any]) -> bool:
         return all(k.same_batches for k in self.knobs if k.name in settings)
 
-    def _try_knob(self, knob: Knob, incumbent: TrialResult, outcome: Outcome) -> TrialResult:
+    def _try_knob(self, knob: Knob, incumbent: TrialResult, outcome: Outcome, again: bool = False) -> TrialResult:
         o = self.options
         assert incumbent.rate is not None
         short: list[Verdict] = []
@@ -261,7 +318,7 @@ class Search:
                 outcome.not_tried.append((knob.name, f"not applicable once {name} is on: {why}"))
                 return incumbent
         for value in knob.values:
-            spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 0, o.short_s)
+            spec = TrialSpec({**outcome.settings, knob.name: value}, "short", 1 if again else 0, o.short_s)
             cost = self.estimate_s(spec)
             if not self._affordable(self._search_left(), spec):
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
@@ -269,17 +326,17 @@ class Search:
             result = self.measure(spec, cost, self._search_left())
             verdict = Verdict(result, knob.name,
                               reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
-            reference = reference_rate(incumbent, result)
-            if not verdict.reason and result.rate is not None and result.rate < reference * (1 + o.min_gain / 2):
-                verdict.reason = (f"not faster: {rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same "
-                                  f"first timed steps ({result.rate / reference:.2f}x)")
+            if not verdict.reason:
+                verdict.reason = short_verdict(result, incumbent, o)
             outcome.verdicts.append(verdict)
             short.append(verdict)
         # values are listed in order of preference: a later one must be min_gain faster to be measured first
         order = {repr(v): i for i, v in enumerate(knob.values)}
-        promising = sorted((v for v in short if not v.reason), key=lambda v: -(v.result.rate or 0.0) / (
+        faster = sorted((v for v in short if not v.reason), key=lambda v: -(v.result.rate or 0.0) / (
             1 + o.min_gain) ** order.get(repr(v.result.settings.get(knob.name)), 0))
-        promising = promising[: max(1, len(short) // 2)]
+        # the better half of the faster ones; every unclear one too (never a rejection inside the noise), after them
+        unclear = sorted((v for v in short if v.reason.startswith(UNCLEAR)), key=lambda v: -(v.result.rate or 0.0))
+        promising = faster[: max(1, len(short) // 2)] + unclear
         best: Verdict | None = None
         for verdict in promising:
             long_verdict = self._paired_long(knob, dict(verdict.result.settings), incumbent, outcome)
@@ -318,7 +375,7 @@ class Search:
                 break
             self._reruns[key] = rerun.repeat + 1
             order = (candidate, rerun) if index % 2 == 0 else (rerun, candidate)
-            runs = {spec.rung: self.measure(spec, self.estimate_s(spec), self._search_left()) for spec in order}
+            runs = {spec.rung: self._measured(spec, self.estimate_s(spec), self._search_left()) for spec in order}
             ran += [runs[spec.rung] for spec in order]
             result, beside = runs["long"], runs["pair"]
             problem = failure(result, outcome.baseline, o, self._same_batches(settings))
@@ -328,7 +385,7 @@ class Search:
             if not beside.ok:  # the incumbent failed beside it: its own earlier long run stands in
                 beside = incumbent
             pairs.append((result, beside))
-            verdict.paired = paired = paired_ratio(pairs)
+            verdict.paired = paired = paired_ratio(pairs, self.run_noise())
             if paired.low >= floor:
                 return verdict
             if paired.high < floor:
