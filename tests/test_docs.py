@@ -30,6 +30,7 @@ NOT_MEASURED = {
                                                      "(TrialRecorder)",
     ("docs/tune.md", "the ratio's 95% interval"): "the confidence level of the tune's paired intervals (tuning/search.py)",
     ("docs/tune.md", "(3%), rejected"): "--min-gain's default (tuning/tune.py)",
+    ("docs/tune.md", "3% until it has"): "the tune's prior run-to-run spread (tuning/search.py Options.run_noise)",
     ("docs/tune.md", "(+5% at most"): "the budget's allowance for the last trial (tuning/tune.py)",
     ("docs/tune.md", "(5%) of the baseline"): "--loss-tolerance's default (tuning/tune.py)",
     ("docs/tune.md", "(35%: early"): "--trajectory-tolerance's default (tuning/tune.py)",
