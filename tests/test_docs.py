@@ -49,8 +49,6 @@ NOT_MEASURED = {
     ("docs/whatif.md", "at 80% of the"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "links: 80%"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "bandwidth: 85%"): "the memory-bandwidth efficiency whatif assumes (DEFAULT_EFFICIENCY)",
-    ("docs/whatif.md", "plus 5 us a kernel"): "the kernel launch cost whatif assumes (planning/whatif.py)",
-    ("docs/whatif.md", "5 us a kernel launch"): "the kernel launch cost whatif assumes (planning/whatif.py)",
     ("docs/whatif.md", "(within 15% for this CPU's"): "the issue's goal the table is read against",
     ("docs/whatif.md", "25% for the collectives"): "the issue's goal the table is read against",
     ("docs/whatif.md", "two ranks, 30% for"): "the issue's goal the table is read against",

@@ -274,7 +274,7 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
 
 def check_whatif(tmp: str) -> str:
     """``lit-compute whatif``'s prediction for this GPU from the step counted on fake tensors (no GPU involved; the
-    default efficiencies, which were set on published V100 results, not on this chip) against the samples/s that a
+    default efficiencies, which were fitted on published V100 and A100 results, not on this chip) against the samples/s that a
     Lightning run measures here at the same micro-batch and precision."""
     from lit_compute.bench.whatif_bench import traced_facts
     from lit_compute.hardware.chips import find_chip

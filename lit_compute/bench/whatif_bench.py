@@ -7,9 +7,10 @@ Four parts, each a table of predicted vs measured with the error:
 - ``comm``: two gloo ranks (DDP, and FSDP2 under ModelParallelStrategy) - the collectives' time per step predicted
   from the model's gradient (or parameter) bytes and the run's CommBenchmark bandwidth against the time the
   profiler measured in collectives;
-- ``gpu``: published GPU training throughputs (NVIDIA DeepLearningExamples, cited in each row) against the
-  prediction from this model's step counted on fake tensors at the published batch, at the default efficiencies;
-  the rows the defaults were set on are marked as such, the others are the check;
+- ``gpu``: published GPU training throughputs (``published_gpu.csv``: NVIDIA DeepLearningExamples, Lambda's
+  benchmark, this project's H200 runs, each row cited) against the prediction from the model's step counted on fake
+  tensors at the published batch, at the default efficiencies; the fit set (the rows ``--fit-defaults`` sets the
+  defaults on) and the check set (never fitted on) each with its median and largest error;
 - ``input``: an input-bound run (a loader decoding 224 px images in the training process) calibrated at one
   micro-batch and predicting two others on this CPU, measured (the loader's cost per batch and per sample timed
   apart from the run).
@@ -162,21 +163,19 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
 
 
 # -- published GPU results --------------------------------------------------------------------------------------
-RESNET = "NVIDIA DeepLearningExamples, PyTorch ResNet-50 v1.5 README (pytorch-21.03 container), 1 GPU"
-BERT = "NVIDIA DeepLearningExamples, PyTorch BERT README (pytorch-21.11 container), pre-training phase 1, 1 GPU"
-#: (model, chip, precision, batch, published samples/s, source, role)
-PUBLISHED = [
-    ("resnet50", "v100-sxm", "32-true", 256, 367, RESNET + ", DGX-1 V100 16 GB, FP32", "sets the default"),
-    ("resnet50", "v100-sxm", "16-mixed", 256, 1200, RESNET + ", DGX-1 V100 16 GB, mixed", "sets the default"),
-    ("bert-large", "v100-sxm", "32-true", 32, 50, BERT + ", DGX-1 V100 32 GB, FP32, sequence length 128",
-     "sets the default"),
-    ("bert-large", "v100-sxm", "16-mixed", 64, 224, BERT + ", DGX-1 V100 32 GB, mixed, sequence length 128",
-     "sets the default"),
-    ("resnet50", "a100", "tf32", 256, 938, RESNET + ", DGX A100 80 GB, TF32", "check"),
-    ("resnet50", "a100", "16-mixed", 256, 2470, RESNET + ", DGX A100 80 GB, mixed", "check"),
-    ("bert-large", "a100", "tf32", 128, 317, BERT + ", A100 80 GB, TF32, sequence length 128", "check"),
-    ("bert-large", "a100", "16-mixed", 256, 580, BERT + ", A100 80 GB, mixed, sequence length 128", "check"),
-]
+PUBLISHED_FILE = Path(__file__).with_name("published_gpu.csv")
+
+
+def published_rows() -> list[dict[str, Any]]:
+    """The rows of ``published_gpu.csv``: set ("fit" or "check"), model, chip, precision, batch, samples_per_s,
+    source (the file's header says how the sets were chosen)."""
+    import csv
+
+    lines = [line for line in PUBLISHED_FILE.read_text().splitlines() if line and not line.startswith("#")]
+    rows = []
+    for row in csv.DictReader(lines):
+        rows.append({**row, "batch": int(row["batch"]), "samples_per_s": float(row["samples_per_s"])})
+    return rows
 
 
 @functools.cache
@@ -194,8 +193,7 @@ def traced_facts(model: str, batch: int) -> Any:
     with torch.device("meta"):
         net, step = _model(model)
     fake_tensors(net, fake_mode, torch.device("cpu"))
-    optimizer = (torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.875, foreach=True) if model == "resnet50"
-                 else torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True))
+    optimizer = _optimizer(model, net)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=net, hookless=True)
     with fake_mode, counter:
         step(net, batch).backward()
@@ -208,17 +206,47 @@ def traced_facts(model: str, batch: int) -> Any:
                     device="traced", loader_workers=None)
 
 
-def _model(name: str) -> tuple[Any, Any]:
+def _optimizer(model: str, net: Any) -> Any:
+    """The optimizer each source trains with: SGD with momentum (DLE's ResNets), RMSprop (DLE's EfficientNets),
+    AdamW (BERT, the GPT)."""
     import torch
 
+    if model.startswith(("resnet", "resnext", "se-resnext")):
+        return torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.875, foreach=True)
+    if model.startswith("efficientnet"):
+        return torch.optim.RMSprop(net.parameters(), lr=0.01, alpha=0.9, eps=0.01, momentum=0.9, foreach=True)
+    return torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
+
+
+def _image_step(size: int) -> Any:
+    def step(net: Any, batch: int) -> Any:
+        x, y = torch.randn(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
+        return torch.nn.functional.cross_entropy(net(x), y)
+
+    return step
+
+
+def _model(name: str) -> tuple[Any, Any]:
+    """``(network, step)`` for a model of published_gpu.csv: ``step(net, batch)`` returns the loss of one batch of
+    the shape the source trained on (224 px images, 380 px for EfficientNet-B4; 128 tokens for BERT pre-training, 384
+    for SQuAD; 1,024 for the GPT)."""
+    import torchvision
+
     if name == "resnet50":
-        import torchvision
+        return torchvision.models.resnet50(), _image_step(224)
+    if name == "resnext101-32x4d":  # torchvision's ResNeXt-101 is 32x8d; 32x4d is the same blocks, half as wide
+        from torchvision.models.resnet import Bottleneck, ResNet
 
-        def step(net: Any, batch: int) -> Any:
-            x, y = torch.randn(batch, 3, 224, 224), torch.zeros(batch, dtype=torch.long)
-            return torch.nn.functional.cross_entropy(net(x), y)
-
-        return torchvision.models.resnet50(), step
+        return ResNet(Bottleneck, [3, 4, 23, 3], groups=32, width_per_group=4), _image_step(224)
+    if name == "se-resnext101-32x4d":
+        try:
+            import timm
+        except ImportError as err:  # pragma: no cover - timm is in the dev extra
+            raise RuntimeError("SE-ResNeXt-101-32x4d is built with timm: pip install 'lit-compute[dev]'") from err
+        return timm.create_model("seresnext101_32x4d", pretrained=False), _image_step(224)
+    if name in ("efficientnet-b0", "efficientnet-b4"):
+        size = 224 if name.endswith("b0") else 380
+        return torchvision.models.get_model(name.replace("-", "_"), weights=None), _image_step(size)
     if name == "gpt":
         from lit_compute.models import GPT
 
@@ -226,6 +254,10 @@ def _model(name: str) -> tuple[Any, Any]:
             return net._loss({"input_ids": torch.zeros(batch, 1024, dtype=torch.long)})
 
         return GPT(block_size=1024, n_layer=12, n_head=12, n_embd=768), gpt_step
+    if name in ("bert-large-squad", "bert-base-squad"):
+        return _bert_squad(large=name.startswith("bert-large"))
+    if name != "bert-large":
+        raise ValueError(f"no model {name!r} in lit-compute bench whatif")
     from transformers import BertConfig, BertModel
 
     config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
@@ -250,54 +282,101 @@ def _model(name: str) -> tuple[Any, Any]:
     return net, bert_step
 
 
-def _default_key(model: str, precision: str) -> str:
-    """The default efficiency a "sets the default" row sets: the convolutions' on ResNet-50, the matmuls' on
-    BERT-large; without tensor cores on the float32 row, with them on the mixed one."""
-    kind = "conv_" if model == "resnet50" else ""
-    return kind + ("vector" if precision == "32-true" else "tensor")
+def _bert_squad(large: bool) -> tuple[Any, Any]:
+    """BERT fine-tuned on SQuAD as NVIDIA's run_squad.py does it: the encoder, a start/end head, 384 tokens."""
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    width, layers, heads = (1024, 24, 16) if large else (768, 12, 12)
+    config = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * width, vocab_size=30522)
+    net = BertForQuestionAnswering(config)
+
+    def squad_step(model: Any, batch: int) -> Any:
+        ids = torch.zeros(batch, 384, dtype=torch.long)
+        target = torch.zeros(batch, dtype=torch.long)
+        return model(input_ids=ids, start_positions=target, end_positions=target).loss
+
+    return net, squad_step
+
+
+#: the parameters --fit-defaults fits (each within its bounds); bandwidth and network stay at their defaults
+FITTED = {"tensor": (0.05, 1.0), "vector": (0.05, 1.0), "tf32": (0.05, 1.0), "conv_tensor": (0.05, 1.0),
+          "conv_vector": (0.05, 1.0), "conv_tf32": (0.05, 1.0), "grouped": (0.02, 1.0), "depthwise": (0.02, 1.0),
+          "launch_s": (1e-6, 3e-5)}
+
+
+def _calibration(values: dict[str, float]) -> Any:
+    from lit_compute.planning import whatif
+
+    return whatif.Calibration(values["tensor"], values["vector"], values["bandwidth"], values["launch_s"],
+                              values["network"], "fit", values["conv_tensor"], values["conv_vector"], values["tf32"],
+                              values["conv_tf32"], values["grouped"], values["depthwise"])
+
+
+def _predicted(row: dict[str, Any], cal: Any) -> float:
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import Scenario, predict
+
+    facts = traced_facts(row["model"], row["batch"])
+    return predict(facts, Scenario(find_chip(row["chip"]), row["precision"], row["batch"]), cal).samples_per_s
 
 
 def gpu_part() -> list[list[Any]]:
-    from lit_compute.hardware.chips import find_chip
-    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY, Scenario, default_calibration, predict
+    """Every row of published_gpu.csv predicted at the default efficiencies, the fit rows first."""
+    from lit_compute.planning.whatif import default_calibration
 
-    rows, facts = [], {}
-    for model, chip, precision, batch, published, source, role in PUBLISHED:
-        key = (model, batch)
-        if key not in facts:
-            emit(f"  counting {model} at batch {batch} on fake tensors ...")
-            facts[key] = traced_facts(model, batch)
-        p = predict(facts[key], Scenario(find_chip(chip), precision, batch), default_calibration())
-        if role == "sets the default":
-            name = _default_key(model, precision)
-            role = f"sets the default {name} = {DEFAULT_EFFICIENCY[name]:.3g}"
-        rows.append([f"{model} on {chip}, {precision}, batch {batch}", f"{role}: {source}",
-                     f"{p.samples_per_s:,.0f}", f"{published:,}", _error(p.samples_per_s, published)])
+    cal, rows = default_calibration(), []
+    for row in sorted(published_rows(), key=lambda r: r["set"] != "fit"):
+        emit(f"  {row['model']} at batch {row['batch']} on {row['chip']}, {row['precision']} ...")
+        predicted = _predicted(row, cal)
+        rows.append([row["set"], f"{row['model']} on {row['chip']}, {row['precision']}, batch {row['batch']}",
+                     row["source"], f"{predicted:,.0f}", f"{row['samples_per_s']:,.0f}",
+                     _error(predicted, row["samples_per_s"])])
     return rows
 
 
+def summary(rows: list[list[Any]]) -> str:
+    """Each set's median and largest absolute error and how many rows are within 30% (from the rows' error column)."""
+    lines = []
+    for name in ("fit", "check"):
+        errors = sorted(abs(float(r[-1].rstrip("%"))) for r in rows if r[0] == name)
+        if not errors:
+            continue
+        median = errors[len(errors) // 2] if len(errors) % 2 else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+        lines.append(f"- **{name} set** ({len(errors)} rows): median absolute error {median:.1f}%, largest "
+                     f"{errors[-1]:.1f}%, {sum(e <= 30 for e in errors)} of {len(errors)} within 30%")
+    return "\n".join(lines)
+
+
 def fit_defaults() -> dict[str, float]:
-    """The default efficiencies that make the rows marked "sets the default" come out as published, each set by one
-    row: the convolutions' on ResNet-50 (FP32 without, mixed with tensor cores), the matmuls' on BERT-large (the same
-    two); bandwidth, network and launch cost held at their defaults. Bisection, all four swept until none moves (each
-    model has a little of the other's kind of op)."""
-    from lit_compute.hardware.chips import find_chip
+    """The default efficiencies that fit the rows of the fit set best: the sum of the squared log errors over them
+    minimized one parameter at a time (golden-section search in log space within :data:`FITTED`'s bounds), six
+    sweeps; bandwidth and network held at their defaults. The check rows take no part."""
+    import math
+
     from lit_compute.planning import whatif
 
-    rows = {_default_key(r[0], r[2]): r for r in PUBLISHED if r[6] == "sets the default"}
-    facts = {(r[0], r[3]): traced_facts(r[0], r[3]) for r in rows.values()}
+    rows = [r for r in published_rows() if r["set"] == "fit"]
     fitted = dict(whatif.DEFAULT_EFFICIENCY)
-    for _ in range(4):
-        for key, (model, chip, precision, batch, published, _, _) in rows.items():
-            low, high = 0.01, 1.0
+    for key, (low, high) in FITTED.items():  # start in the middle of each range: the result never depends on the
+        fitted[key] = math.sqrt(low * high)  # defaults in the code, which it is checked against
+
+    def loss(values: dict[str, float]) -> float:
+        cal = _calibration(values)
+        return sum(math.log(_predicted(r, cal) / r["samples_per_s"]) ** 2 for r in rows)
+
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(6):
+        for key, (low, high) in FITTED.items():
+            a, b = math.log(low), math.log(high)
             for _ in range(40):
-                fitted[key] = (low + high) / 2
-                cal = whatif.Calibration(fitted["tensor"], fitted["vector"], fitted["bandwidth"], fitted["launch_s"],
-                                         fitted["network"], "fit", fitted["conv_tensor"], fitted["conv_vector"])
-                rate = whatif.predict(facts[(model, batch)], whatif.Scenario(find_chip(chip), precision, batch),
-                                      cal).samples_per_s
-                low, high = (fitted[key], high) if rate < published else (low, fitted[key])
-    return {k: round(v, 3) if k != "launch_s" else v for k, v in fitted.items()}
+                c, d = b - ratio * (b - a), a + ratio * (b - a)
+                if loss({**fitted, key: math.exp(c)}) <= loss({**fitted, key: math.exp(d)}):
+                    b = d
+                else:
+                    a = c
+            fitted[key] = math.exp((a + b) / 2)
+    return {k: float(f"{v:.3g}") if k in FITTED else v for k, v in fitted.items()}
 
 
 # -- an input-bound run -----------------------------------------------------------------------------------------
@@ -354,7 +433,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
     parser.add_argument("--only", default=None, choices=["cpu", "comm", "gpu", "input"], help="run one part")
     parser.add_argument("--fit-defaults", action="store_true",
-                        help="print the default efficiencies fitted on the rows marked 'sets the default' and exit")
+                        help="print the default efficiencies fitted on published_gpu.csv's fit set and exit")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
@@ -373,7 +452,11 @@ def main(argv: list[str]) -> int:
                 continue
             emit(f"{title} ...")
             rows = part(out)
-            table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
+            if name == "gpu":
+                table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
+                table += "\n\n" + summary(rows)
+            else:
+                table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
             sections.append(f"### {title}\n\n{table}\n")
             emit(table)
     text = "\n".join(sections)

@@ -45,8 +45,9 @@ _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 
 #: The op classes bytes and FLOPs are kept by (``FlopCount.by_class``): what a roofline needs to price a step on
 #: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound; convolutions are kept apart
-#: from matmuls because chips reach different fractions of their peak on them).
-OP_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "optimizer")
+#: from matmuls because chips reach different fractions of their peak on them, and grouped and depthwise convolutions
+#: apart from dense ones because they reach far less: few FLOPs per byte, kernels without tensor-core tiles).
+OP_CLASSES = ("matmul", "conv", "conv_grouped", "conv_depthwise", "attention", "norm", "elementwise", "optimizer")
 _NORM_TOKENS = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "instance_norm")
 
 
@@ -63,6 +64,24 @@ def op_class(name: str, optimizer: bool = False) -> str:
     if is_heavy_op(name):
         return "conv" if any(t.startswith("conv") for t in re.split(r"[._]", lowered.split("::")[-1])) else "matmul"
     return "elementwise"
+
+
+def conv_class(name: str, args: Any) -> str:
+    """``conv``, ``conv_grouped`` or ``conv_depthwise`` for a convolution op (forward or backward) from its ``groups``
+    argument and its weight: depthwise when every group holds one input channel (MobileNet's and EfficientNet's
+    3x3 convolutions), grouped for other groups above one (ResNeXt's), dense otherwise."""
+    if not isinstance(args, (tuple, list)):
+        return "conv"
+    op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
+    # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+    # aten.convolution_backward(grad_output, input, weight, bias_sizes, ..., output_padding, groups, output_mask)
+    at = {"convolution": (1, 8), "convolution_backward": (2, 9), "_convolution": (1, 8)}.get(op)
+    if at is None or len(args) <= at[1]:
+        return "conv"
+    weight, groups = args[at[0]], args[at[1]]
+    if not isinstance(groups, int) or groups <= 1 or not isinstance(weight, torch.Tensor) or weight.dim() < 2:
+        return "conv"
+    return "conv_depthwise" if weight.shape[1] == 1 else "conv_grouped"
 
 
 def _nbytes(t: Any) -> int:
@@ -256,6 +275,8 @@ class SafeFlopCounterMode(FlopCounterMode):
                 self._value_dependent.setdefault(str(func_packet), set()).update(set(self.mod_tracker.parents))
             moved = self._op_bytes(args, kwargs, out)
             kind = op_class(str(func_packet), self.in_optimizer_step)
+            if kind == "conv":
+                kind = conv_class(str(func_packet), args)
             parents = set(self.mod_tracker.parents)
             if moved:
                 book = self._by_class.setdefault(kind, [0, 0, 0])

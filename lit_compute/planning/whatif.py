@@ -39,16 +39,19 @@ __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scena
            "predict", "read_run", "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
-#: run did not run on. The four FLOP fractions were set by ``lit-compute bench whatif --fit-defaults`` on four published
-#: V100 results (NVIDIA DeepLearningExamples): ``conv_vector`` and ``conv_tensor`` on ResNet-50 v1.5 (FP32 367 and mixed
-#: 1,200 images/s, pytorch-21.03), ``vector`` and ``tensor`` (matmuls, attention) on BERT-large pre-training phase 1
-#: (FP32 50 and mixed 224 sequences/s, pytorch-21.11). The docs page names them as such and never quotes them as
-#: validation (the A100 rows of the same READMEs are the check). ``bandwidth`` is what BabelStream-class copies reach
-#: of HBM (about 85%); ``network`` what a ring all-reduce reaches of a link (NCCL's tests: about 80%); a kernel launch
-#: costs about 5 microseconds.
-DEFAULT_EFFICIENCY = {"tensor": 0.742, "vector": 0.927, "conv_tensor": 0.433, "conv_vector": 0.784, "bandwidth": 0.85,
-                      "network": 0.8, "launch_s": 5e-6}
-_HEAVY = ("matmul", "conv", "attention")  # the op classes that run on tensor cores
+#: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
+#: on the fit set of ``lit_compute/bench/published_gpu.csv`` (16 published V100 and A100 results of NVIDIA
+#: DeepLearningExamples: ResNet-50, ResNeXt-101-32x4d, EfficientNet-B0, BERT-large; least squares on the log of
+#: the throughput): ``tensor``/``vector``/``tf32`` for matmuls and attention on half-precision tensor cores, without
+#: them and on TF32 ones; ``conv_*`` the same for convolutions; ``grouped`` the fraction of that a grouped convolution
+#: reaches, ``depthwise`` the fraction of the vector peak and of the bandwidth a depthwise one reaches. The file's
+#: check set (other models, eight other chips, this project's H200 runs) is never fitted on; docs/whatif.md quotes
+#: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
+#: all-reduce reaches of a link (NCCL's tests: about 80%).
+DEFAULT_EFFICIENCY = {"tensor": 0.725, "vector": 0.92, "tf32": 0.83, "conv_tensor": 0.4, "conv_vector": 0.731,
+                      "conv_tf32": 0.218, "grouped": 0.253, "depthwise": 0.217, "bandwidth": 0.85, "network": 0.8,
+                      "launch_s": 3.07e-06}
+_HEAVY = ("matmul", "conv", "conv_grouped", "attention")  # the op classes that run on tensor cores (not depthwise)
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
 
@@ -144,15 +147,27 @@ class Calibration:
     source: str
     conv_tensor: float | None = None  # convolutions' own fractions (None: those of the matmuls)
     conv_vector: float | None = None
+    tf32: float | None = None  # matmuls on TF32 tensor cores (None: the half-precision fraction)
+    conv_tf32: float | None = None  # convolutions on TF32 tensor cores (None: conv_tensor)
+    grouped: float = 1.0  # grouped convolutions reach this fraction of what dense ones reach
+    depthwise: float = 1.0  # depthwise convolutions reach this fraction of the vector fraction and of the bandwidth
 
-    def efficiency(self, kind: str, tensor_cores: bool) -> float:
+    def efficiency(self, kind: str, tensor_cores: bool, tf32: bool = False) -> float:
         """The fraction of the FLOP peak an op class reaches: convolutions and matmuls each their own, on tensor
-        cores (half or TF32) or without (float32); every other class the vector one."""
-        if kind == "conv":
+        cores (half precision, or TF32 when ``tf32``) or without (float32); grouped convolutions a fraction of the
+        dense ones'; depthwise ones (no tensor cores) a fraction of the vector one; every other class the vector
+        one."""
+        if kind == "conv_depthwise":
+            return self.vector * self.depthwise
+        if kind in ("conv", "conv_grouped"):
             value = self.conv_tensor if tensor_cores else self.conv_vector
+            if tensor_cores and tf32 and self.conv_tf32 is not None:
+                value = self.conv_tf32
             if value is not None:
-                return value
-        return self.tensor if tensor_cores and kind in _HEAVY else self.vector
+                return value * (self.grouped if kind == "conv_grouped" else 1.0)
+        if tensor_cores and kind in _HEAVY:
+            return self.tf32 if tf32 and self.tf32 is not None else self.tensor
+        return self.vector
 
 
 @dataclass
@@ -282,10 +297,10 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
     weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul", run_cpu) / max(1, run.tensor_parallel)
     # the weights' traffic (read in forward and backward, their gradient written) does not grow with the batch: it is
     # booked to the convolutions first, the rest to the matmuls (the classes do not say whose weights are whose)
-    for kind, (flops, moved, kernels) in sorted(run.by_class.items(), key=lambda item: item[0] != "conv"):
+    for kind, (flops, moved, kernels) in sorted(run.by_class.items(), key=lambda item: not item[0].startswith("conv")):
         if kind == "optimizer":
             f, b = flops, moved
-        elif kind in ("conv", "matmul"):
+        elif kind.startswith("conv") or kind == "matmul":
             fixed = min(moved, weight_bytes)
             weight_bytes -= fixed
             f, b = flops * ratio, fixed + (moved - fixed) * ratio
@@ -311,11 +326,14 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
                           "another --precision or add the peak with --hardware-file")
     total = flops_bound = bytes_bound = 0.0
     for kind, (flops, moved, kernels) in classes.items():
-        heavy = kind in _HEAVY
-        own = (chip.peak_of(kind, dtype) or tensor_peak) if heavy else vector_peak
-        peak = own * cal.efficiency(kind, heavy and dtype != "float32")
+        # fused attention runs on tensor cores in half precision only: flash attention takes fp16/bf16, and float32
+        # (TF32 allowed or not) falls back to the memory-efficient kernel on the vector units
+        heavy = kind in _HEAVY and not (kind == "attention" and dtype == "tf32")
+        own = (chip.peak_of(kind.split("_")[0], dtype) or tensor_peak) if heavy else vector_peak
+        peak = own * cal.efficiency(kind, heavy and dtype != "float32", dtype == "tf32")
         t_flops = flops / peak if flops else 0.0
-        t_bytes = moved / (chip.bandwidth * cal.bandwidth) if moved else 0.0
+        bandwidth = chip.bandwidth * cal.bandwidth * (cal.depthwise if kind == "conv_depthwise" else 1.0)
+        t_bytes = moved / bandwidth if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
         total += seconds
         if t_flops >= t_bytes:
@@ -348,7 +366,8 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
 def default_calibration() -> Calibration:
     d = DEFAULT_EFFICIENCY
     return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
-                       "defaults (docs/whatif.md: set on published V100 results)", d["conv_tensor"], d["conv_vector"])
+                       "defaults (docs/whatif.md: fitted on the fit set of published GPU results)", d["conv_tensor"],
+                       d["conv_vector"], d["tf32"], d["conv_tf32"], d["grouped"], d["depthwise"])
 
 
 def messages(run: RunFacts, scenario: Scenario) -> dict[str, list[float]]:

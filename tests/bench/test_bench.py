@@ -191,7 +191,7 @@ def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
 def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_its_rows(tmp_path, capsys):
     """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
     the same rows as docs/figures/whatif.md holds, and ``--fit-defaults`` fits whatif's default efficiencies on the
-    rows marked "sets the default" (the GPU rows are the only ones independent of this machine)."""
+    fit set of published_gpu.csv (the GPU rows are the only ones independent of this machine)."""
     from pathlib import Path
 
     from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
@@ -202,8 +202,14 @@ def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_
     assert written.startswith("<!-- written by `lit-compute bench whatif --only gpu` at commit ")
     title = "Published GPU training throughputs (samples/s)"
     committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif.md").read_text()
-    assert _table_rows(written, title) == _table_rows(committed, title)
-    assert len(_table_rows(written, title)) >= 9
+    rows = _table_rows(written, title)
+    assert rows == _table_rows(committed, title)
+    assert rows[0] == ["set", "workload", "source", "predicted", "published", "error"]
+    assert {r[0] for r in rows[1:]} == {"fit", "check"} and len(rows) - 1 >= 20
+    # each set's summary line is under the table, and it is the one the committed file carries
+    for name in ("fit", "check"):
+        line = next(x for x in written.splitlines() if x.startswith(f"- **{name} set**"))
+        assert line in committed
     assert main(["bench", "whatif", "--fit-defaults"]) == 0
     import ast
 
@@ -233,6 +239,42 @@ def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
         assert float(timeline.split()[0]) > 0 and float(monitor) > 0
     assert float(rows[0][3]) < float(rows[1][3])  # more samples, more memory, measured
     assert "Largest error against the allocator: " in text and "over 2 predictions." in text
+
+
+def test_published_gpu_results_span_three_generations_and_the_check_set_never_sets_a_default(monkeypatch):
+    """#50 item 3: published_gpu.csv holds at least 20 cited rows over at least three GPU generations, each in the fit
+    or the check set; --fit-defaults reads the fit set only: the check rows' published values can be anything without
+    moving a fitted default."""
+    from lit_compute.bench import whatif_bench
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import RunFacts
+
+    rows = whatif_bench.published_rows()
+    assert len(rows) >= 20 and {r["set"] for r in rows} == {"fit", "check"}
+    assert all(r["source"] and r["samples_per_s"] > 0 and r["batch"] > 0 for r in rows)
+    generations = {"v100": "Volta", "a100": "Ampere", "a10": "Ampere", "rtx-3090": "Ampere", "rtx-4090": "Ada",
+                   "h100": "Hopper", "h200": "Hopper"}
+    assert len({g for r in rows for prefix, g in generations.items() if r["chip"].startswith(prefix)}) >= 3
+    for r in rows:
+        find_chip(r["chip"])  # every chip is in the table
+    keys = [(r["model"], r["chip"], r["precision"], r["batch"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    # a cheap stand-in for the traced step (the fit's arithmetic is the same; its work puts the fit inside the
+    # bounds with the published rates a tenth), two parameters fitted
+    facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100), "conv": (1e12, 1e9, 100)},
+                     samples=8, model_flops=2e12, trainable=1000, precision="32-true", device="traced")
+    monkeypatch.setattr(whatif_bench, "traced_facts", lambda model, batch: facts)
+    monkeypatch.setattr(whatif_bench, "FITTED", {"tensor": (0.05, 1.0), "conv_tensor": (0.05, 1.0)})
+    base = [{**r, "samples_per_s": r["samples_per_s"] / 10} for r in rows]
+    monkeypatch.setattr(whatif_bench, "published_rows", lambda: base)
+    first = whatif_bench.fit_defaults()
+    assert 0.05 < first["tensor"] < 1.0 and 0.05 < first["conv_tensor"] < 1.0
+    moved = [{**r, "samples_per_s": r["samples_per_s"] * 10} if r["set"] == "check" else r for r in base]
+    monkeypatch.setattr(whatif_bench, "published_rows", lambda: moved)
+    assert whatif_bench.fit_defaults() == first
+    refit = [{**r, "samples_per_s": r["samples_per_s"] / 2} for r in base]
+    monkeypatch.setattr(whatif_bench, "published_rows", lambda: refit)
+    assert whatif_bench.fit_defaults() != first  # the fit rows do move it
 
 
 def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):

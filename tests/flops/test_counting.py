@@ -165,3 +165,18 @@ def test_bytes_are_counted_per_op_class_and_views_move_nothing():
                                   "aten.add", "aten._foreach_mul_", "aten.convert_element_type")] == [
         "matmul", "conv", "attention", "norm", "elementwise", "optimizer", "elementwise"]
     assert op_class("aten.mul", optimizer=True) == "optimizer"
+
+
+def test_convolutions_are_classed_by_their_groups_forward_and_backward():
+    """#50 item 2: a grouped (ResNeXt) and a depthwise (MobileNet, EfficientNet) convolution are kept apart from dense
+    ones, forward and backward, with their own FLOPs and bytes, so whatif can price each at its own efficiency."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.Conv2d(16, 16, 3, groups=16),
+                              torch.nn.Conv2d(16, 32, 3, groups=4))
+    count = count_flops(net, torch.randn(2, 8, 16, 16), backward=True, count_on="real")
+    assert {k: v[2] for k, v in count.by_class.items() if k.startswith("conv")} == {
+        "conv": 2, "conv_grouped": 2, "conv_depthwise": 2}  # one forward and one backward kernel each
+    # the depthwise one: 2 x outputs x 9 (one input channel per output), forward; backward twice that (input and
+    # weight gradients), the first layer's input gradient not needed (the count keeps hardware FLOPs: it is run)
+    outputs = 2 * 16 * 12 * 12
+    assert count.by_class["conv_depthwise"][0] == 3 * 2 * outputs * 9
+    assert count.by_class["conv_grouped"][0] == 3 * 2 * (2 * 32 * 10 * 10) * 4 * 9

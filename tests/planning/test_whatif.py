@@ -256,6 +256,32 @@ def test_convolutions_and_matmuls_each_reach_their_own_fraction_of_the_peak():
     assert Calibration(0.5, 0.25, 1.0, 0.0, 1.0, "t").efficiency("conv", True) == 0.5
 
 
+def test_grouped_and_depthwise_convolutions_and_float32_attention_are_priced_by_their_shape():
+    """#50 item 2: a depthwise convolution (no tensor cores, few FLOPs per byte) reaches a fraction of the vector
+    peak and of the bandwidth, a grouped one a fraction of what dense convolutions reach; TF32 is its own fraction;
+    attention in float32 runs on the vector units (flash attention takes half precision only)."""
+    chip = Chip("made-up", {"float32": 100 * G, "tf32": 200 * G, "bfloat16": 400 * G}, 10 * G, 32 * G, "pcie4", "t")
+    cal = Calibration(0.5, 1.0, 1.0, 0.0, 1.0, "t", conv_tensor=0.5, conv_vector=1.0, tf32=0.25, conv_tf32=0.1,
+                      grouped=0.5, depthwise=0.25)
+
+    def seconds(kind: str, flops: float, moved: float, precision: str) -> float:
+        return predict(_run(by_class={kind: (flops, moved, 0)}, trainable=0), Scenario(chip, precision, 16),
+                       cal).compute_s
+
+    assert seconds("conv", 100 * G, 0, "bf16-true") == pytest.approx(0.5)  # 400 x 0.5
+    assert seconds("conv_grouped", 100 * G, 0, "bf16-true") == pytest.approx(1.0)  # half of that
+    assert seconds("conv_grouped", 100 * G, 0, "tf32") == pytest.approx(10.0)  # 200 x 0.1 x 0.5
+    # depthwise: the vector peak (100) at a quarter, whatever the precision; its bytes at a quarter of the bandwidth
+    assert seconds("conv_depthwise", 100 * G, 0, "bf16-true") == pytest.approx(4.0)
+    assert seconds("conv_depthwise", 0, 1 * G, "32-true") == pytest.approx(0.4)
+    assert seconds("matmul", 100 * G, 0, "tf32") == pytest.approx(2.0)  # 200 x 0.25
+    assert seconds("attention", 100 * G, 0, "tf32") == pytest.approx(1.0)  # the vector units: 100 x 1.0
+    assert seconds("attention", 100 * G, 0, "bf16-true") == pytest.approx(0.5)
+    # a calibration measured on the run (one factor) prices every class alike
+    unit = Calibration(0.5, 0.5, 1.0, 0.0, 1.0, "t")
+    assert unit.efficiency("conv_grouped", True, True) == unit.efficiency("conv_depthwise", False) == 0.5
+
+
 def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
     from lit_compute.planning.whatif import host_contention
 
