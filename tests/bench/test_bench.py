@@ -190,7 +190,7 @@ def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
 @pytest.mark.slow
 def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_its_rows(tmp_path, capsys):
     """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
-    the same rows as docs/figures/whatif.md holds, and ``--fit-defaults`` fits whatif's default efficiencies on the
+    the same rows as docs/figures/whatif_gpu.md holds, and ``--fit-defaults`` fits whatif's default efficiencies on the
     fit set of published_gpu.csv (the GPU rows are the only ones independent of this machine)."""
     from pathlib import Path
 
@@ -201,7 +201,7 @@ def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_
     written = out.read_text()
     assert written.startswith("<!-- written by `lit-compute bench whatif --only gpu` at commit ")
     title = "Published GPU training throughputs (samples/s)"
-    committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif.md").read_text()
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif_gpu.md").read_text()
     rows = _table_rows(written, title)
     assert rows == _table_rows(committed, title)
     assert rows[0] == ["set", "workload", "source", "predicted", "published", "error"]
