@@ -454,7 +454,9 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     # an accelerator runs its queued kernels while the host fetches the next batch: the step is the longer of the two;
     # a CPU does both itself, one after the other
     accelerator = chip.kind != "cpu"
-    step = max(device, host) if accelerator else device + host
+    # on the run's own chip the measured wait is already the part of the host's work the device did not hide
+    overlaps = accelerator and not run.runs_on(chip)
+    step = max(device, host) if overlaps else device + host
     bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"
     if host > (device if accelerator else max(compute, exposed)):
         bottleneck = "input"
