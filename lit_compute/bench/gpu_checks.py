@@ -278,12 +278,14 @@ def check_whatif(tmp: str) -> str:
     Lightning run measures here at the same micro-batch and precision."""
     from lit_compute.bench.whatif_bench import traced_facts
     from lit_compute.hardware.chips import find_chip
+    from lit_compute.hardware.this_machine import host_dispatch_seconds
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 
     chip = find_chip(torch.cuda.get_device_name(0))
+    dispatch = host_dispatch_seconds()  # this machine's CPU is the host, as whatif prices a user's run by default
     rows, errors = [], []
     for model, batch, precision in WHATIF_RUNS:
-        predicted = predict(traced_facts(model, batch), Scenario(chip, precision, batch),
+        predicted = predict(traced_facts(model, batch), Scenario(chip, precision, batch, host_dispatch_s=dispatch),
                             default_calibration()).samples_per_s
         measured = measure_rate(model, batch, precision)
         errors.append(100 * (predicted / measured - 1))

@@ -1,4 +1,4 @@
-"""``lit-compute bench whatif [--markdown FILE] [--only PART]``: lit-compute whatif's predictions beside measurements.
+"""``lit-compute bench whatif [--markdown FILE] [--only PARTS]``: lit-compute whatif's predictions beside measurements.
 
 Four parts, each a table of predicted vs measured with the error:
 
@@ -428,10 +428,23 @@ class LinearProbe(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+_PARTS = ("cpu", "comm", "gpu", "input")
+
+
+def _parts(text: str) -> list[str]:
+    """``--only cpu,comm``: the parts named, in the order they run; an unknown name is an error naming the choices."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in _PARTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: the parts are {', '.join(_PARTS)} (comma-separated)")
+    return [name for name in _PARTS if name in names]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench whatif", description=__doc__)
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
-    parser.add_argument("--only", default=None, choices=["cpu", "comm", "gpu", "input"], help="run one part")
+    parser.add_argument("--only", default=None, type=_parts,
+                        help="run these parts, comma-separated (cpu, comm, gpu, input; default all)")
     parser.add_argument("--fit-defaults", action="store_true",
                         help="print the default efficiencies fitted on published_gpu.csv's fit set and exit")
     args = parser.parse_args(argv)
@@ -448,7 +461,7 @@ def main(argv: list[str]) -> int:
                  ("gpu", "Published GPU training throughputs (samples/s)", lambda _: gpu_part()),
                  ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part)]
         for name, title, part in parts:
-            if args.only and args.only != name:
+            if args.only and name not in args.only:
                 continue
             emit(f"{title} ...")
             rows = part(out)
@@ -462,7 +475,7 @@ def main(argv: list[str]) -> int:
     text = "\n".join(sections)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        command = "lit-compute bench whatif" + (f" --only {args.only}" if args.only else "")
+        command = "lit-compute bench whatif" + (f" --only {','.join(args.only)}" if args.only else "")
         Path(args.markdown).write_text(figure_header(command, machine_line()) + text)
         emit(f"written: {args.markdown}")
     return 0

@@ -17,8 +17,8 @@ import torch
 
 from lit_compute.hardware.dtypes import tf32_enabled
 
-__all__ = ["QUIET_CPU_SHARE", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_mixed_speedup",
-           "measure_peak", "measure_peak_flops"]
+__all__ = ["QUIET_CPU_SHARE", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_dispatch",
+           "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
 
 
 def measure_peak_flops(
@@ -210,3 +210,66 @@ def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 2
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
     return MixedSpeedup({k: sorted(v)[len(v) // 2] for k, v in ratios.items()}, share >= QUIET_CPU_SHARE)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The host's cost of one eager op in a training step (seconds), the ops one step of the probe dispatched, and
+    whether this process got its thread's CPU time while it was timed."""
+
+    seconds: float
+    ops: int
+    quiet: bool
+
+
+def count_kernels(fn: Any) -> int:
+    """The ops ``fn()`` dispatches that launch a kernel: every aten op with a tensor result that is not a view of an
+    operand (what FlopsLogger's op classes count as kernels)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            returns = func._schema.returns
+            views = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+            if not views and any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+                _Count.n += 1
+            return out
+
+    with _Count():
+        fn()
+    return _Count.n
+
+
+def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
+    """What eager PyTorch costs the host per op of a training step on this CPU: a three-layer MLP eight wide on two
+    samples (its arithmetic is nothing) trained with autograd and SGD, the best round's time per step over the ops
+    one step dispatches (:func:`count_kernels`). On a GPU host every op of a step costs the host this (Python,
+    autograd, the dispatcher) before the device can run it, which is what bounds small models on fast GPUs. Quiet
+    when the process got :data:`QUIET_CPU_SHARE` of one thread's time in the best round."""
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(2, 8, generator=gen), torch.randn(2, 1, generator=gen)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(5):
+        step()
+    ops = count_kernels(step)
+    best, share = math.inf, 0.0
+    for _ in range(max(1, rounds)):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(max(1, steps)):
+            step()
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        if wall / steps < best:
+            best, share = wall / steps, min(1.0, cpu / wall) if wall > 0 else 1.0
+    return Dispatch(seconds=best / max(1, ops), ops=ops, quiet=share >= QUIET_CPU_SHARE)

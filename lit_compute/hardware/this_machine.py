@@ -32,7 +32,7 @@ from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
 from lit_compute.hardware.dtypes import DTYPE_NAMES
 
 __all__ = ["BF16_FAST_RATIO", "MeasuredPeak", "bf16_fast", "cache_path", "cached_peak_flops", "cpu_name",
-           "device_description", "machine_line", "peak_key", "this_machine"]
+           "device_description", "host_dispatch_seconds", "machine_line", "peak_key", "this_machine"]
 
 #: bf16 counts as fast here when training blocks (matmuls and convolutions, geometric mean) run at least this many
 #: times faster under bf16 autocast than in float32.
@@ -196,7 +196,8 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, 
             and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0 for k in wanted)):
         return entry, True
     quiet = fp32_quiet
-    entry = {"bandwidth": measure.measure_bandwidth(device=device), "mixed_speedup": {}}
+    kept = {k: v for k, v in entry.items() if k == "dispatch_s"} if isinstance(entry, dict) else {}
+    entry = {**kept, "bandwidth": measure.measure_bandwidth(device=device), "mixed_speedup": {}}
     if device.type == "cpu":
         mixed = measure.measure_mixed_speedup()
         entry["mixed_speedup"], quiet = mixed.ratios, quiet and mixed.quiet
@@ -259,6 +260,23 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
                 class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
                 sources={"peaks": "measured here", "memory": "psutil: this machine's memory",
                          "bandwidth": "measured here"})
+
+
+def host_dispatch_seconds() -> float:
+    """The host's cost of one eager op of a training step on this CPU (:func:`~lit_compute.hardware.measure.
+    measure_dispatch`), measured once and cached with this CPU's other measurements when measured on a quiet
+    machine: what ``whatif`` charges the host per kernel of a step on an accelerator."""
+    _, key = _device_key(torch.device("cpu"))
+    data = _load()
+    entry = data["devices"].get(key)
+    value = entry.get("dispatch_s") if isinstance(entry, dict) else None
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    measured = measure.measure_dispatch()
+    if measured.quiet:
+        data["devices"].setdefault(key, {})["dispatch_s"] = measured.seconds
+        _save(data)
+    return measured.seconds
 
 
 def bf16_fast(device: str = "cpu") -> tuple[bool, str]:

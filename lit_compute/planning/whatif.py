@@ -128,6 +128,7 @@ class Scenario:
     devices_per_node: int = 1
     network: Link | None = None
     price_per_hour: float | None = None  # per device
+    host_dispatch_s: float = 0.0  # the host's eager cost per kernel (an accelerator target; 0: not priced)
 
     @property
     def devices(self) -> int:
@@ -194,12 +195,13 @@ class Prediction:
     cost_per_million: float | None
     notes: list[str] = field(default_factory=list)
     host_s: float = 0.0  # the host's input work per step (the loader in the process, Lightning's fetch), hidden or not
+    dispatch_s: float = 0.0  # the host's eager dispatch of the step's kernels (an accelerator target), hidden or not
 
     def as_json(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
                 "network": self.network, "precision": self.precision, "micro_batch": self.micro_batch,
                 "step_time_s": self.step_time_s, "compute_s": self.compute_s, "input_s": self.input_s,
-                "host_s": self.host_s,
+                "host_s": self.host_s, "dispatch_s": self.dispatch_s,
                 "comm_s": self.comm_s, "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "bottleneck": self.bottleneck, "fits": self.fits,
                 "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million}
@@ -454,19 +456,27 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     # an accelerator runs its queued kernels while the host fetches the next batch: the step is the longer of the two;
     # a CPU does both itself, one after the other
     accelerator = chip.kind != "cpu"
-    # on the run's own chip the measured wait is already the part of the host's work the device did not hide
+    # on the run's own chip the measured wait is already the part of the host's work the device did not hide (and
+    # its measured compute already holds any wait for the host's dispatch)
     overlaps = accelerator and not run.runs_on(chip)
-    step = max(device, host) if overlaps else device + host
+    # eager mode: the host runs Python, autograd and the dispatcher for every kernel before the device can run it
+    kernels = sum(k for _, _, k in classes.values()) * run.accumulate
+    dispatch = kernels * scenario.host_dispatch_s if overlaps else 0.0
+    step = max(device, host + dispatch) if overlaps else device + host
     bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"
-    if host > (device if accelerator else max(compute, exposed)):
-        bottleneck = "input"
+    if host + dispatch > (device if accelerator else max(compute, exposed)):
+        bottleneck = "input" if host >= dispatch else "host dispatch"
     if loader_rate is not None and samples_per_step / loader_rate > step:
         step, bottleneck = samples_per_step / loader_rate, "input"
-    elif exposed > compute and exposed > host:
+    elif exposed > compute and exposed > host + dispatch:
         bottleneck = "communication"
-    if accelerator and host and bottleneck == "input":
-        notes.append(f"the host is the bottleneck: {host * 1e3:.3g} ms of loading and Lightning's own work per step on "
-                     f"the run's CPU against {device * 1e3:.3g} ms on the device")
+    if accelerator and bottleneck in ("input", "host dispatch") and host + dispatch:
+        parts = [f"{dispatch * 1e3:.3g} ms dispatching {kernels:,.0f} eager kernels "
+                 f"({scenario.host_dispatch_s * 1e6:.3g} us each)"] if dispatch else []
+        parts += [f"{host * 1e3:.3g} ms of loading and Lightning's own work"] if host else []
+        notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
+                     "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
+                                     "would shorten it" if dispatch > host else ""))
     replicas = scenario.devices // max(1, run.tensor_parallel)
     samples_per_s = replicas * samples_per_step / step
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
@@ -482,6 +492,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     return Prediction(hardware=chip.name, nodes=scenario.nodes, devices_per_node=scenario.devices_per_node,
                       network=link.name, precision=scenario.precision, micro_batch=scenario.micro_batch,
                       step_time_s=step, compute_s=compute, input_s=max(0.0, step - device), host_s=host,
+                      dispatch_s=dispatch,
                       comm_s=exposed, comm_total_s=comm, samples_per_s=samples_per_s,
                       tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
                       mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,

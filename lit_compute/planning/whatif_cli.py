@@ -1,6 +1,6 @@
 """``lit-compute whatif RUN | --config C [--hardware h100-sxm,a100,this] [--precision bf16-mixed] [--micro-batch 256]
 [--nodes 1,8,64] [--devices-per-node 8] [--network 25gbps,100gbps] [--prices FILE] [--hardware-file FILE]
-[--calibration RUN] [--json]``: the run's step on other hardware, node counts and networks (lit_compute.whatif)."""
+[--calibration RUN] [--host-dispatch-us US] [--json]``: the run's step on other hardware, node counts and networks (lit_compute.whatif)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,10 @@ def math_nan() -> float:
 
 
 def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, nodes: list[int], devices: int,
-          networks: list[Any], prices: dict[str, float], calibration_run: RunFacts | None = None) -> list[Prediction]:
-    """A prediction per chip x node count x network (one node: the chip's own link)."""
+          networks: list[Any], prices: dict[str, float], calibration_run: RunFacts | None = None,
+          host_dispatch_s: float = 0.0) -> list[Prediction]:
+    """A prediction per chip x node count x network (one node: the chip's own link); ``host_dispatch_s``: the host's
+    eager cost per kernel on an accelerator target."""
     rows = []
     for chip in chips:
         source = calibration_run or run
@@ -78,7 +80,8 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
         cal = calibrate(source, chip) if own else default_calibration()
         for n in nodes:
             for network in (networks if n > 1 else [None]):
-                scenario = Scenario(chip, precision, micro_batch, n, devices, network, prices.get(chip.name))
+                scenario = Scenario(chip, precision, micro_batch, n, devices, network, prices.get(chip.name),
+                                    host_dispatch_s)
                 row = predict(run, scenario, cal, measured_links=own and n == 1)
                 if own:
                     row.notes.append(f"{chip.name} is the hardware {source.path.name} ran on: calibrated on its measured "
@@ -88,13 +91,13 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
 
 
 def enough_up_to(run: RunFacts, chip: Chip, precision: str, micro_batch: int, devices: int, network: Any,
-                 calibration_run: RunFacts | None = None) -> int:
+                 calibration_run: RunFacts | None = None, host_dispatch_s: float = 0.0) -> int:
     """The largest node count (doubling up to 1024) at which ``network`` is not the bottleneck."""
     source = calibration_run or run
     cal = calibrate(source, chip) if source.runs_on(chip) else default_calibration()
     best, n = 1, 2
     while n <= 1024:
-        p = predict(run, Scenario(chip, precision, micro_batch, n, devices, network), cal)
+        p = predict(run, Scenario(chip, precision, micro_batch, n, devices, network, None, host_dispatch_s), cal)
         if p.bottleneck == "communication":
             break
         best, n = n, n * 2
@@ -123,6 +126,25 @@ def own_hardware(run: RunFacts, chips: dict[str, Chip]) -> Chip:
     except HardwareError:
         raise WhatifError(f"{run.path} ran on {run.device!r}, which is not in the hardware table: name the target "
                           "with --hardware (h100-sxm, a100, ...) or add the device's row with --hardware-file") from None
+
+
+def _host_dispatch(microseconds: float | None, run: RunFacts, targets: list[Chip]) -> tuple[float, str | None]:
+    """(the host's eager cost per kernel for accelerator targets, a note naming the host): ``--host-dispatch-us``,
+    else measured on this CPU (:func:`~lit_compute.hardware.this_machine.host_dispatch_seconds`) when a target is an
+    accelerator the run did not run on (on its own chip the measured step already holds it)."""
+    if microseconds is not None:
+        if not microseconds >= 0:
+            raise WhatifError(f"--host-dispatch-us {microseconds}: give the host's cost per kernel in microseconds, "
+                              ">= 0 (0 leaves it out)")
+        return microseconds * 1e-6, (f"the host: {microseconds:.3g} us per eager kernel (--host-dispatch-us)"
+                                     if microseconds else None)
+    if not any(chip.kind != "cpu" and not run.runs_on(chip) for chip in targets):
+        return 0.0, None
+    from lit_compute.hardware.this_machine import cpu_name, host_dispatch_seconds
+
+    seconds = host_dispatch_seconds()
+    return seconds, (f"the host: this CPU ({cpu_name()}), {seconds * 1e6:.3g} us per eager kernel measured here "
+                     "(--host-dispatch-us for another host)")
 
 
 def _table(rows: list[Prediction], run: RunFacts) -> str:
@@ -154,6 +176,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prices", default=None, help="YAML: prices: {chip: dollars per device-hour}")
     parser.add_argument("--hardware-file", default=None, help="YAML rows of your own (chips:, links:)")
     parser.add_argument("--calibration", default=None, help="another run of this machine to measure efficiency on")
+    parser.add_argument("--host-dispatch-us", type=float, default=None,
+                        help="the target host's eager cost per kernel in microseconds (default: measured on this CPU; "
+                             "0 leaves it out)")
     parser.add_argument("--json", action="store_true", help="one JSON row per prediction")
     args = parser.parse_args(argv)
     try:
@@ -185,13 +210,14 @@ def main(argv: list[str]) -> int:
             raise WhatifError(f"--precision {precision!r} is not one whatif prices; give one of {', '.join(PRECISIONS)}"
                               + (" (fp8 training is not modelled)" if "8" in precision else ""))
         micro_batch = args.micro_batch or run.samples
+        dispatch, host_note = _host_dispatch(args.host_dispatch_us, run, targets)
         rows = sweep(run, targets, precision, micro_batch, nodes, args.devices_per_node, networks, prices,
-                     calibration_run)
+                     calibration_run, dispatch)
     except (WhatifError, HardwareError) as err:
         sys.stderr.write(f"lit-compute whatif: error: {err}\n")
         return 2
     if args.json:
-        for note in run.notes:
+        for note in [*run.notes, *([host_note] if host_note else [])]:
             sys.stderr.write(f"lit-compute whatif: note: {note}\n")
         for row in rows:
             sys.stdout.write(json.dumps(row.as_json()) + "\n")
@@ -201,10 +227,11 @@ def main(argv: list[str]) -> int:
     if max(nodes) > 1:
         for chip in targets:
             for network in networks:
-                up_to = enough_up_to(run, chip, precision, micro_batch, args.devices_per_node, network, calibration_run)
+                up_to = enough_up_to(run, chip, precision, micro_batch, args.devices_per_node, network, calibration_run,
+                                     dispatch)
                 lines.append(f"- {network.name} is enough up to {up_to} node(s) of {args.devices_per_node} {chip.name} "
                              f"for this model (beyond, the gradient exchange takes longer than the compute)")
-    notes = [*run.notes, *sorted({n for r in rows for n in r.notes})]
+    notes = [*run.notes, *([host_note] if host_note else []), *sorted({n for r in rows for n in r.notes})]
     lines += [f"- {n}" for n in notes]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

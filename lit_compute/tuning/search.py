@@ -63,6 +63,7 @@ class Options:
     max_skipped: int = 2  # fp16: skipped steps (inf/NaN gradients) allowed in the first steps
     final_share: float = 0.25  # budget kept for the side-by-side measurement
     final_pairs: int = 3
+    final_rivals: int = 2  # the best other combinations measured long, run in the finals beside the tuned one
     max_pairs: int = 3  # paired long runs of a candidate and the incumbent before a knob is called inconclusive
     run_noise: float = 0.03  # the spread between two runs of one configuration until the tune has measured its own
     retry: bool = True  # a knob not taken is tried again once when a later knob changed the configuration under it
@@ -81,6 +82,19 @@ class Verdict:
 
 
 @dataclass
+class Rival:
+    """Another combination the search measured long, run in the finals beside the tuned one: its final runs and its
+    paired ratio to the tuned configuration's runs of the same rounds."""
+
+    settings: dict[str, Any]
+    runs: list[TrialResult] = field(default_factory=list)
+    paired: Paired | None = None
+
+    def name(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.settings.items())
+
+
+@dataclass
 class Outcome:
     baseline: TrialResult
     settings: dict[str, Any]
@@ -88,6 +102,8 @@ class Outcome:
     not_tried: list[tuple[str, str]] = field(default_factory=list)
     final_baseline: list[TrialResult] = field(default_factory=list)
     final_tuned: list[TrialResult] = field(default_factory=list)
+    rivals: list[Rival] = field(default_factory=list)
+    switched: str = ""  # why the finals replaced the search's answer by a rival ("" when they did not)
 
     @property
     def speedup(self) -> float | None:
@@ -295,16 +311,70 @@ class Search:
             if outcome.settings != before and knob.name not in outcome.settings:
                 incumbent = self._try_knob(knob, incumbent, outcome, again=True)
         pairs = 0 if not outcome.settings else o.final_pairs
+        outcome.rivals = self._rivals(outcome) if pairs else []
+        racing = list(outcome.rivals)  # the rivals still in the finals
         for i in range(pairs):
-            specs = [TrialSpec({}, "final", i, o.long_s), TrialSpec(dict(outcome.settings), "final", i, o.long_s)]
+            specs = [TrialSpec(settings, "final", i, o.long_s)
+                     for settings in [{}, dict(outcome.settings), *(dict(r.settings) for r in racing)]]
+            if racing and not self._affordable(self.budget.left(), *specs):
+                outcome.not_tried.append((f"final round {i + 1} of " + "; ".join(r.name() for r in racing),
+                                          "budget spent: the baseline and the tuned configuration ran on alone"))
+                racing, specs = [], specs[:2]
             if i > 0 and not self._affordable(self.budget.left(), *specs):
                 break
-            # the order alternates pair by pair: neither side always runs first (a machine warming or cooling)
-            for position, spec in enumerate(specs if i % 2 == 0 else specs[::-1]):
+            # the order turns round by round: no side always runs first (a machine warming or cooling)
+            turn = i % len(specs)
+            for position, spec in enumerate(specs[turn:] + specs[:turn]):
                 limit = self.budget.left() + 0.05 * self.budget.total_s  # never past 110% of the budget
                 result = self._measured(spec, self.estimate_s(spec), limit / 2 if position == 0 else limit)
-                (outcome.final_baseline if spec.settings == {} else outcome.final_tuned).append(result)
+                if spec.settings == {}:
+                    outcome.final_baseline.append(result)
+                elif spec.settings == outcome.settings:
+                    outcome.final_tuned.append(result)
+                else:
+                    next(r for r in racing if r.settings == spec.settings).runs.append(result)
+        outcome.rivals = [r for r in outcome.rivals if r.runs]
+        self._judge_rivals(outcome)
         return outcome
+
+    def _rivals(self, outcome: Outcome) -> list[Rival]:
+        """The best other combinations the search measured long and judged sound (a paired verdict: its numerics
+        passed), by their long rate: up to ``final_rivals`` of them, never the baseline or the answer itself."""
+        seen: dict[str, tuple[float, dict[str, Any]]] = {}
+        for verdict in outcome.verdicts:
+            result = verdict.result
+            if verdict.paired is None or not result.ok or not result.rate or result.rung != "long":
+                continue
+            if result.settings in ({}, outcome.settings):
+                continue
+            key = repr(sorted(result.settings.items()))
+            if key not in seen or result.rate > seen[key][0]:
+                seen[key] = (result.rate, dict(result.settings))
+        best = sorted(seen.values(), key=lambda item: -item[0])[: max(0, self.options.final_rivals)]
+        return [Rival(settings) for _, settings in best]
+
+    def _judge_rivals(self, outcome: Outcome) -> None:
+        """Each rival's paired ratio to the tuned configuration over the rounds both finished; a rival faster by the
+        search's own rule (its whole interval at least ``min_gain`` above 1) replaces the answer, and ``switched``
+        says so."""
+        best: Rival | None = None
+        best_ratio, floor = 1.0, 1.0 + self.options.min_gain
+        for rival in outcome.rivals:
+            pairs = [(r, t) for r, t in zip(rival.runs, outcome.final_tuned) if r.ok and t.ok and r.rate and t.rate]
+            if pairs:
+                rival.paired = paired_ratio(pairs, self.run_noise())
+                if rival.paired.low >= floor and rival.paired.ratio > best_ratio:
+                    best, best_ratio = rival, rival.paired.ratio
+        if best is None or best.paired is None:
+            return
+        before = ", ".join(f"{k}={v}" for k, v in outcome.settings.items())
+        outcome.switched = (f"the finals measured {best.name()} {best.paired.text()} beside the search's answer "
+                            f"({before}): it is the answer")
+        replaced = Rival(dict(outcome.settings), outcome.final_tuned)
+        outcome.settings, outcome.final_tuned = dict(best.settings), best.runs
+        replaced.paired = paired_ratio([(r, t) for r, t in zip(replaced.runs, best.runs)
+                                        if r.ok and t.ok and r.rate and t.rate], self.run_noise())
+        outcome.rivals = [replaced if r is best else r for r in outcome.rivals]
 
     def _same_batches(self, settings: dict[str, Any]) -> bool:
         return all(k.same_batches for k in self.knobs if k.name in settings)

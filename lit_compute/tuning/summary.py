@@ -85,11 +85,15 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
                 row(run, "beside it: the configuration before it, run again", None, whole="before it: ")
             else:
                 row(run, "paired (the verdict is on its last run)", verdict.knob)
-    for base_run, tuned_run in itertools.zip_longest(outcome.final_baseline, outcome.final_tuned):
+    for base_run, tuned_run, *rivals in itertools.zip_longest(outcome.final_baseline, outcome.final_tuned,
+                                                              *(r.runs for r in outcome.rivals)):
         if base_run is not None:
             row(base_run, "side by side: baseline", None)
         if tuned_run is not None:
             row(tuned_run, "side by side: tuned", None)
+        for rival_run in rivals:
+            if rival_run is not None:
+                row(rival_run, "side by side: another combination the search measured", None, whole="rival: ")
     header = ["trial", "configuration", "rung", f"{unit} per device (95% CI)", "MFU", "data wait", "peak memory",
               "others' CPUs", "vs baseline", "verdict"]
     return markdown_table(header, rows)
@@ -127,7 +131,10 @@ def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, sour
         settings[knob.name] = outcome.settings[knob.name]
         after = apply_settings(config, knobs, settings)
         verdict = gains.get(knob.name)
-        bought = verdict.reason.removeprefix("accepted: ") if verdict else ""
+        if verdict is not None and verdict.result.settings.get(knob.name) == settings[knob.name]:
+            bought = verdict.reason.removeprefix("accepted: ")
+        else:  # a rival's knob the search did not take: the finals chose it
+            bought = outcome.switched
         for path in paths_differing(tuned, after):
             comments[path] = f"tune: {knob.describe(settings[knob.name])}: {bought}"
         tuned = after
@@ -171,7 +178,7 @@ def _all_runs(outcome: Outcome) -> list[TrialResult]:
     runs = [outcome.baseline]
     for verdict in outcome.verdicts:
         runs += verdict.runs or [verdict.result]
-    return runs + outcome.final_baseline + outcome.final_tuned
+    return runs + outcome.final_baseline + outcome.final_tuned + [r for rival in outcome.rivals for r in rival.runs]
 
 
 def contention(outcome: Outcome) -> str:
@@ -187,8 +194,20 @@ def contention(outcome: Outcome) -> str:
 
 
 def final_line(outcome: Outcome) -> str:
-    """:func:`_final_line` and, when other processes used the CPUs, :func:`contention`."""
-    return " ".join(part for part in (_final_line(outcome), contention(outcome)) if part)
+    """:func:`_final_line`, :func:`rivals_line` and, when other processes used the CPUs, :func:`contention`."""
+    return " ".join(part for part in (_final_line(outcome), rivals_line(outcome), contention(outcome)) if part)
+
+
+def rivals_line(outcome: Outcome) -> str:
+    """What the other combinations run in the finals measured beside the answer, and whether one replaced it."""
+    judged = [r for r in outcome.rivals if r.paired is not None]
+    if not judged:
+        return ""
+    text = "Beside the answer in the finals: " + "; ".join(
+        f"{r.name()} {r.paired.text()}" for r in judged if r.paired is not None) + "."
+    if outcome.switched:
+        text += f" The search's answer was replaced: {outcome.switched}."
+    return text
 
 
 def _final_line(outcome: Outcome) -> str:

@@ -110,6 +110,43 @@ def test_an_in_process_loader_is_priced_per_batch_and_per_sample_as_timed(kind):
     assert not any("not known" in n for n in gpu.notes + cpu.notes)
 
 
+def test_the_hosts_eager_dispatch_bounds_a_small_model_on_a_fast_gpu():
+    """#50 item 2: every eager kernel costs the host its dispatch before the device runs it. 2,000 kernels at 20 us
+    are 40 ms of host work a step: a small step on an H100 waits for it (bottleneck "host dispatch", the note says
+    what would help); a large one hides it; a CPU target and the run's own chip never add it (its measured step
+    holds it already)."""
+    small = _run(by_class={"matmul": (1 * G, 0.01 * G, 1500), "elementwise": (0, 0.01 * G, 500)}, step_s=0.5,
+                 accumulate=2)
+    h100 = find_chip("h100-sxm")
+    free = predict(small, Scenario(h100, "32-true", 16), default_calibration())
+    bound = predict(small, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
+    assert free.dispatch_s == 0 and free.step_time_s < 0.04
+    assert bound.dispatch_s == pytest.approx(2 * 2000 * 20e-6)  # every kernel of both accumulated batches
+    assert bound.step_time_s == pytest.approx(bound.dispatch_s) and bound.bottleneck == "host dispatch"
+    assert any("4,000 eager kernels (20 us each)" in n and "torch.compile" in n for n in bound.notes)
+    big = _run(by_class={"matmul": (100_000 * G, 1 * G, 2000)})
+    hidden = predict(big, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
+    assert hidden.step_time_s == pytest.approx(hidden.compute_s) and hidden.bottleneck == "compute"
+    cpu = dataclasses.replace(CHIP, kind="cpu")
+    assert predict(small, Scenario(cpu, "32-true", 16, host_dispatch_s=20e-6), UNIT).dispatch_s == 0
+    own = dataclasses.replace(small, device="NVIDIA H100 80GB HBM3", chip="h100-sxm")
+    assert predict(own, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), calibrate(own, h100)).dispatch_s == 0
+
+
+def test_the_hosts_dispatch_cost_is_measured_on_this_cpu_and_cached(tmp_path, monkeypatch):
+    """The probe counts the kernels of its step as FlopsLogger does and times the step; the value is cached with this
+    CPU's measurements and read back without measuring again."""
+    from lit_compute.hardware import measure, this_machine
+
+    monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
+    measured = measure.measure_dispatch(steps=3, rounds=1)
+    assert measured.ops > 10 and measured.seconds > 0
+    monkeypatch.setattr(measure, "measure_dispatch", lambda: dataclasses.replace(measured, seconds=7e-6, quiet=True))
+    assert this_machine.host_dispatch_seconds() == 7e-6
+    monkeypatch.setattr(measure, "measure_dispatch", lambda: pytest.fail("measured again"))
+    assert this_machine.host_dispatch_seconds() == 7e-6
+
+
 def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path, monkeypatch):
     """``loader_cost`` builds the run's own loader from the config.yaml that ``lit-compute fit`` leaves in the run
     folder and times it at two batch sizes; the dataset and collate advance a clock (2 ms a sample, 15 ms a batch)."""
@@ -197,8 +234,19 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
     assert main([run_dir, "--hardware", "h100-sxm,a100", "--nodes", "1,4", "--devices-per-node", "8",
                  "--network", "25gbps", "--prices", str(prices), "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
     assert [(r["hardware"], r["nodes"]) for r in rows] == [("h100-sxm", 1), ("h100-sxm", 4), ("a100", 1), ("a100", 4)]
+    # on an H100 the host's eager dispatch of the tiny model's kernels (measured on this CPU, the note says so) is
+    # beside its loading work: the step is at least the two together
+    assert rows[0]["dispatch_s"] > 0 and rows[0]["step_time_s"] >= rows[0]["dispatch_s"] + rows[0]["host_s"]
+    assert "us per eager kernel measured here (--host-dispatch-us for another host)" in captured.err
+    assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "1000", "--json"]) == 0  # a slow host
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["bottleneck"] == "host dispatch" and slow["step_time_s"] == pytest.approx(
+        slow["dispatch_s"] + slow["host_s"])
+    assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dispatch_s"] == 0
     assert set(rows[0]) >= {"hardware", "nodes", "network", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
                             "bottleneck", "fits", "peak_memory_bytes", "cost"}
     assert rows[0]["cost"] > 0 and rows[2]["cost"] is None and rows[0]["fits"] is True
@@ -213,6 +261,8 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
                                                            "32-true, 32, tf32, bf16-mixed"),
                          ([run_dir, "--precision", "banana"], "--precision 'banana' is not one whatif prices"),
                          ([run_dir, "--hardware", ","], "--hardware ',' names no chip"),
+                         ([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "-1"], "--host-dispatch-us -1.0: "
+                                                                                            "give the host's cost"),
                          ([run_dir, "--prices", str(tmp_path / "nope.yaml")], "--prices"),
                          ([str(tmp_path / "missing")], "does not exist")):
         assert main(args) == 2
