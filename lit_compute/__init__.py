@@ -59,6 +59,7 @@ _WHERE = {
     "Timeline": "lit_compute.timeline",
     "ChannelsLast": "lit_compute.speedup",
     "CompileModules": "lit_compute.speedup",
+    "Float32MatmulPrecision": "lit_compute.speedup",
     "FusedOptimizer": "lit_compute.speedup",
     "tune": "lit_compute.tuning",
     "timeline_for": "lit_compute.timeline",

@@ -70,6 +70,8 @@ def test_the_fsdp_config_shards_by_block_with_float32_norms(tmp_path, monkeypatc
     (plugin,) = cli.config.trainer.plugins
     assert plugin.class_path == "lit_compute.FP32BatchNormFSDPPrecision"
     assert plugin.init_args.fp32_norms == ["LayerNorm"]
+    tf32 = [c for c in cli.config.trainer.callbacks if c.class_path == "lit_compute.Float32MatmulPrecision"]
+    assert [c.init_args.precision for c in tf32] == ["high"]
 
 
 def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):

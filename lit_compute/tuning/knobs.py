@@ -162,6 +162,46 @@ def _precision(facts: Facts, machine: Machine) -> Knob | NotApplicable:
                 changes_results="lower-precision arithmetic changes the losses slightly")
 
 
+def _tf32(facts: Facts, machine: Machine) -> Knob | NotApplicable:
+    if machine.device != "cuda":
+        return NotApplicable("tf32", f"TF32 tensor cores are an NVIDIA GPU's (Ampere and later); this run is on the "
+                                     f"{machine.device}")
+    if not machine.extras.get("tf32"):
+        return NotApplicable("tf32", f"{machine.extras.get('device_name', 'this GPU')} has no TF32 tensor cores "
+                                     "(compute capability below 8.0)")
+    if str(facts.get("precision", "32-true")) not in ("32-true", "32"):
+        return NotApplicable("tf32", f"the run is {facts.get('precision')}: its matmuls are not float32")
+    if facts.get("float32_matmul_precision", "highest") != "highest":
+        return NotApplicable("tf32", f"float32 matmul precision is {facts.get('float32_matmul_precision')!r} already")
+    return Knob("tf32", ["high"], _float32_matmul_edit(),
+                lambda v: f"float32 matmuls and convolutions on TF32 tensor cores (Float32MatmulPrecision('{v}'))",
+                changes_results="TF32 rounds matmul inputs to 10 mantissa bits",
+                excluded_by={"precision": "the matmuls run in 16 bits once the precision changed"})
+
+
+def _float32_matmul_edit() -> Callable[[dict[str, Any], Any], None]:
+    def edit(config: dict[str, Any], value: Any) -> None:
+        add_callback(config, "lit_compute.speedup.Float32MatmulPrecision", {"precision": value})
+
+    return edit
+
+
+def _cudnn_benchmark(facts: Facts, machine: Machine) -> Knob | NotApplicable:
+    if machine.device != "cuda":
+        return NotApplicable("cudnn_benchmark", f"cuDNN's autotuner picks GPU convolution kernels; this run is on the "
+                                                f"{machine.device}")
+    if not facts.get("conv2d"):
+        return NotApplicable("cudnn_benchmark", "the model has no 2-D convolutions for cuDNN to autotune")
+    if facts.get("cudnn_benchmark"):
+        return NotApplicable("cudnn_benchmark", "cudnn.benchmark is on already")
+
+    def edit(config: dict[str, Any], value: Any) -> None:
+        section(config, "trainer")["benchmark"] = value
+
+    return Knob("cudnn_benchmark", [True], edit,
+                lambda v: "cuDNN autotuning of each convolution shape (Trainer(benchmark=True))")
+
+
 def _channels_last(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if not facts.get("conv2d"):
         return NotApplicable("channels_last", "the model has no 2-D convolutions")
@@ -288,14 +328,15 @@ def _compile(facts: Facts, machine: Machine) -> Knob | NotApplicable:
 
 #: the order the greedy search visits the knobs: the largest expected gains first, compilation (slow to try)
 #: last
-KNOB_ORDER = ("precision", "channels_last", "dali", "loader", "packing", "fused_optimizer", "micro_batch",
-              "ddp_buckets", "ddp_static_graph", "ddp_comm_hook", "compile")
+KNOB_ORDER = ("precision", "tf32", "cudnn_benchmark", "channels_last", "dali", "loader", "packing", "fused_optimizer",
+              "micro_batch", "ddp_buckets", "ddp_static_graph", "ddp_comm_hook", "compile")
 
 
 def find_knobs(facts: Facts, machine: Machine, only: list[str] | None = None,
                skip: list[str] | None = None) -> tuple[list[Knob], list[NotApplicable]]:
     """The knobs that apply to this model (in :data:`KNOB_ORDER`) and the ones that do not, with reasons."""
-    found: list[Knob | NotApplicable] = [_precision(facts, machine), _channels_last(facts, machine),
+    found: list[Knob | NotApplicable] = [_precision(facts, machine), _tf32(facts, machine),
+                                         _cudnn_benchmark(facts, machine), _channels_last(facts, machine),
                                          _dali(facts, machine), _workers(facts, machine), _packing(facts, machine),
                                          _fused(facts, machine), _micro_batch(facts, machine), *_ddp(facts, machine),
                                          _compile(facts, machine)]

@@ -159,6 +159,9 @@ def measure_machine(device: str) -> Machine:
     except RuntimeError as err:
         machine.note = f"bfloat16 GEMM failed: {err}"
     machine.extras["peaks"] = peaks
+    if device == "cuda":
+        machine.extras["device_name"] = torch.cuda.get_device_name()
+        machine.extras["tf32"] = torch.cuda.get_device_capability() >= (8, 0)
     if machine.dali:
         import inspect
 

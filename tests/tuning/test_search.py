@@ -116,6 +116,53 @@ class FakeClock:
         return self.t
 
 
+def test_a_gpus_first_knobs_apply_on_cuda_and_say_why_not_elsewhere():
+    """#51 item 4: TF32 and cuDNN's autotuner are knobs on a CUDA device (TF32 only where it has TF32 tensor cores,
+    only for a float32 run, and closed once the precision changed); on a CPU each says why it cannot apply. Their
+    edits are what a user writes: a Float32MatmulPrecision callback and Trainer(benchmark=True)."""
+    reasons = {s.name: s.reason for s in find_knobs(RESNET_FACTS, CPU_BF16)[1]}
+    assert reasons["tf32"] == "TF32 tensor cores are an NVIDIA GPU's (Ampere and later); this run is on the cpu"
+    assert reasons["cudnn_benchmark"].startswith("cuDNN's autotuner picks GPU convolution kernels")
+    h100 = Machine(device="cuda", bf16_supported=True, extras={"tf32": True, "device_name": "NVIDIA H100"})
+    knobs, skipped = find_knobs({**RESNET_FACTS, "device": "cuda"}, h100)
+    assert [k.name for k in knobs][:4] == ["precision", "tf32", "cudnn_benchmark", "channels_last"]
+    by_name = {k.name: k for k in knobs}
+    assert by_name["tf32"].excluded_by.keys() == {"precision"}
+    config = apply_settings(_config(), knobs, {"tf32": "high", "cudnn_benchmark": True})
+    assert config["trainer"]["benchmark"] is True
+    assert {"class_path": "lit_compute.speedup.Float32MatmulPrecision", "init_args": {"precision": "high"}} in config[
+        "trainer"]["callbacks"]
+    v100 = Machine(device="cuda", extras={"tf32": False, "device_name": "Tesla V100-SXM2-16GB"})
+    reasons = {s.name: s.reason for s in find_knobs({**RESNET_FACTS, "device": "cuda"}, v100)[1]}
+    assert reasons["tf32"] == "Tesla V100-SXM2-16GB has no TF32 tensor cores (compute capability below 8.0)"
+    done = {**RESNET_FACTS, "cudnn_benchmark": True, "float32_matmul_precision": "high", "conv2d": True}
+    reasons = {s.name: s.reason for s in find_knobs(done, h100)[1]}
+    assert reasons["cudnn_benchmark"] == "cudnn.benchmark is on already"
+    assert reasons["tf32"] == "float32 matmul precision is 'high' already"
+
+
+def test_float32_matmul_precision_sets_and_restores_torchs_switches():
+    import lightning.pytorch as pl
+    import torch
+
+    from lit_compute.speedup import Float32MatmulPrecision
+
+    with pytest.raises(ValueError, match=r"Float32MatmulPrecision\(precision='tf32'\): give one of highest, high"):
+        Float32MatmulPrecision("tf32")
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    callback = Float32MatmulPrecision("high")
+    trainer, module = pl.Trainer(accelerator="cpu", logger=False), pl.LightningModule()
+    callback.setup(trainer, module, "fit")
+    assert torch.get_float32_matmul_precision() == "high"
+    callback.teardown(trainer, module, "fit")
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+    callback = Float32MatmulPrecision("highest")
+    callback.setup(trainer, module, "fit")
+    assert torch.backends.cudnn.allow_tf32 is False
+    callback.teardown(trainer, module, "fit")
+    assert torch.backends.cudnn.allow_tf32 == before[1]
+
+
 def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     """precision: bf16-mixed 1.8x (accepted), bf16-true NaN; channels_last +25%; loader OOM; fused +2% (below
     min_gain); micro_batch times out; compile crashes. The search never stops on a failure, measures the winner
