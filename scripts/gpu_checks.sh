@@ -9,7 +9,8 @@
 # table; bench_gpu.md: its table, rewritten after each check, under the figure header, with the commit from git or
 # $LIT_COMPUTE_COMMIT), memory_cuda.md/.txt (`lit-compute bench memory` on the demo's ResNet-18: the estimate against
 # max_memory_allocated and max_memory_reserved) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
-# BENCH_TIMEOUT and PYTEST_TIMEOUT (seconds) bound the two parts.
+# tune_gpu.md/.txt (a short `lit-compute tune` of configs/baseline.yaml on the GPU: its knobs' table).
+# BENCH_TIMEOUT, MEMORY_TIMEOUT, TUNE_TIMEOUT and PYTEST_TIMEOUT (seconds) bound the parts.
 set -uo pipefail
 out=${OUT:-gpu_checks_out}
 py=${PYTHON:-python3}
@@ -38,6 +39,11 @@ status=0
 timeout "${BENCH_TIMEOUT:-420}" "$py" -m lit_compute.cli bench gpu --markdown "$out/bench_gpu.md" 2>&1 | tee "$out/bench_gpu.txt" || status=1
 # the memory estimate on CUDA against max_memory_allocated and max_memory_reserved of real steps (#49)
 timeout "${MEMORY_TIMEOUT:-150}" "$py" -m lit_compute.cli bench memory --only "ResNet-18" --markdown "$out/memory_cuda.md" 2>&1 | tee "$out/memory_cuda.txt" || status=1
+# a short tune of the plain ResNet config on this GPU (#51 item 4): its table says what TF32, cuDNN's autotuner, bf16,
+# channels-last and the fused optimizer did here, and why any knob could not apply
+timeout "${TUNE_TIMEOUT:-140}" "$py" -m lit_compute.cli tune --config configs/baseline.yaml --budget "${TUNE_BUDGET:-100s}" \
+  --knobs precision,tf32,cudnn_benchmark,channels_last,fused_optimizer --log-dir "$out/tune_logs" --fresh \
+  --out "$out/baseline.gpu_tuned.yaml" --markdown "$out/tune_gpu.md" 2>&1 | tee "$out/tune_gpu.txt" || status=1
 tests="tests/test_gpu.py tests/precision"
 "$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/data/test_dali_datamodule.py"
 # shellcheck disable=SC2086
