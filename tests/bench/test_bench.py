@@ -294,6 +294,7 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
     monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("lit_compute.bench.whatif_bench.traced_facts", lambda model, batch: facts)
     monkeypatch.setattr(gpu_checks, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
+    monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)  # the device's side
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 

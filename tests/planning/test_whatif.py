@@ -120,7 +120,7 @@ def test_the_hosts_eager_dispatch_bounds_a_small_model_on_a_fast_gpu():
     h100 = find_chip("h100-sxm")
     free = predict(small, Scenario(h100, "32-true", 16), default_calibration())
     bound = predict(small, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
-    assert free.dispatch_s == 0 and free.step_time_s < 0.04
+    assert free.dispatch_s == 0 and free.bottleneck != "host dispatch"
     assert bound.dispatch_s == pytest.approx(2 * 2000 * 20e-6)  # every kernel of both accumulated batches
     assert bound.step_time_s == pytest.approx(bound.dispatch_s) and bound.bottleneck == "host dispatch"
     assert any("4,000 eager kernels (20 us each)" in n and "torch.compile" in n for n in bound.notes)

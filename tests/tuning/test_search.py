@@ -401,7 +401,7 @@ def test_budget_parses(text, seconds):
 def test_bad_arguments_are_one_clear_error_before_any_trial(tmp_path):
     with pytest.raises(TuneError, match=r"--budget 'fifteen' is not a duration; write it as 15m"):
         tune("configs/quickstart.yaml", budget="fifteen", log_dir=tmp_path)
-    with pytest.raises(TuneError, match=r"--knobs precison: no such knob; choose from precision, channels_last"):
+    with pytest.raises(TuneError, match=r"--knobs precison: no such knob; choose from precision, tf32, cudnn_benchmark, channels_last"):
         tune("configs/quickstart.yaml", knobs=["precison"], log_dir=tmp_path)
     with pytest.raises(TuneError, match=r"--config 'nope.yaml': no such file"):
         tune("nope.yaml", log_dir=tmp_path)
