@@ -16,6 +16,14 @@ import torch
 from torch import nn
 
 
+def returns_only_views(op: Any) -> bool:
+    """Whether an aten op's results all alias an operand without writing it (``aten.view``, ``aten.t``): such an op
+    launches no kernel and moves no data. Read from the op's schema; False when it has none."""
+    schema = getattr(op, "_schema", None)
+    return bool(schema is not None and schema.returns
+                and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
+
+
 def default_cache_dir() -> Path:
     """``$LIT_COMPUTE_CACHE`` or ``~/.cache/lit_compute``: datasets, token corpora, image checks, measured peaks."""
     return Path(os.environ.get("LIT_COMPUTE_CACHE", Path.home() / ".cache" / "lit_compute")).expanduser()

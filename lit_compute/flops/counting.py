@@ -29,7 +29,7 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from lit_compute._compat import eager_compiled_code, seed_module_names
+from lit_compute._compat import eager_compiled_code, returns_only_views, seed_module_names
 from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
@@ -260,9 +260,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not results:  # a metadata query (prim.device, sizes): no kernel, nothing moved
             return 0
-        schema = getattr(self._overload, "_schema", None)
-        if schema is not None and schema.returns and all(
-                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        if returns_only_views(self._overload):
             return 0
         return sum(_nbytes(t) for t in tree_leaves((args, kwargs))) + sum(_nbytes(t) for t in results)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lit_compute._compat import returns_only_views
 from lit_compute.hardware.dtypes import tf32_enabled
 
 __all__ = ["QUIET_CPU_SHARE", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_dispatch",
@@ -233,9 +234,7 @@ def count_kernels(fn: Any) -> int:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            returns = func._schema.returns
-            views = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-            if not views and any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            if not returns_only_views(func) and any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
                 _Count.n += 1
             return out
 

@@ -196,8 +196,9 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, 
             and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0 for k in wanted)):
         return entry, True
     quiet = fp32_quiet
-    kept = {k: v for k, v in entry.items() if k == "dispatch_s"} if isinstance(entry, dict) else {}
-    entry = {**kept, "bandwidth": measure.measure_bandwidth(device=device), "mixed_speedup": {}}
+    # measured again: what else the entry holds (the host's dispatch cost) stays
+    entry = {**(entry if isinstance(entry, dict) else {}), "bandwidth": measure.measure_bandwidth(device=device),
+             "mixed_speedup": {}}
     if device.type == "cpu":
         mixed = measure.measure_mixed_speedup()
         entry["mixed_speedup"], quiet = mixed.ratios, quiet and mixed.quiet
