@@ -359,21 +359,22 @@ class Search:
         says so."""
         best: Rival | None = None
         best_ratio, floor = 1.0, 1.0 + self.options.min_gain
+        def finished(mine: list[TrialResult], theirs: list[TrialResult]) -> list[tuple[TrialResult, TrialResult]]:
+            return [(a, b) for a, b in zip(mine, theirs) if a.ok and b.ok and a.rate and b.rate]  # same rounds
+
         for rival in outcome.rivals:
-            pairs = [(r, t) for r, t in zip(rival.runs, outcome.final_tuned) if r.ok and t.ok and r.rate and t.rate]
+            pairs = finished(rival.runs, outcome.final_tuned)
             if pairs:
                 rival.paired = paired_ratio(pairs, self.run_noise())
                 if rival.paired.low >= floor and rival.paired.ratio > best_ratio:
                     best, best_ratio = rival, rival.paired.ratio
         if best is None or best.paired is None:
             return
-        before = ", ".join(f"{k}={v}" for k, v in outcome.settings.items())
-        outcome.switched = (f"the finals measured {best.name()} {best.paired.text()} beside the search's answer "
-                            f"({before}): it is the answer")
         replaced = Rival(dict(outcome.settings), outcome.final_tuned)
+        outcome.switched = (f"the finals measured {best.name()} {best.paired.text()} beside the search's answer "
+                            f"({replaced.name()}): it is the answer")
         outcome.settings, outcome.final_tuned = dict(best.settings), best.runs
-        replaced.paired = paired_ratio([(r, t) for r, t in zip(replaced.runs, best.runs)
-                                        if r.ok and t.ok and r.rate and t.rate], self.run_noise())
+        replaced.paired = paired_ratio(finished(replaced.runs, best.runs), self.run_noise())
         outcome.rivals = [replaced if r is best else r for r in outcome.rivals]
 
     def _same_batches(self, settings: dict[str, Any]) -> bool:
