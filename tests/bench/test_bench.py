@@ -188,19 +188,19 @@ def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_its_rows(tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
-    the rows docs/figures/whatif_gpu.md holds, and ``--fit-defaults`` fits whatif's default efficiencies on the fit
-    set of published_gpu.csv (the GPU rows are the only ones independent of this machine). The whole fit set and
-    the check set's two cheapest models (each traced model costs seconds here; every row is the same code)."""
+    the rows docs/figures/whatif_gpu.md holds (the GPU rows are the only ones independent of this machine). Two
+    cheap models of both sets (each traced model costs seconds; every row is the same code): the whole file and
+    ``--fit-defaults`` reproducing the defaults take over a minute on 2 cores, too long for the suite, and are run
+    with the bench."""
     from pathlib import Path
 
     from lit_compute.bench import whatif_bench
-    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
 
     every = whatif_bench.published_rows()
-    chosen = [r for r in every if r["set"] == "fit" or (r["model"], r["batch"]) in (("gpt", 16), ("bert-base-squad", 48))]
+    chosen = [r for r in every if r["model"] in ("resnet50", "gpt") and r["chip"] != "h200-sxm" or
+              (r["model"], r["batch"]) == ("gpt", 16)]
     assert len({r["set"] for r in chosen}) == 2 and len(chosen) < len(every)
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: chosen)
     out = tmp_path / "whatif.md"
@@ -213,14 +213,6 @@ def test_bench_whatif_gpu_reproduces_its_figure_file_and_the_defaults_come_from_
     assert rows[0] == kept[0] == ["set", "workload", "source", "predicted", "published", "error"]
     assert len(rows) - 1 == len(chosen) and all(row in kept for row in rows[1:])
     assert len(kept) - 1 == len(every) >= 20 and {r[0] for r in kept[1:]} == {"fit", "check"}
-    # the fit set is whole here: its summary line is the one the committed file carries
-    line = next(x for x in written.splitlines() if x.startswith("- **fit set**"))
-    assert line in committed
-    assert main(["bench", "whatif", "--fit-defaults"]) == 0
-    import ast
-
-    fitted = ast.literal_eval(capsys.readouterr().out.split("fitted defaults: ", 1)[1].splitlines()[0])
-    assert fitted == DEFAULT_EFFICIENCY  # the defaults in the code are what the fit on the published rows gives
 
 
 @pytest.mark.slow
