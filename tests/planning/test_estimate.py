@@ -1,6 +1,6 @@
 """``lit-compute estimate``: the peak predicted on fake tensors against the peak torch's allocator reports over a
 real step (its profiler memory events: :mod:`lit_compute.bench.memory_reference`, not the tracker the estimate
-uses) at three micro-batch sizes for a ResNet-50, the GPT and a Hugging Face GPT-2; the largest micro-batch that
+uses) at two or three micro-batch sizes for a ResNet-50, the GPT and a Hugging Face GPT-2; the largest micro-batch that
 fits; bad input."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lit_compute.planning.estimate_cli import main
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {  # config, arguments that keep it small, micro-batch sizes
     "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=32", "--data.init_args.num_workers=0"],
-                 [2, 4, 8]),
+                 [2, 8]),
     "gpt": ("configs/gpt.yaml", ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000",
                                  "--data.init_args.mode=packed"], [4, 8, 16]),
     "hf_gpt2": ("examples/hf_gpt2.yaml", ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"],
@@ -268,7 +268,7 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
                                       "init_args": {"arch": "regnet_y_400mf", "num_classes": 4}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = estimate(regnet, micro_batches=[2, 4])
+        plan = estimate(regnet, micro_batches=[2])
     assert any(n.startswith("ImageClassifier was built on the CPU") and "Cannot copy out of meta tensor" in n
                for n in plan.notes), plan.notes
     for row in plan.rows:
