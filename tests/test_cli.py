@@ -200,8 +200,8 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     hardware = scalar_values(acc, "compute/hardware_flops_per_step")[-1][1]
     assert total == pytest.approx(world * local, rel=1e-6)  # peers with the same count
     # per device is what the device executed (hardware FLOPs add the fused attention's recomputed scores): tensor
-    # parallelism each peer's shards plus the work every peer repeats (embeddings, norms, the tied head), so the sum over the
-    # devices is more than that
+    # parallelism each peer's shards plus the work every peer repeats (embeddings, norms, the tied head), so the sum
+    # over the devices is more than that
     from lit_compute.flops import count_flops
     from lit_compute.models import GPT
 
