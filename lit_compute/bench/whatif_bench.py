@@ -74,6 +74,7 @@ def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
     slow spell of the machine touches them all alike); each figure is the run of median step time."""
     from lit_compute.hardware.this_machine import this_machine
+    from lit_compute.planning.config_facts import with_counts_at
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
     chip = this_machine()
@@ -96,6 +97,8 @@ def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
         base_run = with_loader_cost(_median_run(runs["calibration"]))
         calibration = ", ".join(f"{r.step_s * 1e3:.0f}" for r in sorted(runs["calibration"], key=lambda r: r.step_s))
         cal = calibrate(base_run, chip)
+        for precision in sorted({t[3] for t in targets} - {base_run.precision}):
+            with_counts_at(base_run, precision)  # as lit-compute whatif RUN --precision does for a CPU target
         for name, _, micro, precision in targets[1:]:
             measured = _median_run(runs[name])
             source = measured if "deeper" in name else base_run

@@ -20,12 +20,13 @@ import torch
 from lit_compute import _compat
 from lit_compute.planning.whatif import RunFacts, WhatifError
 
-__all__ = ["config_facts"]
+__all__ = ["config_facts", "with_counts_at"]
 
 
-def config_facts(config: str | Path, overrides: list[str] | None = None) -> RunFacts:
+def config_facts(config: str | Path, overrides: list[str] | None = None, time_the_loader: bool = True) -> RunFacts:
     """The facts :func:`~lit_compute.planning.whatif.predict` needs, from ``config`` alone (see the module
-    docstring). Raises :class:`WhatifError` for a config that cannot be built or traced (the message says why)."""
+    docstring). Raises :class:`WhatifError` for a config that cannot be built or traced (the message says why).
+    ``time_the_loader=False``: the op classes and memory only."""
     from lit_compute.flops.counting import SafeFlopCounterMode
     from lit_compute.planning.estimate import (
         EstimateError,
@@ -77,6 +78,8 @@ def config_facts(config: str | Path, overrides: list[str] | None = None) -> RunF
         strategy=type(trainer.strategy).__name__, loader_workers=pieces.loader_workers,
         tokens_per_sample=_tokens_per_sample(pieces.batch), memory={p: float(v) for p, v in memory.parts.items()},
         notes=notes)
+    if not time_the_loader:
+        return facts
     try:
         facts.loader = time_loader(pieces.loader, pieces.batch_size)
         notes.append("the host's time is the loader's own, timed here at two batch sizes; Lightning's work per step "
@@ -90,3 +93,52 @@ def config_facts(config: str | Path, overrides: list[str] | None = None) -> RunF
 def _tokens_per_sample(batch: Any) -> float | None:
     ids = batch.get("input_ids") if isinstance(batch, dict) else getattr(batch, "input_ids", None)
     return float(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+
+
+def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
+    """``run`` with its step counted again at ``precision`` (:attr:`RunFacts.recounted`): its own config
+    (``config.yaml`` in the run folder, written by ``lit-compute fit``) with the trainer's precision (and any precision
+    plugin) replaced, traced on fake CPU tensors, so the casts autocast adds around each matmul and convolution are
+    counted ops with their bytes instead of an assumption. Used for a CPU target (the trace is CPU autocast's). Where
+    that cannot be done (no config, a config that does not trace here) a note says so and the run is priced from its
+    own counts."""
+    import tempfile
+    import warnings
+
+    import yaml
+
+    if precision == run.precision or precision in run.recounted:
+        return run
+    config = Path(run.path) / "config.yaml"
+    if not config.is_file():
+        run.notes.append(f"{precision} is priced from the run's {run.precision} counts ({run.path} has no config.yaml "
+                         "to count the step again at that precision)")
+        return run
+    saved = yaml.safe_load(config.read_text()) or {}
+    kept = {k: v for k, v in saved.items() if k in ("seed_everything", "trainer", "model", "data", "optimizer",
+                                                     "lr_scheduler")}
+    trainer = dict(kept.get("trainer") or {})
+    plugins = trainer.get("plugins")
+    plugins = plugins if isinstance(plugins, list) else [plugins] if plugins else []
+    # the precision plugin is the run's precision: the target's is Lightning's own for that precision string
+    kept_plugins = [p for p in plugins if "Precision" not in str(p.get("class_path", p) if isinstance(p, dict) else p)]
+    trainer.pop("plugins", None)
+    if kept_plugins:
+        trainer["plugins"] = kept_plugins
+    trainer.update(precision=precision, logger=False, callbacks=None, enable_checkpointing=False)
+    kept["trainer"] = trainer
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = Path(tmp, "config.yaml")
+        path.write_text(yaml.safe_dump(kept))
+        try:
+            counted = config_facts(path, time_the_loader=False)
+        except (WhatifError, SystemExit) as err:
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            run.notes.append(f"{precision} is priced from the run's {run.precision} counts (its step could not be "
+                             f"counted again at {precision}: {text.replace(str(path), 'its config')[:160]})")
+            return run
+    scale = run.samples / max(1, counted.samples)  # per batch of the run's micro-batch (the optimizer's step kept)
+    run.recounted[precision] = {k: (v if k == "optimizer" else (v[0] * scale, v[1] * scale, v[2]))
+                                for k, v in counted.by_class.items()}
+    return run

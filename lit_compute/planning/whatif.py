@@ -95,6 +95,9 @@ class RunFacts:
     devices_per_node: int = 1
     notes: list[str] = field(default_factory=list)  # what reading the run found (several runs, a cut-short file)
     loader: Any = None  # LoaderCost: the in-process loader's cost per batch and per sample, timed apart (None: unknown)
+    #: precision -> the op classes of one batch counted again at that precision on fake CPU tensors (autocast's
+    #: casts included), at the run's micro-batch (:func:`lit_compute.planning.config_facts.with_counts_at`)
+    recounted: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
 
     @property
     def samples_per_step(self) -> int:
@@ -296,20 +299,30 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
     ratio = scenario.micro_batch / run.samples
     out = {}
     run_cpu, cpu = run.device.lower() in ("cpu", "this"), scenario.chip.kind == "cpu"
-    weight_bytes = 3.0 * run.trainable * _value_bytes(run.precision, "matmul", run_cpu) / max(1, run.tensor_parallel)
+    # a CPU target at a precision the step was counted at again: those counts (CPU autocast's casts among them)
+    recount = run.recounted.get(scenario.precision) if cpu else None
+    table, source = (recount, scenario.precision) if recount else (run.by_class, run.precision)
+    source_cpu = run_cpu or bool(recount)  # the recount is traced under CPU autocast
+    weight_bytes = 3.0 * run.trainable * _value_bytes(source, "matmul", source_cpu) / max(1, run.tensor_parallel)
     # the weights' traffic (read in forward and backward, their gradient written) does not grow with the batch: it is
     # booked to the convolutions first, the rest to the matmuls (the classes do not say whose weights are whose)
-    for kind, (flops, moved, kernels) in sorted(run.by_class.items(), key=lambda item: not item[0].startswith("conv")):
+    for kind, (flops, moved, kernels) in sorted(table.items(), key=lambda item: not item[0].startswith("conv")):
         if kind == "optimizer":
             f, b = flops, moved
         elif kind.startswith("conv") or kind == "matmul":
             fixed = min(moved, weight_bytes)
             weight_bytes -= fixed
             f, b = flops * ratio, fixed + (moved - fixed) * ratio
+        elif kind == "elementwise" and recount and source.lower().endswith("-mixed"):
+            # autocast's weight casts (each weight once per forward, its gradient back: 12 bytes) are per step
+            fixed = min(moved, 12.0 * run.trainable / max(1, run.tensor_parallel))
+            f, b = flops * ratio, fixed + (moved - fixed) * ratio
         else:
             f, b = flops * ratio, moved * ratio
-        b *= _value_bytes(scenario.precision, kind, cpu) / _value_bytes(run.precision, kind, run_cpu)
+        b *= _value_bytes(scenario.precision, kind, cpu) / _value_bytes(source, kind, source_cpu)
         out[kind] = (f, b, kernels)
+    if recount:
+        return out
     casts, kernels = _autocast_casts(run, scenario.precision, cpu)
     if casts or kernels:
         f, b, k = out.get("elementwise", (0.0, 0.0, 0.0))

@@ -210,6 +210,10 @@ def main(argv: list[str]) -> int:
             raise WhatifError(f"--precision {precision!r} is not one whatif prices; give one of {', '.join(PRECISIONS)}"
                               + (" (fp8 training is not modelled)" if "8" in precision else ""))
         micro_batch = args.micro_batch or run.samples
+        if args.run is not None and precision != run.precision and any(chip.kind == "cpu" for chip in targets):
+            from lit_compute.planning.config_facts import with_counts_at
+
+            run = with_counts_at(run, precision)  # CPU autocast's casts counted, not assumed
         dispatch, host_note = _host_dispatch(args.host_dispatch_us, run, targets)
         rows = sweep(run, targets, precision, micro_batch, nodes, args.devices_per_node, networks, prices,
                      calibration_run, dispatch)
