@@ -404,7 +404,7 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     import yaml
 
     from lit_compute._lightning_cli import LitComputeCLI
-    from lit_compute.planning.config_facts import config_facts
+    from lit_compute.planning.config_facts import config_facts, with_counts_at
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     config = {"seed_everything": 0, "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 4,
@@ -422,6 +422,15 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     real = read_run(next((tmp_path / "lightning_logs").glob("version_*")))
     assert {k: v[0] for k, v in facts.by_class.items()} == {k: v[0] for k, v in real.by_class.items()}  # FLOPs
     assert facts.model_flops == real.model_flops
+    # the run priced at bf16-mixed on a CPU: its own config.yaml counted again under CPU autocast, the casts included
+    with_counts_at(real, "bf16-mixed")
+    mixed = real.recounted["bf16-mixed"]
+    assert mixed["matmul"][0] == pytest.approx(real.by_class["matmul"][0])  # the same matmuls
+    assert mixed["elementwise"][2] > real.by_class["elementwise"][2]  # plus autocast's casts, counted
+    (real.path / "config.yaml").unlink()
+    bare = read_run(real.path)
+    with_counts_at(bare, "bf16-mixed")
+    assert not bare.recounted and "has no config.yaml" in bare.notes[-1]
     capsys.readouterr()  # the fit's own output
     assert main(["--config", str(path), "--hardware", "h100-sxm,a100", "--micro-batch", "64", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
