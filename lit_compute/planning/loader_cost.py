@@ -4,9 +4,9 @@ timed apart from the run (``lit-compute whatif`` prices a target's input with it
 A loader without workers runs in the training process: each step waits for it. Part of that wait does not grow
 with the batch (Lightning's fetch and hooks, a collate's fixed work, a file opened per batch) and part does (each
 sample decoded and augmented). One batch size cannot tell them apart, so :func:`loader_cost` builds the run's own
-training loader from its config (``config.yaml`` in the run folder, written by ``lit-compute fit``) and times a few
-batches at two batch sizes, in this process: the cost per batch is the line's intercept, the cost per sample its
-slope.
+training loader from its config (``config.yaml`` in the run folder, written by ``lit-compute fit``) and times the
+same samples at two batch sizes, in this process: what the smaller batches' extra batches cost is the cost per
+batch, the rest the cost per sample.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderCost", "loader_cost", "time_batches", "time_loader"]
+__all__ = ["LoaderCost", "fit_counts", "loader_cost", "time_batches", "time_loader"]
 
 
 @dataclass
@@ -35,32 +35,33 @@ class LoaderCost:
 
 
 def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
-                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """Mean seconds per batch of ``size`` samples of ``dataset`` through ``collate_fn`` in this process, over
-    ``batches`` batches after a first one (which may fill caches)."""
+                 clock: Callable[[], float] = time.perf_counter, min_seconds: float = 0.2,
+                 max_batches: int = 64) -> tuple[float, int]:
+    """``(seconds, batches timed)`` for the first samples of ``dataset`` in batches of ``size`` through
+    ``collate_fn`` in this process, after a first batch (which may fill caches): at least ``batches`` batches, and
+    more (up to ``max_batches``, or the end of the dataset) until ``min_seconds`` have been timed, so that a loader of
+    a few milliseconds a batch is not read off three samples of the machine's noise."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(dataset, batch_size=size, collate_fn=collate_fn, num_workers=0, shuffle=False)
-    it = iter(loader)
-    next(it)
-    start, timed = clock(), 0
-    for _ in range(batches):
+    next(iter(loader))  # the warm-up: a pass of its own, so the timed pass starts at the first sample
+    it, timed, start = iter(loader), 0, clock()
+    while timed < max_batches and (timed < batches or clock() - start < min_seconds):
         try:
             next(it)
         except StopIteration:
             break
         timed += 1
     if not timed:
-        raise ValueError(f"the dataset holds fewer than {2 * size} samples: nothing to time at batch {size}")
-    return (clock() - start) / timed
+        raise ValueError(f"the dataset holds fewer than {size} samples: nothing to time at batch {size}")
+    return clock() - start, timed
 
 
-def fit_line(sizes: tuple[int, int], seconds: tuple[float, float]) -> LoaderCost:
-    """The cost per batch and per sample through two timed batch sizes (neither below 0)."""
-    (s1, s2), (t1, t2) = sizes, seconds
-    per_sample = max(0.0, (t2 - t1) / (s2 - s1))
-    per_batch = max(0.0, t1 - per_sample * s1)
-    return LoaderCost(per_batch, per_sample, sizes, seconds)
+def _time_samples(dataset: Any, collate_fn: Any, size: int, samples: int, clock: Callable[[], float]) -> float:
+    """Seconds for the first ``samples`` samples in batches of ``size`` (after a warm-up batch)."""
+    seconds, _ = time_batches(dataset, collate_fn, size, -(-samples // size), clock, min_seconds=0.0,
+                              max_batches=-(-samples // size))
+    return seconds
 
 
 def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
@@ -93,13 +94,34 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
 
 
 def time_loader(loader: Any, batch_size: int, batches: int = 3,
-                clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
+                clock: Callable[[], float] = time.perf_counter, rounds: int = 2) -> LoaderCost:
     """Time ``loader``'s dataset and collate at ``batch_size`` and half of it (1 and 2 for a batch of 1), in this
-    process. Raises ``ValueError`` for a loader that is not a torch DataLoader or holds too few samples."""
+    process, over the same samples at both sizes (the larger size sets how many: at least ``batches`` batches and
+    0.2 s), so a dataset whose samples differ in cost (random crops, images of different sizes) moves both sizes
+    alike and the difference is the cost per batch. ``rounds`` passes at each size, alternating; each size's
+    fastest pass (a pass the process was preempted in does not count). Raises ``ValueError`` for a loader that is
+    not a torch DataLoader or holds too few samples."""
     dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
     if dataset is None:
         raise ValueError(f"its loader is a {type(loader).__name__}, not a torch DataLoader")
-    sizes = (max(1, batch_size // 2), batch_size) if batch_size > 1 else (1, 2)
-    seconds = (time_batches(dataset, collate, sizes[0], batches, clock),
-               time_batches(dataset, collate, sizes[1], batches, clock))
-    return fit_line(sizes, seconds)
+    small, big = (max(1, batch_size // 2), batch_size) if batch_size > 1 else (1, 2)
+    first, n_big = time_batches(dataset, collate, big, batches, clock)
+    samples = n_big * big
+    n_small = -(-samples // small)
+    big_s, small_s = [first], []
+    for round_ in range(rounds):
+        small_s.append(_time_samples(dataset, collate, small, samples, clock))
+        if round_ + 1 < rounds:
+            big_s.append(_time_samples(dataset, collate, big, samples, clock))
+    t_big, t_small = min(big_s), min(small_s)
+    return fit_counts((small, big), (n_small, n_big), samples, (t_small, t_big))
+
+
+def fit_counts(sizes: tuple[int, int], batches: tuple[int, int], samples: int,
+               seconds: tuple[float, float]) -> LoaderCost:
+    """The cost per batch and per sample from the same ``samples`` loaded in ``batches[i]`` batches of ``sizes[i]``
+    in ``seconds[i]``: the extra batches of the smaller size are the cost per batch (neither below 0)."""
+    (n1, n2), (t1, t2) = batches, seconds
+    per_batch = max(0.0, (t1 - t2) / (n1 - n2)) if n1 != n2 else 0.0
+    per_sample = max(0.0, (t2 - n2 * per_batch) / samples)
+    return LoaderCost(per_batch, per_sample, sizes, (t1 / n1, t2 / n2))
