@@ -114,9 +114,9 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
         run.notes.append(f"{precision} is priced from the run's {run.precision} counts ({run.path} has no config.yaml "
                          "to count the step again at that precision)")
         return run
-    saved = yaml.safe_load(config.read_text()) or {}
-    kept = {k: v for k, v in saved.items() if k in ("seed_everything", "trainer", "model", "data", "optimizer",
-                                                     "lr_scheduler")}
+    from lit_compute.planning.loader_cost import run_config
+
+    kept = run_config(config)
     trainer = dict(kept.get("trainer") or {})
     plugins = trainer.get("plugins")
     plugins = plugins if isinstance(plugins, list) else [plugins] if plugins else []

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderCost", "fit_counts", "loader_cost", "time_batches", "time_loader"]
+__all__ = ["LoaderCost", "fit_counts", "loader_cost", "run_config", "time_batches", "time_loader"]
 
 
 @dataclass
@@ -43,7 +43,9 @@ def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
     a few milliseconds a batch is not read off three samples of the machine's noise."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(dataset, batch_size=size, collate_fn=collate_fn, num_workers=0, shuffle=False)
+    # full batches only: every timed batch holds ``size`` samples
+    loader = DataLoader(dataset, batch_size=size, collate_fn=collate_fn, num_workers=0, shuffle=False,
+                        drop_last=True)
     next(iter(loader))  # the warm-up: a pass of its own, so the timed pass starts at the first sample
     it, timed, start = iter(loader), 0, clock()
     while timed < max_batches and (timed < batches or clock() - start < min_seconds):
@@ -64,6 +66,16 @@ def _time_samples(dataset: Any, collate_fn: Any, size: int, samples: int, clock:
     return seconds
 
 
+def run_config(config: Path) -> dict[str, Any]:
+    """The classes' settings of a run's ``config.yaml``: the fit subcommand's own keys (``ckpt_path``,
+    ``weights_only``) left out."""
+    import yaml
+
+    saved = yaml.safe_load(config.read_text()) or {}
+    return {k: v for k, v in saved.items() if k in ("seed_everything", "trainer", "model", "data", "optimizer",
+                                                     "lr_scheduler")}
+
+
 def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
                 clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
     """Time the training loader of the run in ``run_dir`` (its ``config.yaml``) at ``batch_size`` and half of it
@@ -78,10 +90,7 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
 
     import yaml
 
-    # the fit subcommand's own keys (ckpt_path, weights_only) are not the classes' settings: left out
-    saved = yaml.safe_load(config.read_text()) or {}
-    kept = {k: v for k, v in saved.items() if k in ("seed_everything", "trainer", "model", "data", "optimizer",
-                                                     "lr_scheduler")}
+    kept = run_config(config)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         classes = Path(tmp, "config.yaml")
