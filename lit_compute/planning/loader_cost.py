@@ -6,11 +6,15 @@ with the batch (Lightning's fetch and hooks, a collate's fixed work, a file open
 sample decoded and augmented). One batch size cannot tell them apart, so :func:`loader_cost` builds the run's own
 training loader from its config (``config.yaml`` in the run folder, written by ``lit-compute fit``) and times the
 same samples at two batch sizes, in this process: what the smaller batches' extra batches cost is the cost per
-batch, the rest the cost per sample.
+batch, the rest the cost per sample. :func:`kept_loader_cost` keeps that timing in the run folder
+(``loader_cost.json``), so that every later ``whatif`` of the run prices the same input instead of a new draw of
+the machine's noise.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -18,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderCost", "fit_counts", "loader_cost", "run_config", "time_batches", "time_loader"]
+__all__ = ["KEPT_FILE", "LoaderCost", "fit_counts", "kept_loader_cost", "loader_cost", "run_config", "time_batches",
+           "time_loader"]
+
+#: The file in a run folder that keeps its loader's timing (:func:`kept_loader_cost`).
+KEPT_FILE = "loader_cost.json"
 
 
 @dataclass
@@ -32,6 +40,9 @@ class LoaderCost:
 
     def at(self, n: int) -> float:
         return self.per_batch + self.per_sample * n
+
+    def describe(self) -> str:
+        return f"{self.per_batch * 1e3:.3g} ms a batch + {self.per_sample * 1e3:.3g} ms a sample"
 
 
 def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
@@ -134,3 +145,49 @@ def fit_counts(sizes: tuple[int, int], batches: tuple[int, int], samples: int,
     per_batch = max(0.0, (t1 - t2) / (n1 - n2)) if n1 != n2 else 0.0
     per_sample = max(0.0, (t2 - n2 * per_batch) / samples)
     return LoaderCost(per_batch, per_sample, sizes, (t1 / n1, t2 / n2))
+
+
+def _kept_key(config: Path, batch_size: int) -> dict[str, Any]:
+    """What a kept timing holds for: the run's config (its bytes), the batch size, this CPU and torch."""
+    import torch
+
+    from lit_compute.hardware.this_machine import cpu_name
+
+    return {"config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(), "batch_size": batch_size,
+            "cpu": cpu_name(), "torch": torch.__version__}
+
+
+def kept_loader_cost(run_dir: str | Path, batch_size: int,
+                     timer: Callable[[Path, int], LoaderCost] | None = None) -> tuple[LoaderCost, str]:
+    """``(cost, note)``: the run's loader timed apart (:func:`loader_cost`) once and kept in ``run_dir/loader_cost.json``,
+    then read back while the run's config, the batch size, this CPU and torch are the ones it was timed with (timed
+    again when any differs, or the file is unreadable). A loader of a few milliseconds a batch moves by the machine's
+    noise from one timing to the next; kept, every ``whatif`` of the run prices the same input. A folder that cannot
+    be written keeps nothing (the note says so). ``timer``: what times it (default :func:`loader_cost`)."""
+    run_dir = Path(run_dir)
+    config, kept = run_dir / "config.yaml", run_dir / KEPT_FILE
+    if not config.is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.yaml (runs of lit-compute fit write one)")
+    key = _kept_key(config, batch_size)
+    try:
+        saved = json.loads(kept.read_text())
+        if saved.get("key") == key:
+            cost = LoaderCost(float(saved["per_batch_s"]), float(saved["per_sample_s"]),
+                              (int(saved["sizes"][0]), int(saved["sizes"][1])),
+                              (float(saved["seconds"][0]), float(saved["seconds"][1])))
+            return cost, (f"its loader, timed apart on this CPU at {saved.get('timed_at', '?')}: {cost.describe()} "
+                          f"(kept in {kept}; delete it to time again)")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass  # nothing kept, another run's or machine's timing, or a damaged file: time it now
+    cost = (timer or loader_cost)(run_dir, batch_size)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    record = {"key": key, "timed_at": stamp, "per_batch_s": cost.per_batch, "per_sample_s": cost.per_sample,
+              "sizes": list(cost.sizes), "seconds": list(cost.seconds)}
+    try:
+        from lit_compute.files import write_whole
+
+        write_whole(kept, json.dumps(record, indent=1))
+        where = f"kept in {kept}; later whatifs of this run read it"
+    except OSError as err:
+        where = f"not kept: {kept} cannot be written ({err.strerror or err}), so each whatif times it again"
+    return cost, f"its loader, timed apart on this CPU now: {cost.describe()} ({where})"

@@ -546,15 +546,17 @@ def _host_input(run: RunFacts, scenario: Scenario, notes: list[str]) -> tuple[fl
 
 
 def with_loader_cost(run: RunFacts) -> RunFacts:
-    """``run`` with its in-process loader timed apart (:func:`~lit_compute.planning.loader_cost.loader_cost`) when it
-    had no workers and waited for data; a note where that cannot be done (no config in the run folder, a loader
-    that does not build here)."""
+    """``run`` with its in-process loader timed apart when it had no workers and waited for data, timed once and kept
+    in the run folder (:func:`~lit_compute.planning.loader_cost.kept_loader_cost`; a note gives the figures and where
+    they are kept); a note where that cannot be done (no config in the run folder, a loader that does not build
+    here)."""
     if run.loader_workers != 0 or not run.wait_s or run.loader is not None:
         return run
-    from lit_compute.planning.loader_cost import loader_cost
+    from lit_compute.planning.loader_cost import kept_loader_cost
 
     try:
-        run.loader = loader_cost(run.path, run.samples)
+        run.loader, note = kept_loader_cost(run.path, run.samples)
+        run.notes.append(note)
     except Exception as err:  # noqa: BLE001 - the user's data code: the reason in one line, priced without it
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         run.notes.append(f"the loader could not be timed apart ({text[:160]}): its data wait is priced per batch")

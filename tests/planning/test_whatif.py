@@ -27,6 +27,7 @@ from lit_compute.planning.whatif import (
     default_calibration,
     predict,
     read_run,
+    with_loader_cost,
 )
 from lit_compute.planning.whatif_cli import main
 
@@ -166,6 +167,56 @@ def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path,
     assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
     with pytest.raises(FileNotFoundError, match="has no config.yaml"):
         module.loader_cost(tmp_path / "elsewhere", 8)
+
+
+def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, monkeypatch):
+    """Every whatif of a run prices the same input: the first times its loader (driven clock) and keeps the figures
+    in the run folder, later ones read them; a changed config, another batch size or a damaged file is timed again,
+    and a folder that cannot be written keeps nothing and says so."""
+    import yaml
+
+    from lit_compute.planning import loader_cost as module
+    from tests.planning import models
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
+              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
+              "data": {"class_path": "tests.planning.models.ClockedData",
+                       "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    timings, time_it = [], module.loader_cost
+
+    def timer(run_dir, batch_size):
+        timings.append(batch_size)
+        return time_it(run_dir, batch_size, clock=models.CLOCK.now)
+
+    run = _run(path=tmp_path, step_s=1.0, wait_s=0.05, samples=8, loader_workers=0)
+    monkeypatch.setattr(module, "loader_cost", timer)  # what whatif calls, on the driven clock
+    first = with_loader_cost(run)
+    assert first.loader.per_batch == pytest.approx(0.015) and first.loader.per_sample == pytest.approx(0.002)
+    assert any("timed apart on this CPU now: 15 ms a batch + 2 ms a sample" in n and "kept in" in n
+               for n in first.notes)
+    saved = json.loads((tmp_path / module.KEPT_FILE).read_text())
+    assert saved["per_batch_s"] == pytest.approx(0.015) and saved["key"]["batch_size"] == 8
+
+    again, note = module.kept_loader_cost(tmp_path, 8, timer=lambda *a: pytest.fail("timed again"))
+    assert again == first.loader and "delete it to time again" in note and timings == [8]
+
+    module.kept_loader_cost(tmp_path, 4, timer=timer)  # another batch size
+    config["data"]["init_args"]["per_sample_s"] = 0.004  # the user changed the run's config
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    changed, _ = module.kept_loader_cost(tmp_path, 8, timer=timer)
+    assert changed.per_sample == pytest.approx(0.004) and timings == [8, 4, 8]
+    (tmp_path / module.KEPT_FILE).write_text("{not json")
+    module.kept_loader_cost(tmp_path, 8, timer=timer)
+    assert timings == [8, 4, 8, 8]
+
+    (tmp_path / module.KEPT_FILE).unlink()
+    import lit_compute.files as files
+
+    monkeypatch.setattr(files, "write_whole", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    _, note = module.kept_loader_cost(tmp_path, 8, timer=timer)
+    assert "not kept" in note and "Permission denied" in note and not (tmp_path / module.KEPT_FILE).exists()
 
 
 def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
