@@ -70,11 +70,12 @@ def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
     return clock() - start, timed
 
 
-def _time_samples(dataset: Any, collate_fn: Any, size: int, samples: int, clock: Callable[[], float]) -> float:
-    """Seconds for the first ``samples`` samples in batches of ``size`` (after a warm-up batch)."""
-    seconds, _ = time_batches(dataset, collate_fn, size, -(-samples // size), clock, min_seconds=0.0,
-                              max_batches=-(-samples // size))
-    return seconds
+def _time_samples(dataset: Any, collate_fn: Any, size: int, samples: int,
+                  clock: Callable[[], float]) -> tuple[float, int]:
+    """``(seconds, batches)`` for the first ``samples`` samples in full batches of ``size`` (after a warm-up batch):
+    the batches that hold them, so up to ``size - 1`` samples more when ``size`` does not divide ``samples``."""
+    batches = -(-samples // size)
+    return time_batches(dataset, collate_fn, size, batches, clock, min_seconds=0.0, max_batches=batches)
 
 
 def run_config(config: Path) -> dict[str, Any]:
@@ -127,23 +128,29 @@ def time_loader(loader: Any, batch_size: int, batches: int = 3,
     small, big = (max(1, batch_size // 2), batch_size) if batch_size > 1 else (1, 2)
     first, n_big = time_batches(dataset, collate, big, batches, clock)
     samples = n_big * big
-    n_small = -(-samples // small)
-    big_s, small_s = [first], []
+    big_s, small_s, n_small = [first], [], 0
     for round_ in range(rounds):
-        small_s.append(_time_samples(dataset, collate, small, samples, clock))
+        seconds, n_small = _time_samples(dataset, collate, small, samples, clock)
+        small_s.append(seconds)
         if round_ + 1 < rounds:
-            big_s.append(_time_samples(dataset, collate, big, samples, clock))
-    t_big, t_small = min(big_s), min(small_s)
-    return fit_counts((small, big), (n_small, n_big), samples, (t_small, t_big))
+            big_s.append(_time_samples(dataset, collate, big, samples, clock)[0])
+    return fit_counts((small, big), (n_small, n_big), (min(small_s), min(big_s)))
 
 
-def fit_counts(sizes: tuple[int, int], batches: tuple[int, int], samples: int,
-               seconds: tuple[float, float]) -> LoaderCost:
-    """The cost per batch and per sample from the same ``samples`` loaded in ``batches[i]`` batches of ``sizes[i]``
-    in ``seconds[i]``: the extra batches of the smaller size are the cost per batch (neither below 0)."""
+def fit_counts(sizes: tuple[int, int], batches: tuple[int, int], seconds: tuple[float, float]) -> LoaderCost:
+    """The cost per batch and per sample from ``batches[i]`` full batches of ``sizes[i]`` loaded in ``seconds[i]``
+    (the same samples, or nearly: the smaller size's last batch may hold a few more): the two lines
+    ``seconds = batches * per_batch + samples * per_sample`` solved together, neither cost below 0 (when one would
+    be, the other carries all the time)."""
     (n1, n2), (t1, t2) = batches, seconds
-    per_batch = max(0.0, (t1 - t2) / (n1 - n2)) if n1 != n2 else 0.0
-    per_sample = max(0.0, (t2 - n2 * per_batch) / samples)
+    s1, s2 = n1 * sizes[0], n2 * sizes[1]
+    det = n1 * s2 - n2 * s1
+    per_batch = (t1 * s2 - t2 * s1) / det if det else 0.0
+    per_sample = (n1 * t2 - n2 * t1) / det if det else (t1 + t2) / max(1, s1 + s2)
+    if per_batch < 0:
+        per_batch, per_sample = 0.0, (t1 + t2) / (s1 + s2)
+    elif per_sample < 0:
+        per_batch, per_sample = (t1 + t2) / (n1 + n2), 0.0
     return LoaderCost(per_batch, per_sample, sizes, (t1 / n1, t2 / n2))
 
 

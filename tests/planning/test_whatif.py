@@ -165,6 +165,10 @@ def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path,
     cost = module.loader_cost(tmp_path, 8, clock=models.CLOCK.now)
     assert cost.sizes == (4, 8)
     assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
+    # an odd batch: 7 batches of 9 (63 samples) against 16 of 4 (64 samples: the last batch holds one more)
+    cost = module.loader_cost(tmp_path, 9, clock=models.CLOCK.now)
+    assert cost.sizes == (4, 9)
+    assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
     with pytest.raises(FileNotFoundError, match="has no config.yaml"):
         module.loader_cost(tmp_path / "elsewhere", 8)
 
