@@ -117,6 +117,25 @@ def batch_completes_step(trainer: Any, global_step_at_batch_start: int) -> bool:
     return trainer.global_step > global_step_at_batch_start
 
 
+def batch_will_step(trainer: Any) -> bool:
+    """At a training batch's start: whether the optimizer steps in this batch (Lightning's ``not
+    _should_accumulate()``, valid from ``on_train_batch_start`` on: the batch is already counted ready). True under
+    manual optimization (the user steps where they like) and where this Lightning's internals are not there."""
+    module = getattr(trainer, "lightning_module", None)
+    if module is not None and not getattr(module, "automatic_optimization", True):
+        return True
+    if int(getattr(trainer, "accumulate_grad_batches", 1) or 1) <= 1:
+        return True
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    should_accumulate = getattr(loop, "_should_accumulate", None)
+    if callable(should_accumulate):
+        try:
+            return not should_accumulate()
+        except Exception:  # noqa: BLE001 - another Lightning version's internals: count this batch
+            pass
+    return True
+
+
 def compile_activity() -> tuple[int, float] | None:
     """A mark that changes whenever ``torch.compile`` compiles (frames compiled, seconds spent); None when
     dynamo was never imported (nothing compiled)."""

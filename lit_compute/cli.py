@@ -59,6 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stdout.write(f"lit-compute {__version__}\n")
         return 0
+    import os
+
+    # a config's class paths are imported from the current directory too, as `python -m` and `python train.py`
+    # users expect (`model: examples.hf_gpt2.HFCausalLM` from the repository root): by fit, and by the commands that
+    # build a config or a run's config again (estimate, whatif, tune)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if args[0] == "tune" and not {"-h", "--help"} & set(args):
         from lit_compute.warm_start import prestart
 
@@ -70,8 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(_overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
                          f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
         return 2
-    import os
-
     from lit_compute.packaged_configs import first_unknown_config, resolve_config_args
 
     args = resolve_config_args(args)  # `--config quickstart`: the packaged config of that name
@@ -79,10 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"lit-compute {args[0]}: error: {message}\n")
         return 2
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10's profiler notes ("Memory block of unknown size")
-    # a config's class paths are imported from the current directory too, as `python -m` and `python train.py`
-    # users expect (`model: examples.hf_gpt2.HFCausalLM` from the repository root)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     from lit_compute._lightning_cli import run
 
     if argv is None:  # LightningCLI reads sys.argv itself (given args, it warns that they are meant for Python use)

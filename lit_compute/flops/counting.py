@@ -240,13 +240,21 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written, ops]
         self._bytes_by_module: dict[str, int] = {}
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
-        #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step)
+        #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step); back to False as
+        #: each optimizer's step ends, so a second forward after a step (a GAN's generator after its discriminator's
+        #: step, under manual optimization) is its own classes again
+        self.in_optimizer_step = False
+
+    def _optimizer_stepped(self, *_: Any) -> None:
         self.in_optimizer_step = False
 
     def __enter__(self) -> SafeFlopCounterMode:
         self._reset_counts()
         self.errors.clear()
         self.uncounted.clear()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._step_hook: Any = register_optimizer_step_post_hook(self._optimizer_stepped)
         super().__enter__()
         if _SafeCountingMode is not None and type(self.mode) is _SafeCountingMode.__base__:
             self.mode.__class__ = _SafeCountingMode  # DTensor shards, nested tensors, no failure reaches the step
@@ -305,6 +313,12 @@ class SafeFlopCounterMode(FlopCounterMode):
         """``(forward, backward)`` model FLOPs so far."""
         forward, backward = self._model.get("Global", [0, 0])
         return forward, backward
+
+    def __exit__(self, *args: Any) -> None:
+        hook, self._step_hook = getattr(self, "_step_hook", None), None
+        if hook is not None:
+            hook.remove()
+        super().__exit__(*args)
 
     def result(self) -> FlopCount:
         """What was counted, as a :class:`FlopCount` (module paths relative to ``module_paths`` when given)."""

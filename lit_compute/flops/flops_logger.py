@@ -8,6 +8,7 @@ in :class:`~lit_compute.flops.eval_tally.EvalTally`, the warnings a count gives 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -105,6 +106,11 @@ class FlopsLogger(MeasuringCallback):
         self._train = TrainTally()
         self._batch_sig: tuple | None = None
         self._eval = EvalTally()
+        # the optimizer's op class from the last count whose batch stepped: the op-class table of a count of an
+        # accumulating batch (no optimizer step in it) carries it, since whatif prices a step from that table
+        self._optimizer_class: tuple[int, int, int] | None = None
+        self._deferring = False  # this batch's count waits for the step's optimizer batch
+        self._deferred: list[tuple] = []  # signatures of this step's batches whose values wait for that count
 
     @property
     def counts(self) -> dict[tuple, FlopCount | None]:
@@ -176,7 +182,7 @@ class FlopsLogger(MeasuringCallback):
             _compat.add_initial_hparam(pl_module, "compute/forward_gflops_per_sample", count.forward / samples / 1e9)
 
     # -- counting -------------------------------------------------------------------------------------
-    def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any) -> None:
+    def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any, may_count: bool = True) -> None:
         key = self._model_state.key(pl_module)
         if stage == "train":
             if self._train_key is not None and key != self._train_key:
@@ -188,7 +194,7 @@ class FlopsLogger(MeasuringCallback):
         self._batch_values = self.book.values(sig)
         known = self._batch_values is not None
         self._batch_estimated = known and bool(self.book.estimated(sig))
-        if not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
+        if not may_count or not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
         counter = SafeFlopCounterMode.for_module(pl_module)
@@ -214,7 +220,12 @@ class FlopsLogger(MeasuringCallback):
             return None
         if sig[0] == "train":
             self.peaks.refine(count.by_op)
-            self._bytes[sig] = count.bytes
+            # a batch's own bytes; the optimizer's are the step's, added once a step (an accumulated one's too)
+            self._bytes[sig] = count.bytes - int(count.by_class.get("optimizer", (0, 0, 0))[1])
+            if "optimizer" in count.by_class:
+                self._optimizer_class = count.by_class["optimizer"]
+            elif self._optimizer_class is not None:  # an accumulating batch's count: the step's optimizer added
+                count = dataclasses.replace(count, by_class={**count.by_class, "optimizer": self._optimizer_class})
             if trainer.is_global_zero and count.by_class:
                 write_op_classes(trainer, count, sig)
         return booked.values
@@ -232,7 +243,11 @@ class FlopsLogger(MeasuringCallback):
 
     @override
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        self._begin_batch(pl_module, "train", batch)
+        # the first training count waits for a batch that steps the optimizer (the last of an accumulated step), so
+        # the op-class table holds the optimizer's step
+        defer = self.book.first_train is None and not _compat.batch_will_step(trainer)
+        self._begin_batch(pl_module, "train", batch, may_count=not defer)
+        self._deferring = defer and self._batch_values is None
         if self._counting is not None:
             self.timeline.taint("flop_count")
 
@@ -240,14 +255,27 @@ class FlopsLogger(MeasuringCallback):
     def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                    record: StepRecord | None) -> None:
         values = self._end_batch(trainer)
-        moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
-        self._train.add_batch(values, moved, self._batch_estimated)
+        if self._deferring and values is None and self._batch_sig is not None:
+            self._deferred.append(self._batch_sig)  # its values come with the step's count, a batch or more later
+        else:
+            moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
+            self._train.add_batch(values, moved, self._batch_estimated)
+        for sig in list(self._deferred):
+            known = self.book.values(sig)
+            if known is not None:
+                self._deferred.remove(sig)
+                self._train.add_batch(known, self._bytes.get(sig), bool(self.book.estimated(sig)))
         if not self._table_logged and self.book.first_train is not None and trainer.is_global_zero:
             self._table_logged = True
             write_module_table(trainer, self.book.first_train, self.module_depth, _batch.batch_size(batch))
 
     @override
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
+        for _ in self._deferred:  # never counted (the step ended without its optimizer batch): unknown
+            self._train.add_batch(None, None, False)
+        self._deferred.clear()
+        if self._optimizer_class is not None:
+            self._train.add_step_bytes(int(self._optimizer_class[1]))
         self._train.end_step(record)
 
     @override

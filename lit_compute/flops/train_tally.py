@@ -34,6 +34,11 @@ class TrainTally:
         self.step_bytes = self.step_bytes + moved if self.step_bytes is not None and moved is not None else None
         self.step_estimated |= estimated
 
+    def add_step_bytes(self, moved: int) -> None:
+        """Bytes of the step in progress that no one micro-batch holds (the optimizer's step)."""
+        if self.step_bytes is not None:
+            self.step_bytes += moved
+
     def end_step(self, record: StepRecord) -> None:
         model, hardware = self.step[0] + self.step[1], self.step[2]
         known, self.step, self.step_known = self.step_known, [0, 0, 0], True

@@ -30,8 +30,8 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     from lit_compute.flops.counting import SafeFlopCounterMode
     from lit_compute.planning.estimate import (
         EstimateError,
-        _build,
         _prepare,
+        build_pieces,
         resized,
         trace_step,
         untraceable_module,
@@ -39,7 +39,7 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     from lit_compute.planning.loader_cost import time_loader
 
     try:
-        pieces = _build(config, list(overrides or []))
+        pieces = build_pieces(config, list(overrides or []))
     except EstimateError as err:
         raise WhatifError(f"--config {config}: {err}") from None
     if _compat.model_parallel_sizes(pieces.trainer.strategy) is not None:
@@ -133,7 +133,7 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
         path.write_text(yaml.safe_dump(kept))
         try:
             counted = config_facts(path, time_the_loader=False)
-        except (WhatifError, SystemExit) as err:
+        except WhatifError as err:
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             run.notes.append(f"{precision} is priced from the run's {run.precision} counts (its step could not be "
                              f"counted again at {precision}: {text.replace(str(path), 'its config')[:160]})")

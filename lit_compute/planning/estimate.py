@@ -195,6 +195,24 @@ class _BuildBudget(StorageTracker):
         return out
 
 
+def build_pieces(config: str | Path, overrides: list[str]) -> _Pieces:
+    """:func:`_build` for a caller that is not the command line (whatif's recount and loader timing): the one line
+    the CLI writes before it exits (jsonargparse's ``error: Parser key "model": ...``) raised as an
+    :class:`EstimateError`, with what to do when a class path does not import from here."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            return _build(config, overrides)
+    except SystemExit as stop:
+        lines = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
+        text = lines[-1].split("error: ", 1)[-1] if lines else f"the command line stopped (exit {stop.code})"
+        text = text.removesuffix(" (options: -c --help)")
+        if "No module named" in text:
+            text += ("; run lit-compute from the folder the config's class paths import from (the one lit-compute "
+                     "fit ran in)")
+        raise EstimateError(text) from None
+
+
 def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str]) -> Any:
     """The LightningModule built on the meta device (no memory; its tensors become fake ones on the config's device).
     A constructor that reads tensor values back (RegNet's block widths, a ``torch.linspace(...).tolist()`` drop-path

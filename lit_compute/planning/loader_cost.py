@@ -93,7 +93,7 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
     """Time the training loader of the run in ``run_dir`` (its ``config.yaml``) at ``batch_size`` and half of it
     (1 and 2 for a batch of 1). Raises ``FileNotFoundError`` without a config, ``ValueError`` when its loader cannot
     be built or timed (the message says why)."""
-    from lit_compute.planning.estimate import _build
+    from lit_compute.planning.estimate import build_pieces
 
     config = Path(run_dir) / "config.yaml"
     if not config.is_file():
@@ -108,9 +108,9 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
         classes = Path(tmp, "config.yaml")
         classes.write_text(yaml.safe_dump(kept))
         try:
-            pieces = _build(classes, [])
-        except SystemExit as err:  # the CLI's one line for a config that does not build here
-            raise ValueError(f"its config does not build here (exit {err.code})") from None
+            pieces = build_pieces(classes, [])
+        except ValueError as err:  # the CLI's one line for a config that does not build here
+            raise ValueError(f"its config does not build here: {err}") from None
     return time_loader(pieces.loader, batch_size, batches, clock)
 
 

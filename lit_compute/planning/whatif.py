@@ -10,7 +10,8 @@ bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step 
   bandwidth (a roofline), at efficiencies (fractions of those peaks) plus a launch cost per kernel. On the run's own
   hardware the efficiency is *measured*: the one factor that makes the roofline of the run equal its measured
   compute time. Elsewhere it is :data:`DEFAULT_EFFICIENCY` (docs/whatif.md names the results it was set on). The
-  micro-batch scales every class but the optimizer's step (and the matmuls' weight traffic); the precision scales
+  micro-batch scales every class but the optimizer's step (and the matmuls' weight traffic), and an accumulated
+  step runs every class once a micro-batch but the optimizer's, which steps once; the precision scales
   the bytes (two per value in bf16/fp16) and picks the peak of the compute dtype.
 - **input**: the host's work for each batch, which a faster chip does not shorten. A loader in the training process
   (no workers) costs Lightning's fetch (fixed per batch) plus the loader's own cost per batch and per sample, timed
@@ -233,6 +234,10 @@ def read_run(path: str | Path) -> RunFacts:
         raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
                           "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
                           "lit-compute whatif at that run")
+    accumulate = int(table.get("accumulate_grad_batches") or 1)
+    if accumulate > 1 and "optimizer" not in table["by_class"] and int(table.get("trainable_parameters", 0)):
+        notes.append("its counted batch stepped no optimizer (an accumulated step's first batch, as FlopsLogger before "
+                     "0.4 counted it): the optimizer's step is not priced; a run with this FlopsLogger counts it")
     step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
     busbw = run.last("comm/allreduce_busbw_gbps")
@@ -245,7 +250,7 @@ def read_run(path: str | Path) -> RunFacts:
         path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
                                  for k, v in table["by_class"].items()},
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
-        accumulate=int(table.get("accumulate_grad_batches") or 1), parameters=int(table.get("parameters", 0)),
+        accumulate=accumulate, parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
         precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
         cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
@@ -358,6 +363,22 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
     return total, flops_bound, bytes_bound
 
 
+def _step_roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str, cal: Calibration,
+                   accumulate: int) -> tuple[float, float, float]:
+    """(seconds, of which compute-bound, of which bandwidth-bound) of one optimizer step: ``accumulate`` batches of
+    every class but the optimizer's, which steps once."""
+    batch = {k: v for k, v in classes.items() if k != "optimizer"}
+    once = {k: v for k, v in classes.items() if k == "optimizer"}
+    per_batch, step = _roofline(batch, chip, precision, cal), _roofline(once, chip, precision, cal)
+    n = max(1, accumulate)
+    return per_batch[0] * n + step[0], per_batch[1] * n + step[1], per_batch[2] * n + step[2]
+
+
+def _step_kernels(classes: dict[str, tuple[float, float, float]], accumulate: int) -> float:
+    """The kernels of one optimizer step (the optimizer's once, the others' ``accumulate`` times)."""
+    return sum(k * (1 if kind == "optimizer" else max(1, accumulate)) for kind, (_, _, k) in classes.items())
+
+
 def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     """The efficiency of the run on its own hardware: the one fraction of the peaks (FLOPs and bytes alike, no launch
     cost) that makes the roofline of one measured step equal its measured compute time (step minus data wait, minus
@@ -370,7 +391,7 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
         exposed = run.comm_fraction * (1.0 - (run.comm_overlap or 0.0)) * run.step_s
     measured = run.step_s - (run.wait_s or 0.0) - exposed
     unit = Calibration(1.0, 1.0, 1.0, 0.0, DEFAULT_EFFICIENCY["network"], "")
-    ideal = _roofline(run.by_class, chip, run.precision, unit)[0] * run.accumulate
+    ideal = _step_roofline(run.by_class, chip, run.precision, unit, run.accumulate)[0]
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
     factor = ideal / measured
@@ -449,8 +470,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     chip = scenario.chip
     notes: list[str] = []
     classes = _scaled_classes(run, scenario)
-    per_batch, flops_bound, bytes_bound = _roofline(classes, chip, scenario.precision, cal)
-    compute = per_batch * run.accumulate
+    compute, flops_bound, bytes_bound = _step_roofline(classes, chip, scenario.precision, cal, run.accumulate)
     samples_per_step = scenario.micro_batch * run.accumulate
     # input: the host's work for each batch that a faster chip does not shorten
     host, loader_rate = _host_input(run, scenario, notes)
@@ -473,7 +493,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     # its measured compute already holds any wait for the host's dispatch)
     overlaps = accelerator and not run.runs_on(chip)
     # eager mode: the host runs Python, autograd and the dispatcher for every kernel before the device can run it
-    kernels = sum(k for _, _, k in classes.values()) * run.accumulate
+    kernels = _step_kernels(classes, run.accumulate)
     dispatch = kernels * scenario.host_dispatch_s if overlaps else 0.0
     step = max(device, host + dispatch) if overlaps else device + host
     bottleneck = "compute" if flops_bound >= bytes_bound else "memory bandwidth"

@@ -385,3 +385,64 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
         sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its
     (table,) = text_values(acc, "compute/flops_by_module")
     assert "| MB moved | FLOP/byte |" in table.replace("  ", " ")
+
+
+def test_the_op_class_table_holds_the_optimizers_step_once_under_accumulation(tmp_path):
+    """An accumulated step's first batch steps no optimizer: the first count waits for the batch that does, so the
+    table whatif prices holds the optimizer; the step's bytes hold it once, not once a micro-batch."""
+    from lit_compute.run_record import read_record
+
+    def run(accumulate, folder):
+        trainer = make_trainer(tmp_path / folder, max_steps=2, limit_train_batches=8, accumulate_grad_batches=accumulate,
+                               callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+        trainer.fit(tiny_model(), datamodule=tiny_data())
+        return read_record(trainer.logger.log_dir).op_classes, read_events(trainer.logger.log_dir)
+
+    (plain, _), (accumulated, acc) = run(1, "plain"), run(2, "accumulated")
+    assert accumulated["accumulate_grad_batches"] == 2
+    assert accumulated["by_class"]["optimizer"] == plain["by_class"]["optimizer"]
+    optimizer = plain["by_class"]["optimizer"][1]
+    # the counted batch adds its gradients to the first batch's (12 bytes a parameter more than a fresh backward)
+    batch = sum(v[1] for k, v in accumulated["by_class"].items() if k != "optimizer")
+    fresh = sum(v[1] for k, v in plain["by_class"].items() if k != "optimizer")
+    assert batch - fresh == pytest.approx(12 * accumulated["trainable_parameters"], rel=0.01)
+    assert optimizer > 0 and scalar_values(acc, "compute/bytes_per_step")[-1][1] == pytest.approx(2 * batch + optimizer)
+
+
+class _TwoOptimizerGAN(pl.LightningModule):
+    """Manual optimization: the discriminator steps, then the generator's loss runs through it again."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.g = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+        self.d = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        opt_g, opt_d = self.optimizers()
+        fake = self.g(torch.randn_like(x))
+        d_loss = nn.functional.softplus(-self.d(x)).mean() + nn.functional.softplus(self.d(fake.detach())).mean()
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        g_loss = nn.functional.softplus(-self.d(fake)).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.g.parameters()), torch.optim.Adam(self.d.parameters())
+
+
+def test_a_forward_after_an_optimizers_step_keeps_its_own_op_classes(tmp_path):
+    """A GAN under manual optimization: the generator's pass after the discriminator's step is matmuls, not the
+    optimizer's step (its ops have no FLOPs), so every FLOP of the batch is in the matmul class."""
+    from lit_compute.run_record import read_record
+
+    trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0,
+                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer.fit(_TwoOptimizerGAN(), DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4))
+    data = read_record(trainer.logger.log_dir).op_classes
+    assert data["by_class"]["optimizer"][0] == 0 and data["by_class"]["optimizer"][2] > 0
+    assert data["by_class"]["matmul"][0] == data["hardware_flops"] > 0

@@ -173,6 +173,13 @@ def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path,
         module.loader_cost(tmp_path / "elsewhere", 8)
 
 
+def test_an_accumulated_step_runs_its_micro_batches_and_one_optimizer_step():
+    # matmul 1 s and elementwise 0.5 s a micro-batch, four of them; the optimizer's 0.2 s once a step
+    p = predict(_run(accumulate=4), Scenario(CHIP, "32-true", 16), UNIT)
+    assert p.compute_s == pytest.approx(4 * 1.5 + 0.2)
+    assert calibrate(_run(accumulate=4, step_s=6.2 / 0.5), CHIP).tensor == pytest.approx(0.5)
+
+
 def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, monkeypatch):
     """Every whatif of a run prices the same input: the first times its loader (driven clock) and keeps the figures
     in the run folder, later ones read them; a changed config, another batch size or a damaged file is timed again,
