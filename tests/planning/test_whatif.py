@@ -230,6 +230,21 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
     assert "not kept" in note and "Permission denied" in note and not (tmp_path / module.KEPT_FILE).exists()
 
 
+def test_a_run_config_whose_classes_do_not_import_here_is_named_with_the_fix(tmp_path):
+    """The loader timing and the recount build the run's config again: a class path that does not import from here
+    is one line naming it and where to run from, not the command line's exit code."""
+    import yaml
+
+    from lit_compute.planning.loader_cost import loader_cost
+
+    config = {"trainer": {"accelerator": "cpu"}, "model": {"class_path": "not_here_module.Net"},
+              "data": {"class_path": "tests.planning.models.ClockedData"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match=r"does not build here: .*not_here_module.*No module named 'not_here_module'.*"
+                                         r"run lit-compute from the folder"):
+        loader_cost(tmp_path, 8)
+
+
 def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
     run = _run(step_s=1.7, world_size=1)
     net = find_link("25gbps")
