@@ -237,8 +237,11 @@ def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str])
                            "estimate on a machine with more memory") from None
     except Exception as cpu_err:  # noqa: BLE001 - the user's constructor: its failure in one line
         text = str(cpu_err).strip().splitlines()[0] if str(cpu_err).strip() else ""
+        cpu_why = f"{type(cpu_err).__name__}: {text}"
+        if cpu_why == why:  # the arguments themselves, whatever the device: said once
+            raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: {why}") from None
         raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU "
-                           f"{type(cpu_err).__name__}: {text}") from None
+                           f"{cpu_why}") from None
     built.append(f"{class_type.__name__} was built on the CPU (its constructor reads tensor values, which the meta "
                  f"device has not: {why}; {_gb(budget.current)} for {_clock() - budget.start:.1f} s), then traced on "
                  "fake tensors")
