@@ -122,19 +122,27 @@ def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, secon
 
 
 def _affordable_side(n: int, dtype: torch.dtype, per_round: float, probe: int = 256) -> int:
-    """The matrix side to time on a CPU: ``n``, unless one product of that side would take longer than ten
-    rounds (a dtype the CPU has no native instructions for, such as bfloat16 without AVX512-BF16 or AMX, runs
-    20 or more times slower than float32): then a side whose product takes about one round, timed from a small
-    product (at least ``probe``). Keeps the measurement about as long as asked on any CPU."""
+    """The matrix side to time on a CPU: ``n``, unless a product of that side would take longer than a round (a
+    dtype the CPU has no native instructions for, such as bfloat16 without AVX512-BF16 or AMX, runs 20 or more times
+    slower than float32). Each side is timed itself, doubling from ``probe`` up to ``n``: the last whose product
+    took at most a round, stopping at one that took more than an eighth of a round (at the cube of the side, the
+    next would take more than a round). Nothing is extrapolated: such a dtype's time grows faster than the cube of
+    the side once the matrices leave the caches (from 512 to 1024 wide, 21x rather than 8x, seen on bfloat16 under
+    AVX2), and a side extrapolated from a 256-wide product ran for minutes. Keeps the measurement about as long as
+    asked on any CPU."""
+    side, kept = probe, probe
     a = torch.randn(probe, probe).to(dtype)
-    torch.mm(a, a)
-    t0 = time.perf_counter()
-    torch.mm(a, a)
-    took = max(time.perf_counter() - t0, 1e-9)
-    full = took * (n / probe) ** 3
-    if full <= 10 * per_round:
-        return n
-    return max(probe, min(n, int(n * (per_round / full) ** (1 / 3)) // 64 * 64))
+    torch.mm(a, a)  # the library's first call (its kernels chosen)
+    while True:
+        a = torch.randn(side, side).to(dtype)
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        took = time.perf_counter() - t0
+        if took > per_round:  # longer than a round: the side before it
+            return kept
+        if side >= n or took * 8 > per_round:  # the next doubling would take more than a round
+            return side
+        kept, side = side, min(n, side * 2)
 
 
 def measure_bandwidth(megabytes: int = 256, repeats: int = 5, device: torch.device | str = "cpu") -> float:

@@ -151,6 +151,24 @@ def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
     assert 0.05 * (side / 256) ** 3 <= 0.3 * 1.5  # about one round
 
 
+def test_a_product_whose_time_grows_faster_than_the_cube_is_not_extrapolated(monkeypatch):
+    """bfloat16 under AVX2: 11 ms for 256, 0.1 s for 512, 2.3 s for 1024 (the cube would say 0.8 s): each side is
+    timed itself, so rounds of 0.3 s and of 1 s keep 512 (1024 took longer than a round), never a 2048 product."""
+    seconds = {256: 0.011, 512: 0.106, 1024: 2.25, 2048: 47.0}
+    now = [0.0]
+
+    def mm(a, b):
+        now[0] += seconds[a.shape[0]]
+        return a
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(measure.torch, "mm", mm)
+    assert measure._affordable_side(2048, torch.bfloat16, per_round=0.3) == 512
+    assert measure._affordable_side(2048, torch.bfloat16, per_round=1.0) == 512
+    assert measure._affordable_side(2048, torch.bfloat16, per_round=20.0) == 1024
+    assert measure._affordable_side(2048, torch.bfloat16, per_round=60.0) == 2048
+
+
 def test_float32_peaks_are_weighed_by_each_tf32_switch_and_asked_once_per_setting(monkeypatch):
     """cuDNN's TF32 switch (convolutions) and the matmuls' are separate: the float32 peak makes the time add up,
     each op class at its switch's peak, and a setting both share is measured once."""
