@@ -506,7 +506,8 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     if accelerator and bottleneck in ("input", "host dispatch") and host + dispatch:
         parts = [f"{dispatch * 1e3:.3g} ms dispatching {kernels:,.0f} eager kernels "
                  f"({scenario.host_dispatch_s * 1e6:.3g} us each)"] if dispatch else []
-        parts += [f"{host * 1e3:.3g} ms of loading and Lightning's own work"] if host else []
+        measured = run.step_s is not None and run.wait_s is not None  # a run's wait holds Lightning's fetch too
+        parts += [f"{host * 1e3:.3g} ms of loading" + (" and Lightning's own work" if measured else "")] if host else []
         notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
                      "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
                                      "would shorten it" if dispatch > host else ""))
