@@ -109,8 +109,7 @@ class FlopsLogger(MeasuringCallback):
         # the optimizer's op class from the last count whose batch stepped: the op-class table of a count of an
         # accumulating batch (no optimizer step in it) carries it, since whatif prices a step from that table
         self._optimizer_class: tuple[int, int, int] | None = None
-        self._deferring = False  # this batch's count waits for the step's optimizer batch
-        self._deferred: list[tuple] = []  # signatures of this step's batches whose values wait for that count
+        self._optimizer_counted = False  # a batch that stepped the optimizer was counted (once is enough)
 
     @property
     def counts(self) -> dict[tuple, FlopCount | None]:
@@ -182,7 +181,7 @@ class FlopsLogger(MeasuringCallback):
             _compat.add_initial_hparam(pl_module, "compute/forward_gflops_per_sample", count.forward / samples / 1e9)
 
     # -- counting -------------------------------------------------------------------------------------
-    def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any, may_count: bool = True) -> None:
+    def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any, force: bool = False) -> None:
         key = self._model_state.key(pl_module)
         if stage == "train":
             if self._train_key is not None and key != self._train_key:
@@ -194,7 +193,8 @@ class FlopsLogger(MeasuringCallback):
         self._batch_values = self.book.values(sig)
         known = self._batch_values is not None
         self._batch_estimated = known and bool(self.book.estimated(sig))
-        if not may_count or not (self.book.wants_recount(sig) if known else self.book.wants_count(sig)):
+        wanted = self.book.wants_recount(sig) if known else self.book.wants_count(sig)
+        if not (wanted or (force and not self.book.exhausted)):
             return
         self._batch_estimated = False  # counted for real: exact for this batch
         counter = SafeFlopCounterMode.for_module(pl_module)
@@ -243,11 +243,11 @@ class FlopsLogger(MeasuringCallback):
 
     @override
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        # the first training count waits for a batch that steps the optimizer (the last of an accumulated step), so
-        # the op-class table holds the optimizer's step
-        defer = self.book.first_train is None and not _compat.batch_will_step(trainer)
-        self._begin_batch(pl_module, "train", batch, may_count=not defer)
-        self._deferring = defer and self._batch_values is None
+        # an accumulated step's first batch steps no optimizer: the first batch that does is counted too (once), so
+        # the op-class table whatif prices holds the optimizer's step
+        force = not self._optimizer_counted and _compat.batch_will_step(trainer)
+        self._begin_batch(pl_module, "train", batch, force=force)
+        self._optimizer_counted |= force and self._counting is not None
         if self._counting is not None:
             self.timeline.taint("flop_count")
 
@@ -255,25 +255,14 @@ class FlopsLogger(MeasuringCallback):
     def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                    record: StepRecord | None) -> None:
         values = self._end_batch(trainer)
-        if self._deferring and values is None and self._batch_sig is not None:
-            self._deferred.append(self._batch_sig)  # its values come with the step's count, a batch or more later
-        else:
-            moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
-            self._train.add_batch(values, moved, self._batch_estimated)
-        for sig in list(self._deferred):
-            known = self.book.values(sig)
-            if known is not None:
-                self._deferred.remove(sig)
-                self._train.add_batch(known, self._bytes.get(sig), bool(self.book.estimated(sig)))
+        moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
+        self._train.add_batch(values, moved, self._batch_estimated)
         if not self._table_logged and self.book.first_train is not None and trainer.is_global_zero:
             self._table_logged = True
             write_module_table(trainer, self.book.first_train, self.module_depth, _batch.batch_size(batch))
 
     @override
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
-        for _ in self._deferred:  # never counted (the step ended without its optimizer batch): unknown
-            self._train.add_batch(None, None, False)
-        self._deferred.clear()
         if self._optimizer_class is not None:
             self._train.add_step_bytes(int(self._optimizer_class[1]))
         self._train.end_step(record)

@@ -388,8 +388,9 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
 
 
 def test_the_op_class_table_holds_the_optimizers_step_once_under_accumulation(tmp_path):
-    """An accumulated step's first batch steps no optimizer: the first count waits for the batch that does, so the
-    table whatif prices holds the optimizer; the step's bytes hold it once, not once a micro-batch."""
+    """An accumulated step's first batch steps no optimizer: the first batch that does is counted too, so the table
+    whatif prices holds the optimizer; the step's bytes hold it once, not once a micro-batch; every step has its
+    FLOPs, the first included."""
     from lit_compute.run_record import read_record
 
     def run(accumulate, folder):
@@ -407,6 +408,7 @@ def test_the_op_class_table_holds_the_optimizers_step_once_under_accumulation(tm
     fresh = sum(v[1] for k, v in plain["by_class"].items() if k != "optimizer")
     assert batch - fresh == pytest.approx(12 * accumulated["trainable_parameters"], rel=0.01)
     assert optimizer > 0 and scalar_values(acc, "compute/bytes_per_step")[-1][1] == pytest.approx(2 * batch + optimizer)
+    assert [step for step, _ in scalar_values(acc, "compute/flops_per_step")] == [0, 1]
 
 
 class _TwoOptimizerGAN(pl.LightningModule):
