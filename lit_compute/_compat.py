@@ -101,39 +101,42 @@ def batches_that_stepped(trainer: Any) -> int:
     return int(value) if isinstance(value, int) else int(trainer.global_step)
 
 
-def batch_completes_step(trainer: Any, global_step_at_batch_start: int) -> bool:
-    """Whether the training batch now ending completes a step (Lightning's ``not _should_accumulate()``: always
-    under manual optimization, at the accumulation boundary or the epoch's last batch otherwise)."""
+def _should_accumulate(trainer: Any) -> bool | None:
+    """Lightning's ``_should_accumulate()`` of the running epoch loop (valid from ``on_train_batch_start`` of a batch
+    to its end: the batch is already counted ready); None where this Lightning's internals are not there."""
     loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
     should_accumulate = getattr(loop, "_should_accumulate", None)
     if callable(should_accumulate):
         try:
-            return not should_accumulate()
-        except Exception:  # noqa: BLE001 - another Lightning version's internals: fall back below
-            pass
+            return bool(should_accumulate())
+        except Exception:  # noqa: BLE001 - another Lightning version's internals
+            return None
+    return None
+
+
+def _manual(trainer: Any) -> bool:
     module = getattr(trainer, "lightning_module", None)
-    if module is not None and not getattr(module, "automatic_optimization", True):
+    return module is not None and not getattr(module, "automatic_optimization", True)
+
+
+def batch_completes_step(trainer: Any, global_step_at_batch_start: int) -> bool:
+    """Whether the training batch now ending completes a step (Lightning's ``not _should_accumulate()``: always
+    under manual optimization, at the accumulation boundary or the epoch's last batch otherwise)."""
+    accumulating = _should_accumulate(trainer)
+    if accumulating is not None:
+        return not accumulating
+    if _manual(trainer):
         return True
     return trainer.global_step > global_step_at_batch_start
 
 
 def batch_will_step(trainer: Any) -> bool:
     """At a training batch's start: whether the optimizer steps in this batch (Lightning's ``not
-    _should_accumulate()``, valid from ``on_train_batch_start`` on: the batch is already counted ready). True under
-    manual optimization (the user steps where they like) and where this Lightning's internals are not there."""
-    module = getattr(trainer, "lightning_module", None)
-    if module is not None and not getattr(module, "automatic_optimization", True):
+    _should_accumulate()``). True under manual optimization (the user steps where they like), without accumulation,
+    and where this Lightning's internals are not there."""
+    if _manual(trainer) or int(getattr(trainer, "accumulate_grad_batches", 1) or 1) <= 1:
         return True
-    if int(getattr(trainer, "accumulate_grad_batches", 1) or 1) <= 1:
-        return True
-    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
-    should_accumulate = getattr(loop, "_should_accumulate", None)
-    if callable(should_accumulate):
-        try:
-            return not should_accumulate()
-        except Exception:  # noqa: BLE001 - another Lightning version's internals: count this batch
-            pass
-    return True
+    return not _should_accumulate(trainer)
 
 
 def compile_activity() -> tuple[int, float] | None:

@@ -53,6 +53,34 @@ def tiny_model(**kwargs) -> ImageClassifier:
     return ImageClassifier(**kwargs)
 
 
+class TwoOptimizerGAN(pl.LightningModule):
+    """Two optimizers, manual optimization: one step per batch, whatever global_step does; the discriminator steps,
+    then the generator's loss runs through it again."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.g = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        self.d = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        opt_g, opt_d = self.optimizers()
+        fake = self.g(torch.randn_like(x))
+        d_loss = torch.nn.functional.softplus(-self.d(x)).mean() + torch.nn.functional.softplus(self.d(fake.detach())).mean()
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        g_loss = torch.nn.functional.softplus(-self.d(fake)).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.log("train/d_loss", d_loss)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.g.parameters()), torch.optim.Adam(self.d.parameters())
+
+
 class SmallNet(torch.nn.Module):
     """Convolutions with BatchNorm and a residual block, a few thousand parameters: the demo's kinds of layer for tests
     whose precision is slow on a CPU (float16 anywhere; bf16 without bf16 instructions, where a ResNet-18 step takes

@@ -10,7 +10,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch import nn
 from torch.utils.data import DataLoader
 
 from lit_compute import (
@@ -27,6 +26,7 @@ from .conftest import (
     DrivenClock,
     TimedImages,
     TimedNet,
+    TwoOptimizerGAN,
     clocked_trainer,
     read_events,
     run_script,
@@ -287,33 +287,6 @@ def test_gradient_accumulation_logs_one_point_per_optimizer_step(tmp_path):
     assert all(v == 4 * count.total for v in _values(acc, "compute/flops_per_step").values())
 
 
-class _GAN(pl.LightningModule):
-    """Two optimizers, manual optimization: one step per batch, whatever global_step does."""
-
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-        self.g = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
-        self.d = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def training_step(self, batch, batch_idx):
-        (x,) = batch
-        opt_g, opt_d = self.optimizers()
-        fake = self.g(torch.randn_like(x))
-        d_loss = nn.functional.softplus(-self.d(x)).mean() + nn.functional.softplus(self.d(fake.detach())).mean()
-        opt_d.zero_grad()
-        self.manual_backward(d_loss)
-        opt_d.step()
-        g_loss = nn.functional.softplus(-self.d(fake)).mean()
-        opt_g.zero_grad()
-        self.manual_backward(g_loss)
-        opt_g.step()
-        self.log("train/d_loss", d_loss)
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.g.parameters()), torch.optim.Adam(self.d.parameters())
-
-
 def _profiler_steps(path) -> list[int]:
     events = json.loads(path.read_text())["traceEvents"]
     return sorted(int(m.group(1)) for e in events if e.get("ph") == "X"
@@ -322,7 +295,7 @@ def _profiler_steps(path) -> list[int]:
 
 
 def test_manual_optimization_with_two_optimizers_is_one_step_per_batch(tmp_path):
-    gan = _GAN()
+    gan = TwoOptimizerGAN()
     window = ProfilerWindow(start_step=2, warmup=1, active=2)
     flops = FlopsLogger(peak="none", log_every_n_steps=2)
     trainer = clocked_trainer(tmp_path, DrivenClock(), max_epochs=1, max_steps=-1, limit_train_batches=8, limit_val_batches=0,

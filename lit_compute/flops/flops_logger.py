@@ -97,6 +97,11 @@ class FlopsLogger(MeasuringCallback):
         self._counting: tuple[tuple, SafeFlopCounterMode, float] | None = None
         self._model_state = ModelState()
         self._train_key: tuple[str, str, str, int] | None = None  # the model state of the last training batch
+        # the optimizer's op class from the last count whose batch stepped: the op-class table of a count of an
+        # accumulating batch (no optimizer step in it) carries it, since whatif prices a step from that table; kept
+        # with the counts (and in the checkpoint), so a resumed run counts nothing again for it
+        self._optimizer_class: tuple[int, int, int] | None = None
+        self._optimizer_counted = False  # a batch that stepped the optimizer was counted (once is enough)
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -106,10 +111,6 @@ class FlopsLogger(MeasuringCallback):
         self._train = TrainTally()
         self._batch_sig: tuple | None = None
         self._eval = EvalTally()
-        # the optimizer's op class from the last count whose batch stepped: the op-class table of a count of an
-        # accumulating batch (no optimizer step in it) carries it, since whatif prices a step from that table
-        self._optimizer_class: tuple[int, int, int] | None = None
-        self._optimizer_counted = False  # a batch that stepped the optimizer was counted (once is enough)
 
     @property
     def counts(self) -> dict[tuple, FlopCount | None]:
@@ -126,11 +127,15 @@ class FlopsLogger(MeasuringCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return self.book.state_dict()
+        return {**self.book.state_dict(), "optimizer_class": self._optimizer_class,
+                "optimizer_counted": self._optimizer_counted}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.book.load_state_dict(state_dict)
+        kept = state_dict.get("optimizer_class")
+        self._optimizer_class = tuple(int(v) for v in kept) if kept else None  # type: ignore[assignment]
+        self._optimizer_counted = bool(state_dict.get("optimizer_counted", bool(state_dict.get("counts"))))
 
     @override
     def logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool:
@@ -187,6 +192,7 @@ class FlopsLogger(MeasuringCallback):
             if self._train_key is not None and key != self._train_key:
                 say(pl_module.trainer, f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); "
                     "its FLOPs are counted again")
+                self._optimizer_class, self._optimizer_counted = None, False  # its optimizer's step too
             self._train_key = key
         sig = (*_batch.signature(stage, batch), key)
         self._batch_sig = sig

@@ -14,7 +14,15 @@ from torch.utils.flop_counter import flop_registry
 from lit_compute import FlopsLogger, count_flops
 from lit_compute.flops import chip_for_name, measure_peak_flops, peak_flops
 
-from ..conftest import make_trainer, read_events, scalar_values, text_values, tiny_data, tiny_model
+from ..conftest import (
+    TwoOptimizerGAN,
+    make_trainer,
+    read_events,
+    scalar_values,
+    text_values,
+    tiny_data,
+    tiny_model,
+)
 
 
 def _all_close(points, expected) -> bool:
@@ -411,32 +419,6 @@ def test_the_op_class_table_holds_the_optimizers_step_once_under_accumulation(tm
     assert [step for step, _ in scalar_values(acc, "compute/flops_per_step")] == [0, 1]
 
 
-class _TwoOptimizerGAN(pl.LightningModule):
-    """Manual optimization: the discriminator steps, then the generator's loss runs through it again."""
-
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-        self.g = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
-        self.d = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-
-    def training_step(self, batch, batch_idx):
-        (x,) = batch
-        opt_g, opt_d = self.optimizers()
-        fake = self.g(torch.randn_like(x))
-        d_loss = nn.functional.softplus(-self.d(x)).mean() + nn.functional.softplus(self.d(fake.detach())).mean()
-        opt_d.zero_grad()
-        self.manual_backward(d_loss)
-        opt_d.step()
-        g_loss = nn.functional.softplus(-self.d(fake)).mean()
-        opt_g.zero_grad()
-        self.manual_backward(g_loss)
-        opt_g.step()
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.g.parameters()), torch.optim.Adam(self.d.parameters())
-
-
 def test_a_forward_after_an_optimizers_step_keeps_its_own_op_classes(tmp_path):
     """A GAN under manual optimization: the generator's pass after the discriminator's step is matmuls, not the
     optimizer's step (its ops have no FLOPs), so every FLOP of the batch is in the matmul class."""
@@ -444,7 +426,7 @@ def test_a_forward_after_an_optimizers_step_keeps_its_own_op_classes(tmp_path):
 
     trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0,
                            callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
-    trainer.fit(_TwoOptimizerGAN(), DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4))
+    trainer.fit(TwoOptimizerGAN(), DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4))
     data = read_record(trainer.logger.log_dir).op_classes
     assert data["by_class"]["optimizer"][0] == 0 and data["by_class"]["optimizer"][2] > 0
     assert data["by_class"]["matmul"][0] == data["hardware_flops"] > 0
