@@ -70,7 +70,7 @@ def _median_run(runs: list[Any]) -> Any:
     return sorted(runs, key=lambda r: r.step_s)[len(runs) // 2]
 
 
-def cpu_part(out: str, repeats: int = 3) -> list[list[Any]]:
+def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
     """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
     slow spell of the machine touches them all alike); each figure is the run of median step time."""
     from lit_compute.hardware.this_machine import this_machine
