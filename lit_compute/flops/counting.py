@@ -222,6 +222,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.uncounted: set[str] = set()
         self._module_paths = module_paths
         self._hookless = hookless
+        self._step_hook: Any = None  # the optimizer step post-hook while the mode is entered
         if hookless:
             self.mod_tracker = HooklessModuleTracker()
         self._reset_counts()
@@ -254,7 +255,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self.uncounted.clear()
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        self._step_hook: Any = register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._step_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
         super().__enter__()
         if _SafeCountingMode is not None and type(self.mode) is _SafeCountingMode.__base__:
             self.mode.__class__ = _SafeCountingMode  # DTensor shards, nested tensors, no failure reaches the step
@@ -315,7 +316,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         return forward, backward
 
     def __exit__(self, *args: Any) -> None:
-        hook, self._step_hook = getattr(self, "_step_hook", None), None
+        hook, self._step_hook = self._step_hook, None
         if hook is not None:
             hook.remove()
         super().__exit__(*args)

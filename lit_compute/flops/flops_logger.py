@@ -134,7 +134,7 @@ class FlopsLogger(MeasuringCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.book.load_state_dict(state_dict)
         kept = state_dict.get("optimizer_class")
-        self._optimizer_class = tuple(int(v) for v in kept) if kept else None  # type: ignore[assignment]
+        self._optimizer_class = (int(kept[0]), int(kept[1]), int(kept[2])) if kept else None
         self._optimizer_counted = bool(state_dict.get("optimizer_counted", bool(state_dict.get("counts"))))
 
     @override

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_compute import files
+
 __all__ = ["KEPT_FILE", "LoaderCost", "fit_counts", "kept_loader_cost", "loader_cost", "run_config", "time_batches",
            "time_loader"]
 
@@ -191,9 +193,7 @@ def kept_loader_cost(run_dir: str | Path, batch_size: int,
     record = {"key": key, "timed_at": stamp, "per_batch_s": cost.per_batch, "per_sample_s": cost.per_sample,
               "sizes": list(cost.sizes), "seconds": list(cost.seconds)}
     try:
-        from lit_compute.files import write_whole
-
-        write_whole(kept, json.dumps(record, indent=1))
+        files.write_whole(kept, json.dumps(record, indent=1))
         where = f"kept in {kept}; later whatifs of this run read it"
     except OSError as err:
         where = f"not kept: {kept} cannot be written ({err.strerror or err}), so each whatif times it again"
