@@ -29,6 +29,13 @@ def human(value: float | None, digits: int = 3) -> str:
 FLOP_RATE_UNITS = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (1e-6, "MFLOP/s"), (1e-9, "kFLOP/s"))
 
 
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception in one line for a note: its message's first line (its type's name when it has none), at most
+    ``limit`` characters."""
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
 def flops_rate_unit(tflops: float) -> tuple[float, str]:
     """The unit that fits a FLOP/s figure given in TFLOP/s: ``(scale in TFLOP/s, unit)``."""
     return next(((s, u) for s, u in FLOP_RATE_UNITS if abs(tflops) >= s), FLOP_RATE_UNITS[-1])

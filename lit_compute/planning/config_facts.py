@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lit_compute import _compat
+from lit_compute.formatting import first_line
 from lit_compute.planning.whatif import RunFacts, WhatifError
 
 __all__ = ["config_facts", "with_counts_at"]
@@ -85,8 +86,7 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
         notes.append("the host's time is the loader's own, timed here at two batch sizes; Lightning's work per step "
                      "is not in it (no run measured it)")
     except Exception as err:  # noqa: BLE001 - the user's data code: priced without input, and said
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        notes.append(f"the loader could not be timed here ({text[:160]}): no input time is priced")
+        notes.append(f"the loader could not be timed here ({first_line(err)}): no input time is priced")
     return facts
 
 
@@ -134,9 +134,8 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
         try:
             counted = config_facts(path, time_the_loader=False)
         except WhatifError as err:
-            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             run.notes.append(f"{precision} is priced from the run's {run.precision} counts (its step could not be "
-                             f"counted again at {precision}: {text.replace(str(path), 'its config')[:160]})")
+                             f"counted again at {precision}: {first_line(err).replace(str(path), 'its config')})")
             return run
     scale = run.samples / max(1, counted.samples)  # per batch of the run's micro-batch (the optimizer's step kept)
     run.recounted[precision] = {k: (v if k == "optimizer" else (v[0] * scale, v[1] * scale, v[2]))

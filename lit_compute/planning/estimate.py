@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from lit_compute import _compat
+from lit_compute.formatting import first_line
 from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
 from lit_compute.memory.workspaces import KernelWorkspaces
 from lit_compute.planning.capacity import capacity_of
@@ -145,8 +147,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
         loader = _train_loader(model, datamodule, workers)
         batch = next(iter(loader))
     except (ValueError, TypeError, OSError, ModuleNotFoundError) as err:  # a data folder or file that is not there
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise EstimateError(f"the config's training data cannot be read: {text}") from None
+        raise EstimateError(f"the config's training data cannot be read: {first_line(err, 1000)}") from None
     size = _batch_size(batch)
     if size is None:
         raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
@@ -206,7 +207,7 @@ def build_pieces(config: str | Path, overrides: list[str]) -> _Pieces:
     except SystemExit as stop:
         lines = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
         text = lines[-1].split("error: ", 1)[-1] if lines else f"the command line stopped (exit {stop.code})"
-        text = text.removesuffix(" (options: -c --help)")
+        text = re.sub(r" \(options: [^)]*\)", "", text)  # the command line's own hint, not this caller's
         if "No module named" in text:
             text += ("; run lit-compute from the folder the config's class paths import from (the one lit-compute "
                      "fit ran in)")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_compute.formatting import first_line
 from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
@@ -579,8 +580,7 @@ def with_loader_cost(run: RunFacts) -> RunFacts:
         run.loader, note = kept_loader_cost(run.path, run.samples)
         run.notes.append(note)
     except Exception as err:  # noqa: BLE001 - the user's data code: the reason in one line, priced without it
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        run.notes.append(f"the loader could not be timed apart ({text[:160]}): its data wait is priced per batch")
+        run.notes.append(f"the loader could not be timed apart ({first_line(err)}): its data wait is priced per batch")
     return run
 
 
