@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["figure_header"]
+__all__ = ["commit_description", "figure_header"]
 
 
-def figure_header(command: str, machine: str) -> str:
-    """The header every figure file in the docs carries: the command that wrote it, the commit, the date, the
-    machine (a figure without it is not quoted)."""
-    import datetime
+def commit_description() -> str:
+    """The commit the package's code is at ("abc1234", "abc1234 with uncommitted changes", "unknown"), or the one
+    ``$LIT_COMPUTE_COMMIT`` names (a copy on a borrowed machine: the commit its sender named wins, as the copy's own
+    git, if any, can be stale)."""
     import subprocess as sp
 
     try:
@@ -24,8 +24,15 @@ def figure_header(command: str, machine: str) -> str:
             commit += " with uncommitted changes"
     except (OSError, sp.SubprocessError):
         commit = "unknown"
-    # a copy on a borrowed machine: the commit its sender named wins (the copy's own git, if any, can be stale)
-    commit = os.environ.get("LIT_COMPUTE_COMMIT") or commit
+    return os.environ.get("LIT_COMPUTE_COMMIT") or commit
+
+
+def figure_header(command: str, machine: str) -> str:
+    """The header every figure file in the docs carries: the command that wrote it, the commit, the date, the
+    machine (a figure without it is not quoted)."""
+    import datetime
+
+    commit = commit_description()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
             f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n")

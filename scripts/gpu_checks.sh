@@ -9,8 +9,9 @@
 # table; bench_gpu.md: its table, rewritten after each check, under the figure header, with the commit from git or
 # $LIT_COMPUTE_COMMIT), memory_cuda.md/.txt (`lit-compute bench memory` on the demo's ResNet-18: the estimate against
 # max_memory_allocated and max_memory_reserved) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
-# tune_gpu.md/.txt (a short `lit-compute tune` of configs/baseline.yaml on the GPU: its knobs' table).
-# BENCH_TIMEOUT, MEMORY_TIMEOUT, TUNE_TIMEOUT and PYTEST_TIMEOUT (seconds) bound the parts.
+# tune_gpu.md/.txt (a short `lit-compute tune` of configs/baseline.yaml on the GPU: its knobs' table), fit_rows.csv/.md/.txt
+# (whatif's fit-set workloads measured here: rows for lit_compute/bench/published_gpu.csv's fit set).
+# BENCH_TIMEOUT, MEMORY_TIMEOUT, TUNE_TIMEOUT, PYTEST_TIMEOUT and FIT_TIMEOUT (seconds) bound the parts.
 set -uo pipefail
 out=${OUT:-gpu_checks_out}
 py=${PYTHON:-python3}
@@ -48,4 +49,8 @@ tests="tests/test_gpu.py tests/precision"
 "$py" -c "import nvidia.dali" 2>/dev/null && tests="$tests tests/data/test_dali_datamodule.py"
 # shellcheck disable=SC2086
 timeout "${PYTEST_TIMEOUT:-240}" "$py" -m pytest -q -rA -s -p no:cacheprovider -m "cuda or multi_gpu" $tests 2>&1 | tee "$out/pytest_gpu.txt" || status=1
+# rows for whatif's fit set measured on this chip (#50): a generation the published fit rows lack gets fit rows of its
+# own; published_gpu.csv's columns in fit_rows.csv, last so that every check above has run first
+LIT_COMPUTE_FIT_ROWS="$out/fit_rows.csv" timeout "${FIT_TIMEOUT:-150}" "$py" -m lit_compute.cli bench gpu --only "fit rows" \
+  --markdown "$out/fit_rows.md" 2>&1 | tee "$out/fit_rows.txt" || status=1
 exit $status

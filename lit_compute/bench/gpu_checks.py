@@ -215,18 +215,18 @@ class _StepOnDevice(pl.LightningModule):
     """A model trained on inputs made on the device inside the step: no loader in the measurement, the rate is the
     step's own (what the prediction prices when the run's loader kept up)."""
 
-    def __init__(self, net: Any, step: Callable[[Any, int], Any], batch: int, sgd: bool) -> None:
+    def __init__(self, net: Any, step: Callable[[Any, int], Any], batch: int, model: str) -> None:
         super().__init__()
-        self.net, self.step_fn, self.batch, self.sgd = net, step, batch, sgd
+        self.net, self.step_fn, self.batch, self.model = net, step, batch, model
 
     def training_step(self, index: Any, batch_idx: int) -> Any:
         with torch.device(self.device):
             return self.step_fn(self.net, self.batch)
 
     def configure_optimizers(self) -> Any:
-        if self.sgd:
-            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.875, foreach=True)
-        return torch.optim.AdamW(self.parameters(), lr=1e-4, foreach=True)
+        from lit_compute.bench.whatif_bench import _optimizer
+
+        return _optimizer(self.model, self.net)  # the one the prediction's traced step counted
 
 
 class _RateClock(pl.Callback):
@@ -250,13 +250,13 @@ class _RateClock(pl.Callback):
 def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup: int = 10,
                  accelerator: str = "gpu") -> float:
     """Samples/s of ``model`` (as ``lit-compute bench whatif`` traces it) trained by Lightning at ``batch`` and
-    ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, ResNet channels-last."""
+    ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, the convolutional nets channels-last, each with the optimizer its source trains with."""
     from torch.utils.data import DataLoader
 
     from lit_compute.bench.whatif_bench import _model
 
     net, step = _model(model)
-    if model == "resnet50":
+    if model in ("resnet50", "resnext101-32x4d", "efficientnet-b0"):  # as NVIDIA's DeepLearningExamples ran them
         net = net.to(memory_format=torch.channels_last)
     clock = _RateClock(warmup, batch)
     tf32 = precision == "tf32"
@@ -266,7 +266,7 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
         trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False, benchmark=True,
                              precision="32-true" if tf32 else precision, callbacks=[clock],  # type: ignore[arg-type]
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(_StepOnDevice(net, step, batch, sgd=model == "resnet50"), DataLoader(cast(Any, range(steps))))
+        trainer.fit(_StepOnDevice(net, step, batch, model), DataLoader(cast(Any, range(steps))))
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
     return clock.rate
@@ -303,6 +303,62 @@ def check_whatif(tmp: str) -> str:
     return result
 
 
+#: rows for the fit set of published_gpu.csv, measured on the lent GPU: the fit set's own models other than ResNet-50
+#: (whose rows on this chip are check rows, as are the GPT's), at the batch sizes their A100 rows ran at. Chosen before
+#: any was measured, so that a chip generation the published fit rows lack (Hopper) has fit rows of its own; never
+#: compared with as validation. (model as whatif_bench traces it, micro-batch, precision)
+FIT_RUNS = [("resnext101-32x4d", 128, "bf16-mixed"), ("resnext101-32x4d", 128, "tf32"),
+            ("efficientnet-b0", 256, "bf16-mixed"), ("efficientnet-b0", 256, "tf32"), ("bert-large", 256, "bf16-mixed"),
+            ("bert-large", 128, "tf32")]
+#: where check_fit_rows writes its rows (published_gpu.csv's columns); scripts/gpu_checks.sh sets it under $OUT
+FIT_ROWS_ENV = "LIT_COMPUTE_FIT_ROWS"
+
+
+def fit_rows(rates: list[tuple[str, int, str, float]], chip: str, source: str) -> str:
+    """published_gpu.csv's lines (set "fit") for measured ``(model, batch, precision, samples/s)``."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for model, batch, precision, rate in rates:
+        writer.writerow(["fit", model, chip, precision, batch, f"{rate:.0f}", source])
+    return out.getvalue()
+
+
+def check_fit_rows(tmp: str) -> str:
+    """Measures :data:`FIT_RUNS` here as a Lightning run does (the same code as the whatif check's rates) and writes
+    them as fit rows of published_gpu.csv to ``$LIT_COMPUTE_FIT_ROWS`` (default ``fit_rows.csv`` here): the next
+    ``lit-compute bench whatif --fit-defaults`` can then fit on this chip's generation too. Nothing here is a
+    prediction checked: the figures are data. A workload that fails (out of memory) is named and the others kept."""
+    from lit_compute.figures import commit_description
+    from lit_compute.hardware.chips import find_chip
+
+    name = torch.cuda.get_device_name(0)
+    chip = find_chip(name).name
+    source = (f"this project: lit-compute bench gpu --only fit (commit {commit_description()}, "
+              f"{time.strftime('%Y-%m-%d')}), 1x {name}, eager, torch {torch.__version__.split('+')[0]}")
+    rates, failed = [], []
+    for model, batch, precision in FIT_RUNS:
+        try:
+            rates.append((model, batch, precision, measure_rate(model, batch, precision)))
+        except Exception as err:  # noqa: BLE001 - one workload's failure (memory) keeps the others' rows
+            failed.append(f"{model} {precision} batch {batch}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            emit(f"  fit row failed: {failed[-1]}")
+            torch.cuda.empty_cache()
+            continue
+        emit(f"  fit row: {model} on {chip}, {precision}, batch {batch}: {rates[-1][-1]:,.0f} samples/s")
+    lines = fit_rows(rates, chip, source)
+    path = Path(os.environ.get(FIT_ROWS_ENV) or "fit_rows.csv")
+    write_whole(path, lines)
+    SECTIONS.append(f"\n### Fit rows measured on {chip} (published_gpu.csv's columns; data to fit on, not a check)"
+                    f"\n\n```\n{lines}```\n")
+    result = f"{len(rates)} of {len(FIT_RUNS)} fit rows written to {path}"
+    if failed:
+        raise RuntimeError(f"{result}; failed: {'; '.join(failed)}")
+    return result
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("whatif predicted vs measured on this GPU", check_whatif),
     ("MFU ResNet-50 / ViT-B/16 bf16 (table, measure)", check_mfu),
@@ -313,12 +369,15 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
     ("DALI GPU vs torchvision loader", check_loaders),
 ]
+#: measurements run only when --only names them (scripts/gpu_checks.sh runs them last, under their own timeout)
+ON_REQUEST: list[tuple[str, Callable[[str], str]]] = [("fit rows of published_gpu.csv measured here", check_fit_rows)]
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words")
+    parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words (the fit "
+                        "rows' measurement runs only when named: --only 'fit rows')")
     parser.add_argument("--markdown", default=None,
                         help="also write the checks' table, with the figure header, to this file (rewritten after "
                              "each check: a run stopped part-way leaves the checks it finished)")
@@ -329,7 +388,7 @@ def main(argv: list[str]) -> int:
     emit(f"# bench gpu: {torch.cuda.get_device_name(0)}, {time.strftime('%Y-%m-%d')}\n# {machine_line()}\n")
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, check in CHECKS:
+        for name, check in CHECKS + (ON_REQUEST if args.only else []):
             if args.only and not any(w.lower() in name.lower() for w in args.only):
                 continue
             start = time.perf_counter()

@@ -275,6 +275,40 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     assert whatif_bench.fit_defaults() != first  # the fit rows do move it
 
 
+def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path):
+    """#50: a Hopper chip has no published fit rows. ``bench gpu --only 'fit rows'`` measures the fit set's own models
+    (not the check rows' ResNet-50 and GPT) on the lent GPU and writes them in published_gpu.csv's columns, set "fit".
+    Appended to the file, they are read as fit rows of that chip; a workload that fails is named and the others
+    kept."""
+    from lit_compute.bench import gpu_checks, whatif_bench
+
+    assert not {m for m, _, _ in gpu_checks.FIT_RUNS} & {m for m, _, _ in gpu_checks.WHATIF_RUNS}
+    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setenv(gpu_checks.FIT_ROWS_ENV, str(tmp_path / "fit_rows.csv"))
+    monkeypatch.setenv("LIT_COMPUTE_COMMIT", "abc1234")
+
+    def rate(model, batch, precision):
+        if model == "bert-large" and precision == "tf32":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+        return 1000.0 + batch
+
+    monkeypatch.setattr(gpu_checks, "measure_rate", rate)
+    with pytest.raises(RuntimeError, match=r"5 of 6 fit rows written .*bert-large tf32 batch 128: RuntimeError: "
+                                           r"CUDA out of memory\. Tried to allocate 2\.00 GiB$"):
+        gpu_checks.check_fit_rows("unused")
+    written = (tmp_path / "fit_rows.csv").read_text()
+    published = whatif_bench.PUBLISHED_FILE.read_text()
+    combined = tmp_path / "published_gpu.csv"
+    combined.write_text(published + written)
+    monkeypatch.setattr(whatif_bench, "PUBLISHED_FILE", combined)
+    rows = [r for r in whatif_bench.published_rows() if r["chip"] == "h200-sxm" and r["set"] == "fit"]
+    assert [(r["model"], r["precision"], r["batch"], r["samples_per_s"]) for r in rows] == [
+        ("resnext101-32x4d", "bf16-mixed", 128, 1128.0), ("resnext101-32x4d", "tf32", 128, 1128.0),
+        ("efficientnet-b0", "bf16-mixed", 256, 1256.0), ("efficientnet-b0", "tf32", 256, 1256.0),
+        ("bert-large", "bf16-mixed", 256, 1256.0)]
+    assert all("commit abc1234" in r["source"] and "1x NVIDIA H200" in r["source"] for r in rows)
+
+
 def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
     """#50 item 4: ``bench gpu`` printed "pass" for a whatif check with 1 of 4 rows within 30%. A prediction that
     misses the rate measured on the GPU by more than 30% now fails the check (its table is still written)."""
