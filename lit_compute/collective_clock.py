@@ -14,8 +14,10 @@ While at least one watcher is registered these entry points are wrapped (the cla
 module functions, looked up by their callers at each call); the last watcher to go puts the originals back. Only
 calls on the thread that registered a watcher are reported to it (the training loop's thread). DDP's gradient
 all-reduce waits inside its C++ reducer and is never seen: under DDP a rank's forward holds no gradient
-synchronisation, so nothing is missing there. On NCCL a wait returns when the work is queued on the device's stream:
-the host sees no waiting, and nothing is subtracted.
+synchronisation, so nothing is missing there. On NCCL a wait returns on the host once the current stream is made
+to wait for the collective: the host sees no waiting. A watcher's clock may return any mark, so the timeline's
+records a CUDA event on the current stream at each end as well: under NCCL the span between the two events is the
+stream's stall in the collective, the time the device waited for it (and for the other ranks).
 
 Floor 0: imports nothing of lit_compute's.
 """
@@ -28,10 +30,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-Watcher = Callable[[float, float], None]  # (start, end) on the watcher's own clock
+Watcher = Callable[[Any, Any], None]  # (start, end) marks of the watcher's own clock (seconds, or what it returns)
 
 _lock = threading.Lock()
-_watchers: dict[int, tuple[int, Watcher, Callable[[], float]]] = {}  # id -> (thread id, callback, clock)
+_watchers: dict[int, tuple[int, Watcher, Callable[[], Any]]] = {}  # id -> (thread id, callback, clock)
 _originals: list[tuple[Any, str, Any]] = []
 _depth = threading.local()
 _handles = itertools.count(1)
@@ -52,6 +54,18 @@ def _targets() -> list[tuple[Any, str]]:
     return targets
 
 
+_FAILED = object()
+
+
+def _read(clock: Callable[[], Any]) -> Any:
+    """A watcher's clock read at a wait's start; :data:`_FAILED` when it raised (that watcher skips the call: a clock
+    must never break a collective)."""
+    try:
+        return clock()
+    except Exception:  # noqa: BLE001 - a watcher's clock (a CUDA event) failing leaves the collective alone
+        return _FAILED
+
+
 def _timed(original: Any) -> Any:
     import torch
 
@@ -63,13 +77,15 @@ def _timed(original: Any) -> Any:
         watching = [(cb, clock) for thread, cb, clock in list(_watchers.values()) if thread == me]
         if not watching or getattr(_depth, "inside", False):  # nobody on this thread, or nested in a timed call
             return original(*args, **kwargs)
-        starts = [clock() for _, clock in watching]
+        starts = [_read(clock) for _, clock in watching]
         _depth.inside = True
         try:
             return original(*args, **kwargs)
         finally:
             _depth.inside = False
             for (cb, clock), start in zip(watching, starts):
+                if start is _FAILED:
+                    continue
                 try:
                     cb(start, clock())
                 except Exception:  # noqa: BLE001 - a watcher must never break a collective
@@ -79,9 +95,10 @@ def _timed(original: Any) -> Any:
     return wrapper
 
 
-def watch(callback: Watcher, clock: Callable[[], float]) -> int:
-    """Report ``(start, end)`` (read from ``clock``) of every collective wait on the calling thread to ``callback``
-    until :func:`unwatch` is called with the returned handle. Wraps the entry points for the first watcher."""
+def watch(callback: Watcher, clock: Callable[[], Any]) -> int:
+    """Report ``(start, end)`` (read from ``clock``: seconds, or any mark it returns) of every collective wait on the
+    calling thread to ``callback`` until :func:`unwatch` is called with the returned handle. Wraps the entry points
+    for the first watcher. A clock or a callback that raises skips its watcher for that call, never the collective."""
     with _lock:
         if not _watchers:
             for owner, name in _targets():

@@ -83,6 +83,8 @@ class StepRecord:
     taints: set[str] = field(default_factory=set)
     _events: list[tuple[Any, Any, Any, float]] = field(default_factory=list, repr=False)
     _forward_events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
+    # under NCCL: (start, end) CUDA events of each collective wait, whether inside a forward, whether between batches
+    _comm_events: list[tuple[Any, Any, bool, bool]] = field(default_factory=list, repr=False)
 
     @property
     def duration_s(self) -> float:
@@ -105,7 +107,24 @@ class StepRecord:
             if prev_end is not None:
                 wait += max(0.0, prev_end.elapsed_time(ready) / 1e3 - excluded_in_wait)
             compute += ready.elapsed_time(end) / 1e3
-        return wait, compute
+        # collectives between two batches (a logging all-reduce) are no wait for data, as on the host clock
+        return max(0.0, wait - self.device_comm_times()[2]), compute
+
+    def device_comm_times(self) -> tuple[float, float, float]:
+        """``(comm_s, forward_comm_s, between_s)``: the step's time in collective waits, the part inside its forwards
+        and the part between batches. Under NCCL from CUDA events on the current stream (a wait returns on the host
+        at once, the stream stalls until the collective and the other ranks are done: read lazily, at logging steps
+        only); elsewhere the host's blocked time (its between-batch part already left out of the data wait)."""
+        if not self._comm_events:
+            return self.comm_s, self.forward_comm_s, 0.0
+        comm = forward = between = 0.0
+        for start, end, in_forward, between_batches in self._comm_events:
+            end.synchronize()
+            seconds = max(0.0, start.elapsed_time(end) / 1e3)
+            comm += seconds
+            forward += seconds if in_forward else 0.0
+            between += seconds if between_batches else 0.0
+        return comm, forward, between
 
     def device_forward_time(self) -> float:
         """Seconds from each batch's arrival to its first backward (its forward and loss: no gradient
@@ -190,6 +209,7 @@ class Timeline:
         self._modes: list[tuple[Any, Callable[[BaseException], None] | None]] = []
         self._timed_loggers: list[tuple[Any, Any]] = []  # (logger, the log_metrics wrapper set on it)
         self._watch: int | None = None  # collective_clock handle while training on more than one rank
+        self._device_comm = False  # NCCL on CUDA: collective waits timed by CUDA events too
         self._reset_loop()
 
     def _reset_loop(self) -> None:
@@ -198,6 +218,7 @@ class Timeline:
         self._last_end_event: Any = None
         self._excluded_since_end = 0.0
         self._comm_since_end = 0.0  # collective waits since the previous batch's end (not data wait)
+        self._comm_events_since_end: list[tuple[Any, Any]] = []  # their CUDA events under NCCL
         self._ready = 0.0
         self._ready_event: Any = None
         self._forward_marked = False
@@ -320,8 +341,10 @@ class Timeline:
         self._category_start.clear()
         self._pause_start = None
         self.stop_watching()
+        self._device_comm = False
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            self._watch = collective_clock.watch(self._collective, self.now)
+            self._device_comm = self.device.type == "cuda" and torch.distributed.get_backend() == "nccl"
+            self._watch = collective_clock.watch(self._collective, self._collective_mark)
         self._time_logger_writes(trainer)
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
             pad = getattr(getattr(trainer, "datamodule", None), "pad_token_id", None)
@@ -357,18 +380,29 @@ class Timeline:
                 continue
             self._timed_loggers.append((logger, timed))
 
-    def _collective(self, start: float, end: float) -> None:
+    def _collective_mark(self) -> tuple[float, Any]:
+        """The clock :mod:`~lit_compute.collective_clock` reads at each end of a collective wait: this clock's time,
+        and under NCCL a CUDA event recorded on the current stream (None elsewhere)."""
+        return self.now(), self._cuda_event() if self._device_comm else None
+
+    def _collective(self, start: tuple[float, Any], end: tuple[float, Any]) -> None:
         """A collective wait on the training thread: inside a batch it is the step's communication wait; between
         two batches (the logging all-reduce, an epoch-end ``sync_dist``) it is no wait for data, and the next
-        batch's step gets it as communication."""
-        seconds = max(0.0, end - start)
+        batch's step gets it as communication. Its CUDA events (under NCCL) go with it."""
+        seconds = max(0.0, end[0] - start[0])
+        events = (start[1], end[1]) if start[1] is not None and end[1] is not None else None
         if not self._in_batch or self._step is None:
             if self._last_end is not None:
                 self._comm_since_end += seconds
+                if events is not None:
+                    self._comm_events_since_end.append(events)
             return
+        in_forward = not self._forward_marked
         self._step.comm_s += seconds
-        if not self._forward_marked:
+        if in_forward:
             self._step.forward_comm_s += seconds
+        if events is not None:
+            self._step._comm_events.append((*events, in_forward, False))
 
     def epoch_start(self) -> None:
         """A new epoch: the first batch's wait includes the loader's start, so its step is tainted."""
@@ -395,7 +429,8 @@ class Timeline:
             between = min(self._comm_since_end, max(0.0, now - self._last_end))
             step.wait_s += max(0.0, now - self._last_end - between)
             step.comm_s += between
-        self._comm_since_end = 0.0
+            step._comm_events.extend((start, end, False, True) for start, end in self._comm_events_since_end)
+        self._comm_since_end, self._comm_events_since_end = 0.0, []
         ready_event = self._cuda_event()
         if ready_event is not None:
             step._events.append((self._last_end_event, ready_event, None, self._excluded_since_end))
@@ -439,7 +474,7 @@ class Timeline:
             prev_end, ready, _, excluded = step._events[-1]
             step._events[-1] = (prev_end, ready, end_event, excluded)
         self._last_end, self._last_end_event, self._excluded_since_end = now, end_event, 0.0
-        self._comm_since_end = 0.0
+        self._comm_since_end, self._comm_events_since_end = 0.0, []
         step.taints |= self._batch_taints
         self._batch_taints = set()
         if _compat.compile_activity() != self._compile_mark:

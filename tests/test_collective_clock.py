@@ -62,3 +62,22 @@ def test_a_watcher_that_raises_never_breaks_the_collective(gloo):
         assert t.tolist() == [1.0, 1.0]
     finally:
         collective_clock.unwatch(handle)
+
+
+def test_a_clock_that_raises_skips_its_watcher_never_the_collective(gloo):
+    """A watcher's clock can be a CUDA event's record (the timeline's under NCCL): if it raises, that watcher misses
+    the call, the collective and the other watchers do not."""
+    def broken_clock() -> float:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    never: list[tuple[float, float]] = []
+    seen: list[tuple[float, float]] = []
+    broken = collective_clock.watch(lambda s, e: never.append((s, e)), broken_clock)
+    fine = collective_clock.watch(lambda s, e: seen.append((s, e)), Clock())
+    try:
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0] and never == [] and len(seen) == 1
+    finally:
+        collective_clock.unwatch(broken)
+        collective_clock.unwatch(fine)

@@ -283,3 +283,42 @@ def test_a_gpu_run_is_priced_against_its_own_chip(tmp_path, capsys):
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert row["hardware"] == record.chip
     assert row["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)  # calibrated on the run's own step
+
+
+def test_nccl_collective_waits_are_timed_on_the_stream(tmp_path):
+    """#50 item 5 on a GPU: a one-process NCCL group. A collective's wait returns on the host at once under NCCL; the
+    timeline's CUDA events around it (on the current stream) give the stream's time in it, read at the step's end:
+    an all-gather of 256 MB queued behind matmuls is timed on the device, inside the forward."""
+    import torch.distributed as dist
+
+    from lit_compute.timeline import Timeline
+
+    from .test_timeline import StubTrainer
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    trainer = StubTrainer(world_size=2)  # more than one rank: the timeline watches the collectives
+    trainer.strategy.root_device = torch.device("cuda", torch.cuda.current_device())
+    timeline = Timeline()
+    big = torch.ones(64 * 2**20, device="cuda")
+    out = torch.empty_like(big)
+    a = torch.randn(4096, 4096, device="cuda")
+    records = []
+    try:
+        timeline.train_start(trainer)
+        assert timeline._device_comm
+        for _ in range(3):
+            timeline.batch_start(trainer, torch.zeros(4, 3))
+            for _ in range(10):
+                a = a @ a
+                a = a / a.norm()
+            dist.all_gather_into_tensor(out, big)  # the current stream waits for it; the host does not
+            timeline.before_backward()
+            trainer.finish_batch()
+            records.append(timeline.batch_end(trainer))
+    finally:
+        timeline.stop_watching()
+        dist.destroy_process_group()
+    comm, forward_comm, between = records[-1].device_comm_times()
+    _, compute = records[-1].device_times()
+    assert 0.0 < comm == forward_comm < compute and between == 0.0
+    assert torch.equal(out, big)

@@ -169,6 +169,85 @@ def test_unit_accumulated_micro_batches_are_one_step():
     assert records[5].compute_s == pytest.approx(0.3) and records[5].wait_s == pytest.approx(0.03)
 
 
+class _Event:
+    """A CUDA event as the timeline reads it: recorded at a device time."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, later: _Event) -> float:
+        return (later.t - self.t) * 1e3
+
+
+class _Stream:
+    """A CUDA stream as the timeline's events see it: a device time that runs with the host clock, plus the stalls
+    of the collectives it was made to wait for (which the host never sees under NCCL)."""
+
+    def __init__(self, clock: DrivenClock) -> None:
+        self.clock, self.stalled = clock, 0.0
+
+    def event(self) -> _Event:
+        return _Event(self.clock.t + self.stalled)
+
+
+def test_unit_under_nccl_collectives_are_timed_on_the_stream_not_the_host(tmp_path, monkeypatch):
+    """#50 item 5: on NCCL a collective's wait returns on the host at once; the stream stalls until the collective
+    (and the other ranks) are done. The timeline records a CUDA event on the stream at each end of every wait, so the
+    step's time in collectives, the part inside its forward (what the straggler's cause subtracts) and the part
+    between batches (left out of the data wait) are the stream's. Real gloo collectives, their waits made to stall a
+    simulated stream instead of the host."""
+    import torch.distributed as dist
+
+    clock, trainer = DrivenClock(), StubTrainer(world_size=2)
+    stream = _Stream(clock)
+    trainer.strategy.root_device = torch.device("cuda")
+    monkeypatch.setattr(Timeline, "_cuda_event", lambda self: stream.event())
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    real_wait = dist.distributed_c10d.Work.wait
+    stalls: list[float] = []
+
+    def nccl_like_wait(work, *args, **kwargs):  # returns at once on the host; the stream waits for the collective
+        stream.stalled += stalls.pop(0)
+        return real_wait(work, *args, **kwargs)
+
+    monkeypatch.setattr(dist.distributed_c10d.Work, "wait", nccl_like_wait)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    timeline = Timeline(clock)
+    try:
+        timeline.train_start(trainer)
+        records = []
+        for _ in range(2):
+            clock.advance(0.1)  # data wait
+            timeline.batch_start(trainer, torch.zeros(4, 3))
+            clock.advance(0.2)
+            stalls.append(0.3)
+            dist.all_reduce(torch.ones(2))  # inside the forward: FSDP2's all-gather, a row-parallel all-reduce
+            timeline.before_backward()
+            clock.advance(0.1)
+            stalls.append(0.05)
+            dist.all_reduce(torch.ones(2))  # in the backward
+            trainer.finish_batch()
+            records.append(timeline.batch_end(trainer))
+            stalls.append(0.02)
+            dist.all_reduce(torch.ones(2))  # between batches: a logging all-reduce
+    finally:
+        timeline.stop_watching()
+        dist.destroy_process_group()
+    second = records[1]
+    assert second.comm_s == 0.0 and second.forward_comm_s == 0.0  # the host waited for nothing
+    comm, forward_comm, between = second.device_comm_times()
+    assert (comm, forward_comm, between) == (pytest.approx(0.37), pytest.approx(0.3), pytest.approx(0.02))
+    # on the stream the forward lasted 0.5 s, 0.3 s of it in the collective: 0.2 s of its own work
+    assert second.device_forward_time() == pytest.approx(0.5)
+    # the data wait on the stream holds the logging all-reduce's stall, which is not a wait for data
+    wait, compute = second.device_times()
+    assert (wait, compute) == (pytest.approx(0.1), pytest.approx(0.65))
+    assert records[0].device_comm_times() == (pytest.approx(0.35), pytest.approx(0.3), 0.0)
+
+
 def test_unit_flush_has_one_layout_whatever_a_rank_contributed():
     """Two participants, one logging every other step; the all-reduce's layout depends on configuration and step
     only: a rank with no event (or no contribution) sends NaN in the same slots."""

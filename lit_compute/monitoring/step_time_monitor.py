@@ -74,8 +74,8 @@ class StepTimeMonitor(MeasuringCallback):
         - With more than one rank, from the same all-reduce (world-size slots): ``time/step_ms_rank_max`` (the
           slowest rank's step time), ``time/rank_skew`` (the most *own work* per step - data wait + forward less
           the forward's time blocked in collectives - over the median rank's), ``time/slowest_rank``,
-          ``time/comm_wait_ms`` (this rank's host time blocked in collectives per step,
-          :mod:`lit_compute.collective_clock`), and up to 64 ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``,
+          ``time/comm_wait_ms`` (this rank's time in collective waits per step, :mod:`lit_compute.collective_clock`:
+          the host's blocked time, under NCCL the current stream's stall between CUDA events), and up to 64 ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``,
           ``rank/<r>/forward_ms``, ``rank/<r>/comm_wait_ms`` (the report's per-rank table). See
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
@@ -195,11 +195,12 @@ class StepTimeMonitor(MeasuringCallback):
             metrics["time/tokens_per_sec"] = sum(t or 0 for t in tokens) / (total / 1e3)
         event.log(metrics)
         forward = sum(r.device_forward_time() for r in records) * 1e3 / n
-        comm = sum(r.comm_s for r in records) * 1e3 / n
+        comms = [r.device_comm_times() for r in records]  # on the stream under NCCL, the host's blocked time elsewhere
+        comm = sum(c for c, _, _ in comms) * 1e3 / n
         if trainer.world_size > 1:
             event.log({"time/comm_wait_ms": comm})
         self._contribute(trainer, event, {"step_ms": total / n, "wait_ms": waits / n, "forward_ms": forward,
-                                          "forward_comm_ms": sum(r.forward_comm_s for r in records) * 1e3 / n,
+                                          "forward_comm_ms": sum(f for _, f, _ in comms) * 1e3 / n,
                                           "comm_ms": comm,
                                           "samples_per_sec": metrics.get("time/samples_per_sec", float("nan")),
                                           "tokens_per_sec": metrics.get("time/tokens_per_sec", float("nan"))})
