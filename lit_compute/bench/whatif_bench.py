@@ -382,6 +382,43 @@ def fit_defaults() -> dict[str, float]:
     return {k: float(f"{v:.3g}") if k in FITTED else v for k, v in fitted.items()}
 
 
+# -- why a larger micro-batch on this CPU leans slow -------------------------------------------------------------
+def scaling_part(out: str, rounds: int = 5, steps: int = 6) -> list[list[Any]]:
+    """The CPU rows at twice the micro-batch, taken apart outside Lightning: torchvision's ResNet-18 and ResNet-34 at
+    64 px (as the CPU rows train them) and ResNet-18's last 3x3 convolution alone (512 channels on 2x2 px), forward
+    and backward only (no optimizer, no loader), at micro-batches 16 and 32; the rounds interleaved, each figure a
+    round's median step. The FLOPs double with the batch; each round's ratio is printed, since the machine's other
+    work and the allocator's state move them."""
+    import statistics
+    import time
+
+    import torchvision
+
+    conv = torch.nn.Conv2d(512, 512, 3, padding=1, bias=False)
+    nets = [("ResNet-18 64 px, forward + backward", torchvision.models.resnet18(num_classes=10), 64, 3),
+            ("ResNet-34 64 px, forward + backward", torchvision.models.resnet34(num_classes=10), 64, 3),
+            ("ResNet-18's last 3x3 convolution (512 channels, 2x2 px), forward + backward", conv, 2, 512)]
+    times: dict[tuple[int, int], list[float]] = {}
+    for _ in range(rounds):
+        for index, (_, net, pixels, channels) in enumerate(nets):
+            for batch in (16, 32):
+                x = torch.randn(batch, channels, pixels, pixels)
+                net(x).sum().backward()  # warm: oneDNN's primitives for this shape
+                steps_s = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    net(x).sum().backward()
+                    steps_s.append(time.perf_counter() - start)
+                times.setdefault((index, batch), []).append(statistics.median(steps_s) * 1e3)
+    rows = []
+    for index, (name, *_rest) in enumerate(nets):
+        small, large = times[(index, 16)], times[(index, 32)]
+        ratios = sorted(b / a for a, b in zip(small, large))
+        rows.append([name, f"{statistics.median(small):.1f} / {statistics.median(large):.1f}",
+                     ", ".join(f"{r:.2f}" for r in ratios), f"{statistics.median(ratios):.2f}"])
+    return rows
+
+
 # -- an input-bound run -----------------------------------------------------------------------------------------
 def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """A linear probe on 224 px images whose loader decodes in the training process (no workers): calibrated on a
@@ -506,7 +543,7 @@ class ReadyImages(pl.LightningDataModule):
                                            shuffle=True, generator=generator)
 
 
-_PARTS = ("cpu", "comm", "gpu", "input", "run")
+_PARTS = ("cpu", "comm", "gpu", "input", "run", "scaling")
 
 
 def _parts(text: str) -> list[str]:
@@ -522,7 +559,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench whatif", description=__doc__)
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
     parser.add_argument("--only", default=None, type=_parts,
-                        help="run these parts, comma-separated (cpu, comm, gpu, input, run; default all)")
+                        help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling; default all)")
     parser.add_argument("--fit-defaults", action="store_true",
                         help="print the default efficiencies fitted on published_gpu.csv's fit set and exit")
     args = parser.parse_args(argv)
@@ -538,7 +575,9 @@ def main(argv: list[str]) -> int:
                  ("comm", "Collectives on two gloo ranks (ms per step)", comm_part),
                  ("gpu", "Published GPU training throughputs (samples/s)", lambda _: gpu_part()),
                  ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part),
-                 ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part)]
+                 ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part),
+                 ("scaling", "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does "
+                             "not", scaling_part)]
         for name, title, part in parts:
             if args.only and name not in args.only:
                 continue
@@ -546,6 +585,9 @@ def main(argv: list[str]) -> int:
             rows = part(out)
             if name == "run":
                 table = markdown(["workload", "what whatif said", "predicted", "published", "error"], rows)
+            elif name == "scaling":
+                table = markdown(["workload", "median step at micro-batch 16 / 32 (ms)",
+                                  "32 over 16, each round", "median (the FLOPs: 2)"], rows)
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
                 table += "\n\n" + summary(rows)
