@@ -250,7 +250,8 @@ class _RateClock(pl.Callback):
 def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup: int = 10,
                  accelerator: str = "gpu") -> float:
     """Samples/s of ``model`` (as ``lit-compute bench whatif`` traces it) trained by Lightning at ``batch`` and
-    ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, the convolutional nets channels-last, each with the optimizer its source trains with."""
+    ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, the convolutional nets
+    channels-last, each with the optimizer its source trains with."""
     from torch.utils.data import DataLoader
 
     from lit_compute.bench.whatif_bench import _model

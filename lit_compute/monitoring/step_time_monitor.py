@@ -75,8 +75,9 @@ class StepTimeMonitor(MeasuringCallback):
           slowest rank's step time), ``time/rank_skew`` (the most *own work* per step - data wait + forward less
           the forward's time blocked in collectives - over the median rank's), ``time/slowest_rank``,
           ``time/comm_wait_ms`` (this rank's time in collective waits per step, :mod:`lit_compute.collective_clock`:
-          the host's blocked time, under NCCL the current stream's stall between CUDA events), and up to 64 ranks ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``,
-          ``rank/<r>/forward_ms``, ``rank/<r>/comm_wait_ms`` (the report's per-rank table). See
+          the host's blocked time, under NCCL the current stream's stall between CUDA events), and up to 64 ranks
+          ``rank/<r>/step_ms``, ``rank/<r>/data_wait_ms``, ``rank/<r>/forward_ms``, ``rank/<r>/comm_wait_ms`` (the
+          report's per-rank table). See
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
         - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
