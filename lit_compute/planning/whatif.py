@@ -512,6 +512,12 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
                      "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
                                      "would shorten it" if dispatch > host else ""))
+    if not accelerator and scenario.micro_batch != run.samples and any(
+            kind.startswith("conv") and flops for kind, (flops, _, _) in classes.items()):
+        side = "slow (an upper bound)" if scenario.micro_batch > run.samples else "fast (a lower bound)"
+        notes.append(f"on a CPU a convolution's time grows less than its FLOPs with the batch, which one efficiency "
+                     f"per class does not follow (docs/whatif.md, This CPU): micro-batch {scenario.micro_batch} "
+                     f"against the run's {run.samples} leans {side}")
     replicas = scenario.devices // max(1, run.tensor_parallel)
     samples_per_s = replicas * samples_per_step / step
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")

@@ -69,6 +69,21 @@ def test_a_step_is_priced_class_by_class_on_the_roofline():
     assert mixed.bottleneck == "memory bandwidth"
 
 
+def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
+    """On a CPU a ResNet's forward and backward at twice the micro-batch take about 1.7 times as long while the FLOPs
+    double (docs/figures/whatif_cpu_scaling.md): the prediction says which way it leans, for convolutions on a CPU
+    at another micro-batch only."""
+    cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
+    convs = _run(by_class={"conv": (100 * G, 1 * G, 10), "optimizer": (0, 2 * G, 0)})
+
+    def note(run, chip, micro):
+        return [n for n in predict(run, Scenario(chip, "32-true", micro), UNIT).notes if "convolution's time" in n]
+
+    assert "micro-batch 32 against the run's 16 leans slow (an upper bound)" in note(convs, cpu, 32)[0]
+    assert "leans fast (a lower bound)" in note(convs, cpu, 8)[0]
+    assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
+
+
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
     run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
     cal = calibrate(run, CHIP)
