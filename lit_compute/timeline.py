@@ -343,7 +343,8 @@ class Timeline:
         self.stop_watching()
         self._device_comm = False
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            self._device_comm = self.device.type == "cuda" and torch.distributed.get_backend() == "nccl"
+            # "nccl", or "cuda:nccl,cpu:gloo" for a group with a backend per device type
+            self._device_comm = self.device.type == "cuda" and "nccl" in str(torch.distributed.get_backend())
             self._watch = collective_clock.watch(self._collective, self._collective_mark)
         self._time_logger_writes(trainer)
         if self.token_spec is None:  # a datamodule that declares its padding id (TokenDataModule does)
