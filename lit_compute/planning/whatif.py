@@ -209,7 +209,13 @@ class Prediction:
                 "host_s": self.host_s, "dispatch_s": self.dispatch_s,
                 "comm_s": self.comm_s, "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "bottleneck": self.bottleneck, "fits": self.fits,
-                "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million}
+                "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million, "notes": list(self.notes)}
+
+    @property
+    def label(self) -> str:
+        """The row as a reader names it: ``a100 8 x 8 over 100gbps``."""
+        return f"{self.hardware} {self.nodes} x {self.devices_per_node}" + (
+            f" over {self.network}" if self.nodes > 1 else "")
 
 
 # -- reading a run ---------------------------------------------------------------------------------------------

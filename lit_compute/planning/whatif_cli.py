@@ -90,6 +90,16 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
     return rows
 
 
+def row_notes(rows: list[Prediction]) -> list[str]:
+    """The rows' notes, each once, in the order first met: a note of every row as it is, a note of some rows after
+    the rows it is about (``a100 1 x 8, a100 8 x 8 over 100gbps: ...``)."""
+    labels: dict[str, list[str]] = {}
+    for row in rows:
+        for note in row.notes:
+            labels.setdefault(note, []).append(row.label)
+    return [note if len(names) == len(rows) else f"{', '.join(names)}: {note}" for note, names in labels.items()]
+
+
 def enough_up_to(run: RunFacts, chip: Chip, precision: str, micro_batch: int, devices: int, network: Any,
                  calibration_run: RunFacts | None = None, host_dispatch_s: float = 0.0) -> int:
     """The largest node count (doubling up to 1024) at which ``network`` is not the bottleneck."""
@@ -235,7 +245,7 @@ def main(argv: list[str]) -> int:
                                      dispatch)
                 lines.append(f"- {network.name} is enough up to {up_to} node(s) of {args.devices_per_node} {chip.name} "
                              f"for this model (beyond, the gradient exchange takes longer than the compute)")
-    notes = [*run.notes, *([host_note] if host_note else []), *sorted({n for r in rows for n in r.notes})]
+    notes = [*run.notes, *([host_note] if host_note else []), *row_notes(rows)]
     lines += [f"- {n}" for n in notes]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

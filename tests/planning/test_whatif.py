@@ -84,6 +84,24 @@ def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
     assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
 
 
+def test_a_note_of_some_rows_names_them_and_json_rows_carry_their_own():
+    """With several targets the rows' notes differ (the host is the bottleneck against 3.6 ms here, 16.9 ms there):
+    a note of some rows is printed after the rows it is about, one of every row once; ``--json`` rows carry theirs."""
+    from lit_compute.planning.whatif_cli import row_notes
+
+    link = find_link("25gbps")
+    one = predict(_run(), Scenario(CHIP, "32-true", 16), UNIT)  # one device: no collectives
+    four = predict(_run(), Scenario(CHIP, "32-true", 16, 4, 8, link), UNIT)
+    shared = "a note of both rows"
+    one.notes.append(shared)
+    four.notes.append(shared)
+    assert four.label == "made-up 4 x 8 over 25gbps" and one.label == "made-up 1 x 1"
+    overlap = next(n for n in four.notes if n.startswith("no overlap of collectives"))
+    assert one.notes == [shared] and four.notes == [overlap, shared]
+    assert row_notes([one, four]) == [shared, f"made-up 4 x 8 over 25gbps: {overlap}"]
+    assert four.as_json()["notes"] == four.notes
+
+
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
     run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
     cal = calibrate(run, CHIP)
