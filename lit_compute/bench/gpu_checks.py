@@ -304,6 +304,66 @@ def check_whatif(tmp: str) -> str:
     return result
 
 
+def _whatif_json(args: list[str]) -> dict[str, Any]:
+    """``lit-compute whatif ARGS --json``'s one row, as a user's command prints it."""
+    import contextlib
+    import io
+    import json
+
+    from lit_compute.planning.whatif_cli import main as whatif
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = whatif([*args, "--json"])
+    if code:
+        raise RuntimeError(f"lit-compute whatif {' '.join(args)} exited {code}: {err.getvalue().strip()[-400:]}")
+    rows = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+    if len(rows) != 1:
+        raise RuntimeError(f"lit-compute whatif {' '.join(args)} printed {len(rows)} rows, not one")
+    return rows[0]
+
+
+def check_whatif_runs(tmp: str, accelerator: str = "gpu", micro_batch: int = 64, cpu_batch: int = 4,
+                      steps: tuple[int, int] = (40, 10), arch: str = "resnet50", image_size: int = 112) -> str:
+    """#50 item 4 the way a user takes it: configs/baseline.yaml (a torchvision ResNet-50 at 112 px, its loader in the
+    process) trained with ``lit-compute fit`` on this GPU in bf16-mixed at ``micro_batch``, and on this machine's
+    CPU in float32 at ``cpu_batch``, each with FlopsLogger and StepTimeMonitor. ``lit-compute whatif CPU_RUN
+    --hardware <this chip> --precision bf16-mixed --micro-batch <micro_batch>`` is checked against the GPU run's
+    measured step (a miss beyond :data:`WHATIF_GOAL` fails); ``whatif GPU_RUN`` on its own chip (calibrated on it)
+    and on an H100 SXM are printed beside it."""
+    from lit_compute.bench.whatif_bench import _CALLBACKS
+    from lit_compute.bench.whatif_bench import _fit as fit_cli
+    from lit_compute.planning.whatif import read_run
+
+    base = ["--config", "configs/baseline.yaml", "--trainer.max_epochs=null", "--trainer.log_every_n_steps=5",
+            "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
+            f"--model.init_args.arch={arch}", f"--data.init_args.image_size={image_size}", _CALLBACKS]
+    device_run = fit_cli([*base, f"--trainer.accelerator={accelerator}", "--trainer.precision=bf16-mixed",
+                          f"--data.init_args.batch_size={micro_batch}", f"--trainer.max_steps={steps[0]}"],
+                         str(Path(tmp, "whatif_device")))
+    cpu_run = fit_cli([*base, "--trainer.accelerator=cpu", "--trainer.precision=32-true",
+                       f"--data.init_args.batch_size={cpu_batch}", f"--trainer.max_steps={steps[1]}"],
+                      str(Path(tmp, "whatif_cpu")))
+    measured = read_run(device_run).step_s
+    if not measured:
+        raise RuntimeError(f"{device_run}: no measured step (time/step_ms)")
+    own = _whatif_json([str(device_run)])
+    chip = own["hardware"]
+    predicted = _whatif_json([str(cpu_run), "--hardware", chip, "--precision", "bf16-mixed", "--micro-batch",
+                              str(micro_batch)])
+    h100 = _whatif_json([str(device_run), "--hardware", "h100-sxm"])
+    error = 100 * (predicted["step_time_s"] / measured - 1)
+    result = (f"{arch} {image_size} px, loader in the process: the CPU run (micro-batch {cpu_batch}, 32-true) priced "
+              f"on {chip} at bf16-mixed, micro-batch {micro_batch}: {predicted['step_time_s'] * 1e3:.1f} ms a step "
+              f"({predicted['bottleneck']}-bound) against the {chip} run's measured {measured * 1e3:.1f} ms, "
+              f"{error:+.1f}%; the {chip} run on its own chip {own['step_time_s'] * 1e3:.1f} ms (calibrated), on "
+              f"h100-sxm {h100['step_time_s'] * 1e3:.1f} ms")
+    emit(f"  {result}")
+    if abs(error) > WHATIF_GOAL:
+        raise AssertionError(f"{result}: the CPU run's prediction missed by more than {WHATIF_GOAL:.0f}%")
+    return result
+
+
 #: rows for the fit set of published_gpu.csv, measured on the lent GPU: the fit set's own models other than ResNet-50
 #: (whose rows on this chip are check rows, as are the GPT's), at the batch sizes their A100 rows ran at. Chosen before
 #: any was measured, so that a chip generation the published fit rows lack (Hopper) has fit rows of its own; never
@@ -362,6 +422,7 @@ def check_fit_rows(tmp: str) -> str:
 
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("whatif predicted vs measured on this GPU", check_whatif),
+    ("whatif from a CPU run vs a run on this GPU (run folders)", check_whatif_runs),
     ("MFU ResNet-50 / ViT-B/16 bf16 (table, measure)", check_mfu),
     ("FSDPStrategy GPT + FP32BatchNormFSDPPrecision", check_fsdp),
     ("FP32BatchNormPrecision 16-mixed + GradScaler", check_fp16),

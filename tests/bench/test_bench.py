@@ -275,6 +275,39 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     assert whatif_bench.fit_defaults() != first  # the fit rows do move it
 
 
+def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misses(monkeypatch, tmp_path):
+    """#50 item 4: ``bench gpu`` trains the baseline config on the GPU and on the CPU with ``lit-compute fit`` and
+    checks ``whatif CPU_RUN --hardware <this chip>`` against the GPU run's measured step: within 30% it passes and
+    says both figures, beyond it fails (the run folders and whatif's rows stand in for the device here; the same
+    function ran end to end on this CPU with accelerator="cpu")."""
+    from types import SimpleNamespace
+
+    from lit_compute.bench import gpu_checks, whatif_bench
+
+    folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
+    monkeypatch.setattr(whatif_bench, "_fit", lambda args, out: next(folders))
+    monkeypatch.setattr("lit_compute.planning.whatif.read_run", lambda path: SimpleNamespace(step_s=0.1))
+    for predicted, passes in ((0.125, True), (0.135, False)):
+        folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
+        rows = {"own": {"hardware": "h200-sxm", "step_time_s": 0.1, "bottleneck": "compute"},
+                "cpu": {"hardware": "h200-sxm", "step_time_s": predicted, "bottleneck": "input"},
+                "h100": {"hardware": "h100-sxm", "step_time_s": 0.12, "bottleneck": "compute"}}
+
+        def answer(args, rows=rows):
+            if args[0].endswith("cpu_run"):
+                assert args[1:] == ["--hardware", "h200-sxm", "--precision", "bf16-mixed", "--micro-batch", "64"]
+                return rows["cpu"]
+            return rows["h100"] if "h100-sxm" in args else rows["own"]
+
+        monkeypatch.setattr(gpu_checks, "_whatif_json", answer)
+        if passes:
+            assert "125.0 ms a step (input-bound) against the h200-sxm run's measured 100.0 ms, +25.0%" in (
+                gpu_checks.check_whatif_runs("unused"))
+        else:
+            with pytest.raises(AssertionError, match=r"\+35\.0%.*missed by more than 30%"):
+                gpu_checks.check_whatif_runs("unused")
+
+
 def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path):
     """#50: a Hopper chip has no published fit rows. ``bench gpu --only 'fit rows'`` measures the fit set's own models
     (not the check rows' ResNet-50 and GPT) on the lent GPU and writes them in published_gpu.csv's columns, set "fit".
