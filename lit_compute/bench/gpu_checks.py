@@ -5,7 +5,10 @@ few minutes: the recipe on ResNet-50 at 224 px with GPU DALI decode; MFU of ResN
 in bf16 against the table peak and a measured one; the GPU DALI vs torchvision loader ratio;
 FP32BatchNormPrecision in 16-mixed with its GradScaler; a profiler window's gpu_idle_fraction; and a
 single-process NCCL TunedDDPStrategy start-up with its settings applied; a GPT under FSDPStrategy with
-FP32BatchNormFSDPPrecision (MFU, HFU, tokens/s, float32 LayerNorms). Exits non-zero if any check fails.
+FP32BatchNormFSDPPrecision (MFU, HFU, tokens/s, float32 LayerNorms); ``lit-compute whatif``'s predictions for this
+GPU, from steps counted on fake tensors and from a CPU run of the baseline config against a run of it here (run
+folders, as a user prices one). Exits non-zero if any check fails. ``--only 'fit rows'`` measures rows for
+whatif's fit set instead (:func:`check_fit_rows`).
 Without NVIDIA DALI the two DALI checks fail and say so (the recipe still prints its other rows).
 """
 
