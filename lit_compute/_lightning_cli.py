@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import lit_compute
 import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
 from lit_compute import _compat, agreement
+from lit_compute.formatting import first_line
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _DEFAULT_MODEL = "lit_compute.models.ImageClassifier"
@@ -207,12 +208,12 @@ def _configuration_error(err: BaseException) -> str | None:
     last = last.replace("\\", "/")
     if isinstance(err, (ValueError, TypeError)) and any(
             part in last for part in ("/trainer/connectors/", "/accelerators/", "/lightning/pytorch/cli.py")):
-        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        text = first_line(err, None)
         if "not a mapping" in text:
             text = f"a section of the config is not a mapping of arguments ({text})"
         return text
     if type(err).__name__ == "MisconfigurationException":
-        return str(err).splitlines()[0]
+        return first_line(err, None)
     return None
 
 
@@ -373,7 +374,7 @@ def refusal(err: BaseException) -> str | None:
         return None
     found = constructor_error(err)
     if isinstance(found, BaseException):
-        return str(found).splitlines()[0] if str(found) else type(found).__name__
+        return first_line(found, None)
     return found or _configuration_error(err)
 
 

@@ -29,11 +29,17 @@ def human(value: float | None, digits: int = 3) -> str:
 FLOP_RATE_UNITS = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (1e-6, "MFLOP/s"), (1e-9, "kFLOP/s"))
 
 
-def first_line(err: BaseException, limit: int = 300) -> str:
+def first_line(err: BaseException, limit: int | None = 300) -> str:
     """An exception in one line for a note: its message's first line (its type's name when it has none), at most
-    ``limit`` characters."""
+    ``limit`` characters (None: the whole line)."""
     text = str(err).strip()
     return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
+def typed_line(err: BaseException) -> str:
+    """``Type: first line`` of an exception (``Type: `` when it has no message)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def flops_rate_unit(tflops: float) -> tuple[float, str]:

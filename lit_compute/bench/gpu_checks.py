@@ -29,6 +29,7 @@ import torch
 from lit_compute.bench._common import emit, figure_header, machine_line, markdown
 from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.files import write_whole
+from lit_compute.formatting import typed_line
 
 
 def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) -> Any:
@@ -407,7 +408,7 @@ def check_fit_rows(tmp: str) -> str:
         try:
             rates.append((model, batch, precision, measure_rate(model, batch, precision)))
         except Exception as err:  # noqa: BLE001 - one workload's failure (memory) keeps the others' rows
-            failed.append(f"{model} {precision} batch {batch}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            failed.append(f"{model} {precision} batch {batch}: {typed_line(err)[:200]}")
             emit(f"  fit row failed: {failed[-1]}")
             torch.cuda.empty_cache()
             continue

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lit_compute import _compat
-from lit_compute.formatting import first_line
+from lit_compute.formatting import first_line, typed_line
 from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
 from lit_compute.memory.workspaces import KernelWorkspaces
 from lit_compute.planning.capacity import capacity_of
@@ -227,7 +227,7 @@ def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str])
         with torch.device("meta"):
             return class_type(*args, **kwargs)
     except Exception as meta_err:  # noqa: BLE001 - any constructor failure on meta: tried once more on the CPU
-        why = f"{type(meta_err).__name__}: {str(meta_err).strip().splitlines()[0] if str(meta_err).strip() else ''}"
+        why = typed_line(meta_err)
     budget = _BuildBudget(int(BUILD_MEMORY_SHARE * psutil.virtual_memory().available), BUILD_SECONDS)
     try:
         with torch.device("cpu"), budget:
@@ -237,8 +237,7 @@ def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str])
                            f"{err}: stopped. Give the model a constructor that does not read tensor values, or "
                            "estimate on a machine with more memory") from None
     except Exception as cpu_err:  # noqa: BLE001 - the user's constructor: its failure in one line
-        text = str(cpu_err).strip().splitlines()[0] if str(cpu_err).strip() else ""
-        cpu_why = f"{type(cpu_err).__name__}: {text}"
+        cpu_why = typed_line(cpu_err)
         if cpu_why == why:  # the arguments themselves, whatever the device: said once
             raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: {why}") from None
         raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU "
@@ -514,9 +513,8 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                     if traced:  # other sizes traced: this size's own failure, never a real step of it
                         raise EstimateError(f"tracing micro-batch {size} failed in {where} ({type(err).__name__}: "
                                             f"{str(err).strip()[:200]})") from None
-                    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
                     notes.append(f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
-                                 f"{first}); each size is measured on a real step instead")
+                                 f"{first_line(err, 200)}); each size is measured on a real step instead")
                     method[0] = "measured on a real step"
             if size > pieces.batch_size and pieces.batch_size not in traced:
                 peak_at(pieces.batch_size)  # the config's own batch first: fit trains it, and it gives a scale
@@ -524,9 +522,8 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
             try:
                 traced[size] = _measure(config, overrides, size, buckets)
             except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
-                text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-                raise EstimateError(f"a real training step of micro-batch {size} failed too ({type(err).__name__}: "
-                                    f"{text}); `lit-compute fit --config {config}` must train first") from None
+                raise EstimateError(f"a real training step of micro-batch {size} failed too ({typed_line(err)[:250]}"
+                                    f"); `lit-compute fit --config {config}` must train first") from None
         return traced[size]
 
     try:
