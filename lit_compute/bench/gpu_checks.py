@@ -261,7 +261,7 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
     from lit_compute.bench.whatif_bench import _model
 
     net, step = _model(model)
-    if model in ("resnet50", "resnext101-32x4d", "efficientnet-b0"):  # as NVIDIA's DeepLearningExamples ran them
+    if memory_format(model) == "channels_last":
         net = net.to(memory_format=torch.channels_last)
     clock = _RateClock(warmup, batch)
     tf32 = precision == "tf32"
@@ -277,6 +277,12 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
     return clock.rate
 
 
+def memory_format(model: str) -> str:
+    """How :func:`measure_rate` lays out ``model``: the convolutional nets channels-last, as NVIDIA's
+    DeepLearningExamples ran them in mixed precision (published_gpu.csv's memory_format column)."""
+    return "channels_last" if model in ("resnet50", "resnext101-32x4d", "efficientnet-b0") else ""
+
+
 def check_whatif(tmp: str) -> str:
     """``lit-compute whatif``'s prediction for this GPU from the step counted on fake tensors (no GPU involved; the
     default efficiencies, which were fitted on published V100 and A100 results, not on this chip) against the samples/s that a
@@ -290,7 +296,8 @@ def check_whatif(tmp: str) -> str:
     dispatch = host_dispatch_seconds()  # this machine's CPU is the host, as whatif prices a user's run by default
     rows, errors = [], []
     for model, batch, precision in WHATIF_RUNS:
-        predicted = predict(traced_facts(model, batch), Scenario(chip, precision, batch, host_dispatch_s=dispatch),
+        facts = traced_facts(model, batch, memory_format(model) or "contiguous")
+        predicted = predict(facts, Scenario(chip, precision, batch, host_dispatch_s=dispatch),
                             default_calibration()).samples_per_s
         measured = measure_rate(model, batch, precision)
         errors.append(100 * (predicted / measured - 1))
@@ -387,7 +394,7 @@ def fit_rows(rates: list[tuple[str, int, str, float]], chip: str, source: str) -
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for model, batch, precision, rate in rates:
-        writer.writerow(["fit", model, chip, precision, batch, f"{rate:.0f}", source])
+        writer.writerow(["fit", model, chip, precision, memory_format(model), batch, f"{rate:.0f}", source])
     return out.getvalue()
 
 

@@ -170,21 +170,24 @@ PUBLISHED_FILE = Path(__file__).with_name("published_gpu.csv")
 
 
 def published_rows() -> list[dict[str, Any]]:
-    """The rows of ``published_gpu.csv``: set ("fit" or "check"), model, chip, precision, batch, samples_per_s,
-    source (the file's header says how the sets were chosen)."""
+    """The rows of ``published_gpu.csv``: set ("fit" or "check"), model, chip, precision, memory_format
+    ("channels_last" when the source convolved channels-last, else "contiguous"), batch, samples_per_s, source (the
+    file's header says how the sets were chosen)."""
     import csv
 
     lines = [line for line in PUBLISHED_FILE.read_text().splitlines() if line and not line.startswith("#")]
     rows = []
     for row in csv.DictReader(lines):
-        rows.append({**row, "batch": int(row["batch"]), "samples_per_s": float(row["samples_per_s"])})
+        rows.append({**row, "batch": int(row["batch"]), "samples_per_s": float(row["samples_per_s"]),
+                     "memory_format": row.get("memory_format") or "contiguous"})
     return rows
 
 
 @functools.cache
-def traced_facts(model: str, batch: int) -> Any:
+def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> Any:
     """The op-class counts of one training step of ``model`` at ``batch``, counted on fake tensors (shapes only)
-    the way FlopsLogger counts a real step: forward, loss, backward, the optimizer's step."""
+    the way FlopsLogger counts a real step: forward, loss, backward, the optimizer's step; the network's weights
+    channels-last when ``memory_format`` says so (its convolutions then run channels-last, as the source's did)."""
     import torch
 
     from lit_compute import _compat
@@ -195,6 +198,8 @@ def traced_facts(model: str, batch: int) -> Any:
     fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
         net, step = _model(model)
+        if memory_format == "channels_last":
+            net = net.to(memory_format=torch.channels_last)
     fake_tensors(net, fake_mode, torch.device("cpu"))
     optimizer = _optimizer(model, net)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=net, hookless=True)
@@ -206,7 +211,8 @@ def traced_facts(model: str, batch: int) -> Any:
     trainable = sum(p.numel() for p in net.parameters())
     return RunFacts(path=Path(f"{model} traced at batch {batch}"), by_class=dict(count.by_class), samples=batch,
                     model_flops=count.total, trainable=trainable, parameters=trainable, precision="32-true",
-                    device="traced", loader_workers=None)
+                    device="traced", loader_workers=None,
+                    channels_first=tuple(float(n) for n in count.channels_first))  # type: ignore[arg-type]
 
 
 def _optimizer(model: str, net: Any) -> Any:
@@ -320,7 +326,7 @@ def _predicted(row: dict[str, Any], cal: Any) -> float:
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, predict
 
-    facts = traced_facts(row["model"], row["batch"])
+    facts = traced_facts(row["model"], row["batch"], row["memory_format"])
     return predict(facts, Scenario(find_chip(row["chip"]), row["precision"], row["batch"]), cal).samples_per_s
 
 
@@ -471,9 +477,12 @@ class LinearProbe(pl.LightningModule):
 def run_part(out: str) -> list[list[Any]]:
     """The path a user takes from a CPU run to a GPU answer: torchvision's ResNet-50 trained a few steps on this CPU in
     a LightningModule of its own (224 px, micro-batch 8, SGD with momentum, batches ready-made in memory: the loader
-    costs next to nothing), then ``lit-compute whatif RUN --hardware CHIP --precision P --micro-batch B --json`` for
-    each of NVIDIA's published ResNet-50 v1.5 rows on V100 and A100 in published_gpu.csv. Those rows are in the fit
-    set: this checks the run-to-answer path (the run's counts, its host's input and dispatch), not the defaults."""
+    costs next to nothing; channels-last by ``lit_compute.speedup.ChannelsLast``, as NVIDIA's mixed-precision runs
+    convolved), then ``lit-compute whatif RUN --hardware CHIP --precision P --micro-batch B --json`` for each of
+    NVIDIA's published ResNet-50 v1.5 rows on V100 and A100 in published_gpu.csv (a row run channels-first at 16 bits
+    is left out: cuDNN's transposes are priced from a channels-first run, and this one has none). Those rows are in
+    the fit set: this checks the run-to-answer path (the run's counts, its host's input and dispatch), not the
+    defaults."""
     import contextlib
     import io
     import json
@@ -486,13 +495,16 @@ def run_part(out: str) -> list[list[Any]]:
             "--model=lit_compute.bench.whatif_bench.TorchvisionResNet50",
             "--data=lit_compute.bench.whatif_bench.ReadyImages", "--data.init_args.batch_size=8",
             "--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: none}}, "
-            "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 4}}, {class_path: lit_compute.MemoryMonitor}]"]
-    emit("  torchvision ResNet-50 at 224 px, micro-batch 8, 12 steps on this CPU ...")
+            "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 4}}, {class_path: lit_compute.MemoryMonitor}, "
+            "{class_path: lit_compute.speedup.ChannelsLast}]"]
+    emit("  torchvision ResNet-50 at 224 px, micro-batch 8, channels-last, 12 steps on this CPU ...")
     run = _fit(args, out)
     rows = []
     for row in published_rows():
         if row["model"] != "resnet50" or row["chip"] not in ("v100-sxm", "a100"):
             continue
+        if row["memory_format"] == "contiguous" and row["precision"] in ("16-mixed", "bf16-mixed"):
+            continue  # a channels-first run at 16 bits: this channels-last run has no transposes to price it with
         argv = [str(run), "--hardware", row["chip"], "--precision", row["precision"], "--micro-batch",
                 str(row["batch"]), "--json"]
         printed = io.StringIO()

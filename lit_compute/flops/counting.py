@@ -84,6 +84,46 @@ def conv_class(name: str, args: Any) -> str:
     return "conv_depthwise" if weight.shape[1] == 1 else "conv_grouped"
 
 
+def _is_channels_last(t: Any) -> bool:
+    """Whether cuDNN is handed ``t`` channels-last: its strides say so and it is not also plain contiguous (a 1x1
+    weight or a 1x1 activation is both; PyTorch then takes it as contiguous)."""
+    return (isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+            and not t.is_contiguous())
+
+
+def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, int]:
+    """``(activation bytes, weight bytes, tensors)`` that a GPU's tensor cores transpose for one 2-D convolution op
+    that runs channels-first: cuDNN convolves 16-bit tensors channels-last (NHWC), so it transposes each operand in
+    and each result back. PyTorch hands cuDNN channels-first tensors when neither the input nor the weight is
+    channels-last. The forward transposes its input, weight and output; the backward's data gradient its output
+    gradient, weight and input gradient, and its weight gradient its input, output gradient and weight gradient
+    (each is its own cuDNN call). Zero for a channels-last convolution and for any other op."""
+    if not isinstance(args, (tuple, list)):
+        return 0, 0, 0
+    op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
+    results = list(out) if isinstance(out, (tuple, list)) else [out]
+    if op in ("convolution", "_convolution") and len(args) >= 2:
+        data, weight = args[0], args[1]
+        activations, weights = [data, results[0]], [weight]
+    elif op == "convolution_backward" and len(args) >= 3 and len(results) >= 2:
+        grad_out, data, weight = args[0], args[1], args[2]
+        grad_in, grad_weight = results[0], results[1]
+        activations, weights = [], []
+        if isinstance(grad_in, torch.Tensor):
+            activations += [grad_out, grad_in]
+            weights.append(weight)
+        if isinstance(grad_weight, torch.Tensor):
+            activations += [data, grad_out]
+            weights.append(grad_weight)
+    else:
+        return 0, 0, 0
+    if not (isinstance(data, torch.Tensor) and isinstance(weight, torch.Tensor) and data.dim() == 4
+            and weight.dim() == 4) or _is_channels_last(data) or _is_channels_last(weight):
+        return 0, 0, 0
+    tensors = [t for t in activations + weights if isinstance(t, torch.Tensor)]
+    return (sum(_nbytes(t) for t in activations), sum(_nbytes(t) for t in weights), len(tensors))
+
+
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) and not t.is_nested else 0
 
@@ -123,6 +163,9 @@ class FlopCount:
             counts its operands' and results' bytes (a view none), elementwise ops included, and is one kernel; the
             arithmetic intensity of a class is its FLOPs over its bytes.
         bytes_by_module: module path -> bytes its ops read and wrote, forward and backward.
+        channels_first: ``(activation bytes, weight bytes, tensors)`` of the dense and grouped 2-D convolutions that
+            ran channels-first (:func:`channels_first_tensors`): what a GPU transposes for its tensor cores at 16
+            bits, and ``lit_compute.speedup.ChannelsLast`` saves.
     """
 
     forward: int = 0
@@ -138,6 +181,7 @@ class FlopCount:
     unnamed_modules: dict[str, str] = field(default_factory=dict)
     by_class: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     bytes_by_module: dict[str, int] = field(default_factory=dict)
+    channels_first: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def bytes(self) -> int:
@@ -240,6 +284,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._value_dependent: dict[str, set[str]] = {}  # op -> module paths it ran in
         self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written, ops]
         self._bytes_by_module: dict[str, int] = {}
+        self._channels_first = [0, 0, 0]  # activation bytes, weight bytes, tensors (channels_first_tensors)
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step); back to False as
         #: each optimizer's step ends, so a second forward after a step (a GAN's generator after its discriminator's
@@ -284,6 +329,9 @@ class SafeFlopCounterMode(FlopCounterMode):
             kind = op_class(str(func_packet), self.in_optimizer_step)
             if kind == "conv":
                 kind = conv_class(str(func_packet), args)
+                if kind != "conv_depthwise":
+                    for i, n in enumerate(channels_first_tensors(str(func_packet), args, out)):
+                        self._channels_first[i] += n
             parents = set(self.mod_tracker.parents)
             if moved:
                 book = self._by_class.setdefault(kind, [0, 0, 0])
@@ -349,6 +397,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             by_class={k: (v[0], v[1], v[2]) for k, v in self._by_class.items()},
             bytes_by_module={path: n for name, n in self._bytes_by_module.items()
                              if (path := (_module_path(name) if self._module_paths is not None else name))},
+            channels_first=(self._channels_first[0], self._channels_first[1], self._channels_first[2]),
         )
 
 

@@ -34,8 +34,11 @@ def module_table(count: FlopCount, depth: int, samples: int | None, share: str) 
 def op_class_figures(count: FlopCount, samples: int | None, facts: dict[str, Any]) -> dict[str, Any]:
     """Hardware FLOPs, bytes and kernels of one training batch by op class, with ``facts`` (parameters, precision,
     accumulation, communication): what the run's record keeps for ``lit-compute whatif``."""
-    return {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
-            "model_flops": count.total, "hardware_flops": count.hardware, **facts}
+    figures = {"by_class": {k: list(v) for k, v in count.by_class.items()}, "samples": samples,
+               "model_flops": count.total, "hardware_flops": count.hardware, **facts}
+    if any(count.channels_first):
+        figures["channels_first_conv"] = list(count.channels_first)
+    return figures
 
 
 def op_class_table(count: FlopCount, samples: int | None) -> str:

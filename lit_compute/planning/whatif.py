@@ -50,9 +50,9 @@ __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scena
 #: check set (other models, eight other chips, this project's H200 runs) is never fitted on; docs/whatif.md quotes
 #: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
 #: all-reduce reaches of a link (NCCL's tests: about 80%).
-DEFAULT_EFFICIENCY = {"tensor": 0.725, "vector": 0.92, "tf32": 0.83, "conv_tensor": 0.4, "conv_vector": 0.731,
-                      "conv_tf32": 0.218, "grouped": 0.253, "depthwise": 0.217, "bandwidth": 0.85, "network": 0.8,
-                      "launch_s": 3.07e-06}
+DEFAULT_EFFICIENCY = {"tensor": 0.718, "vector": 0.918, "tf32": 0.824, "conv_tensor": 0.397, "conv_vector": 0.73,
+                      "conv_tf32": 0.218, "grouped": 0.252, "depthwise": 0.214, "bandwidth": 0.85, "network": 0.8,
+                      "launch_s": 2.45e-06}
 _HEAVY = ("matmul", "conv", "conv_grouped", "attention")  # the op classes that run on tensor cores (not depthwise)
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
@@ -97,6 +97,9 @@ class RunFacts:
     devices_per_node: int = 1
     notes: list[str] = field(default_factory=list)  # what reading the run found (several runs, a cut-short file)
     loader: Any = None  # LoaderCost: the in-process loader's cost per batch and per sample, timed apart (None: unknown)
+    #: the channels-first 2-D convolutions' (activation bytes, weight bytes, tensors) per batch, which a GPU transposes
+    #: for its tensor cores at 16 bits (:func:`lit_compute.flops.counting.channels_first_tensors`)
+    channels_first: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: precision -> the op classes of one batch counted again at that precision on fake CPU tensors (autocast's
     #: casts included), at the run's micro-batch (:func:`lit_compute.planning.config_facts.with_counts_at`)
     recounted: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
@@ -257,7 +260,7 @@ def read_run(path: str | Path) -> RunFacts:
         path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
                                  for k, v in table["by_class"].items()},
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
-        accumulate=accumulate, parameters=int(table.get("parameters", 0)),
+        channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate, parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
         precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
         cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
@@ -271,6 +274,12 @@ def read_run(path: str | Path) -> RunFacts:
                 for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
         ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0),
         notes=notes)
+
+
+def _triple(value: Any) -> tuple[float, float, float]:
+    """A run record's ``[a, b, c]`` as floats; zeros when the record has none (a run counted before it was kept)."""
+    return (float(value[0]), float(value[1]), float(value[2])) if isinstance(value, list) and len(value) == 3 \
+        else (0.0, 0.0, 0.0)
 
 
 # -- the model -------------------------------------------------------------------------------------------------
@@ -305,6 +314,17 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
     return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * (2.0 if cpu else 1.0) * matmuls
 
 
+def _transposes(run: RunFacts, chip: Chip, precision: str, ratio: float) -> tuple[float, float, float] | None:
+    """(FLOPs, bytes, kernels) of the transposes a GPU runs at 16 bits for the run's channels-first convolutions, at
+    ``ratio`` times the run's micro-batch: each tensor read and written once more (cuDNN convolves channels-last on
+    tensor cores); None on a CPU, in float32 or TF32, or when every convolution is channels-last."""
+    activations, weights, tensors = run.channels_first
+    if not tensors or chip.kind == "cpu" or compute_dtype(precision) not in ("float16", "bfloat16"):
+        return None
+    scale = _value_bytes(precision, "conv") / _value_bytes(run.precision, "conv")
+    return 0.0, 2.0 * (activations * ratio + weights) * scale, tensors
+
+
 def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float, float, float]]:
     """The run's per-batch FLOPs, bytes and kernels by class at the scenario's micro-batch and precision (per
     device; a tensor-parallel run's shares stay shares)."""
@@ -333,6 +353,9 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
             f, b = flops * ratio, moved * ratio
         b *= _value_bytes(scenario.precision, kind, cpu) / _value_bytes(source, kind, source_cpu)
         out[kind] = (f, b, kernels)
+    transposes = _transposes(run, scenario.chip, scenario.precision, ratio)
+    if transposes:
+        out["transpose"] = transposes
     if recount:
         return out
     casts, kernels = _autocast_casts(run, scenario.precision, cpu)
@@ -398,7 +421,10 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
         exposed = run.comm_fraction * (1.0 - (run.comm_overlap or 0.0)) * run.step_s
     measured = run.step_s - (run.wait_s or 0.0) - exposed
     unit = Calibration(1.0, 1.0, 1.0, 0.0, DEFAULT_EFFICIENCY["network"], "")
-    ideal = _step_roofline(run.by_class, chip, run.precision, unit, run.accumulate)[0]
+    classes = dict(run.by_class)
+    if transposes := _transposes(run, chip, run.precision, 1.0):
+        classes["transpose"] = transposes
+    ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate)[0]
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
     factor = ideal / measured
@@ -479,6 +505,10 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     classes = _scaled_classes(run, scenario)
     compute, flops_bound, bytes_bound = _step_roofline(classes, chip, scenario.precision, cal, run.accumulate)
     samples_per_step = scenario.micro_batch * run.accumulate
+    if "transpose" in classes:
+        spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
+        notes.append(f"{spent * 1e3:.3g} ms a step transposes channels-first convolutions' tensors for the tensor "
+                     "cores (cuDNN convolves 16-bit tensors channels-last): lit_compute.speedup.ChannelsLast saves it")
     # input: the host's work for each batch that a faster chip does not shorten
     host, loader_rate = _host_input(run, scenario, notes)
     link = _slowest_link(scenario)

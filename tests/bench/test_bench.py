@@ -255,13 +255,13 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     assert len({g for r in rows for prefix, g in generations.items() if r["chip"].startswith(prefix)}) >= 3
     for r in rows:
         find_chip(r["chip"])  # every chip is in the table
-    keys = [(r["model"], r["chip"], r["precision"], r["batch"]) for r in rows]
+    keys = [(r["model"], r["chip"], r["precision"], r["memory_format"], r["batch"]) for r in rows]
     assert len(keys) == len(set(keys))
     # a cheap stand-in for the traced step (the fit's arithmetic is the same; its work puts the fit inside the
     # bounds with the published rates a tenth), two parameters fitted
     facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100), "conv": (1e12, 1e9, 100)},
                      samples=8, model_flops=2e12, trainable=1000, precision="32-true", device="traced")
-    monkeypatch.setattr(whatif_bench, "traced_facts", lambda model, batch: facts)
+    monkeypatch.setattr(whatif_bench, "traced_facts", lambda model, batch, memory_format: facts)
     monkeypatch.setattr(whatif_bench, "FITTED", {"tensor": (0.05, 1.0), "conv_tensor": (0.05, 1.0)})
     base = [{**r, "samples_per_s": r["samples_per_s"] / 10} for r in rows]
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: base)
@@ -351,7 +351,9 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
     facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100)}, samples=8, model_flops=1e12,
                      trainable=1000, precision="32-true", device="traced")
     monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr("lit_compute.bench.whatif_bench.traced_facts", lambda model, batch: facts)
+    traced = []  # the memory format each model is traced in: NVIDIA's ResNet-50 runs, and bench gpu's, channels-last
+    monkeypatch.setattr("lit_compute.bench.whatif_bench.traced_facts",
+                        lambda model, batch, memory_format: traced.append(memory_format) or facts)
     monkeypatch.setattr(gpu_checks, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
     monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)  # the device's side
     from lit_compute.hardware.chips import find_chip
@@ -365,3 +367,4 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
         else:
             with pytest.raises(AssertionError, match="a prediction missed by more than 30%"):
                 gpu_checks.check_whatif("unused")
+    assert traced == ["channels_last", "channels_last"]

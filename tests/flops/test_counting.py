@@ -180,3 +180,25 @@ def test_convolutions_are_classed_by_their_groups_forward_and_backward():
     outputs = 2 * 16 * 12 * 12
     assert count.by_class["conv_depthwise"][0] == 3 * 2 * outputs * 9
     assert count.by_class["conv_grouped"][0] == 3 * 2 * (2 * 32 * 10 * 10) * 4 * 9
+
+
+def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_tensor_cores():
+    """#50 item 2: cuDNN convolves 16-bit tensors channels-last, so a channels-first convolution's operands are
+    transposed in and its results back. The count keeps their bytes (activations apart from weights, which do not
+    grow with the batch) and how many there are; a channels-last net has none, nor has a depthwise convolution."""
+    def net(channels_last: bool) -> torch.nn.Module:
+        layers = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.Conv2d(8, 8, 3, groups=8),
+                                     torch.nn.Conv2d(8, 16, 1))
+        return layers.to(memory_format=torch.channels_last) if channels_last else layers
+
+    x = torch.randn(2, 4, 10, 10)
+    count = count_flops(net(False), x, backward=True, count_on="real")
+    a, b, c = 2 * 4 * 10 * 10 * 4, 2 * 8 * 8 * 8 * 4, 2 * 16 * 6 * 6 * 4  # conv1 in, conv1 out, conv3 out (bytes)
+    mid = 2 * 8 * 6 * 6 * 4  # the depthwise conv's output, conv3's input
+    w1, w3 = 8 * 4 * 9 * 4, 16 * 8 * 4  # conv3's 1x1 weight is contiguous and channels-last alike: channels-first
+    # forward: in + out (+ weight); conv1's backward only its weight's gradient (its input needs none): in, grad out
+    # (+ weight grad); conv3's backward both: grad out and grad in for the data, in and grad out for the weight
+    assert count.channels_first == ((a + b) + (a + b) + (mid + c) + (c + mid + mid + c), 2 * w1 + 3 * w3,
+                                    3 + 3 + 3 + 6)
+    assert count_flops(net(True), x.to(memory_format=torch.channels_last), backward=True,
+                       count_on="real").channels_first == (0, 0, 0)

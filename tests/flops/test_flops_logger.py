@@ -389,6 +389,14 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
     assert set(data["by_class"]) >= {"conv", "matmul", "norm", "elementwise", "optimizer"}
     assert data["by_class"]["conv"][0] + data["by_class"]["matmul"][0] == data["hardware_flops"]
     assert data["by_class"]["conv"][0] > 100 * data["by_class"]["matmul"][0]
+    # the ResNet convolves channels-first: the tensors a GPU would transpose at 16 bits are kept for whatif. Each
+    # convolution's weight is transposed by its forward, its data gradient and its weight gradient (the stem has no
+    # data gradient: the images need none); each of those calls transposes three tensors
+    activations, weights, tensors = data["channels_first_conv"]
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    conv_bytes = [m.weight.numel() * m.weight.element_size() for m in convs]
+    assert weights == 3 * sum(conv_bytes) - conv_bytes[0]
+    assert tensors == 3 * (3 * len(convs) - 1) and activations > 0
     assert scalar_values(acc, "compute/bytes_per_step")[0][1] == pytest.approx(
         sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its
     (table,) = text_values(acc, "compute/flops_by_module")

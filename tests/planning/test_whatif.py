@@ -84,6 +84,25 @@ def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
     assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
 
 
+def test_channels_first_convolutions_pay_their_transposes_on_a_gpu_at_16_bits_only():
+    """A channels-first convolution on a GPU at 16 bits is transposed in and out by cuDNN (tensor cores convolve
+    channels-last): each counted tensor is read and written once more, activations at the target's micro-batch,
+    weights once, 2 bytes a value. Not on a CPU, not in float32; the note names ChannelsLast; the run's own chip
+    calibrates with them, so its own step comes back."""
+    cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
+    plain = _run(by_class={"conv": (100 * G, 1 * G, 10), "optimizer": (0, 2 * G, 0)})
+    first = dataclasses.replace(plain, channels_first=(4 * G, 0.4 * G, 30))
+    base = predict(plain, Scenario(CHIP, "bf16-mixed", 32), UNIT)
+    moved = 2 * (4 * G * 2 + 0.4 * G) / 2  # twice the micro-batch; 4-byte values counted, 2-byte ones priced
+    priced = predict(first, Scenario(CHIP, "bf16-mixed", 32), UNIT)
+    assert priced.compute_s == pytest.approx(base.compute_s + moved / (10 * G))
+    assert "lit_compute.speedup.ChannelsLast" in priced.notes[0] and f"{moved / 10 / G * 1e3:.3g} ms" in priced.notes[0]
+    for scenario in (Scenario(CHIP, "32-true", 32), Scenario(cpu, "bf16-mixed", 32)):
+        assert predict(first, scenario, UNIT).compute_s == pytest.approx(predict(plain, scenario, UNIT).compute_s)
+    own = dataclasses.replace(first, precision="bf16-mixed", step_s=5.0)
+    assert predict(own, Scenario(CHIP, "bf16-mixed", 16), calibrate(own, CHIP)).step_time_s == pytest.approx(5.0)
+
+
 def test_a_note_of_some_rows_names_them_and_json_rows_carry_their_own():
     """With several targets the rows' notes differ (the host is the bottleneck against 3.6 ms here, 16.9 ms there):
     a note of some rows is printed after the rows it is about, one of every row once; ``--json`` rows carry theirs."""
