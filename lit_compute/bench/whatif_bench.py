@@ -338,10 +338,38 @@ def gpu_part() -> list[list[Any]]:
     for row in sorted(published_rows(), key=lambda r: r["set"] != "fit"):
         emit(f"  {row['model']} at batch {row['batch']} on {row['chip']}, {row['precision']} ...")
         predicted = _predicted(row, cal)
-        rows.append([row["set"], f"{row['model']} on {row['chip']}, {row['precision']}, batch {row['batch']}",
+        layout = ", channels-last" if row["memory_format"] == "channels_last" else ""
+        rows.append([row["set"], f"{row['model']} on {row['chip']}, {row['precision']}{layout}, batch {row['batch']}",
                      row["source"], f"{predicted:,.0f}", f"{row['samples_per_s']:,.0f}",
                      _error(predicted, row["samples_per_s"])])
     return rows
+
+
+def transposes_summary() -> str:
+    """The check rows whose convolutions ran channels-first at 16 bits, priced with and without the transposes cuDNN
+    adds around its tensor-core convolutions (``whatif``'s ``transpose`` class): what that one term is worth against
+    results it was not fitted on. Empty when no row has such convolutions."""
+    import dataclasses
+    import statistics
+
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    cal, errors = default_calibration(), {"priced": [], "left out": []}
+    for row in published_rows():
+        if row["set"] != "check" or row["precision"] not in ("16-mixed", "bf16-mixed"):
+            continue
+        facts = traced_facts(row["model"], row["batch"], row["memory_format"])
+        if not facts.channels_first[2]:
+            continue
+        scenario = Scenario(find_chip(row["chip"]), row["precision"], row["batch"])
+        for name, case in (("priced", facts), ("left out", dataclasses.replace(facts, channels_first=(0, 0, 0)))):
+            errors[name].append(abs(predict(case, scenario, cal).samples_per_s / row["samples_per_s"] - 1) * 100)
+    if not errors["priced"]:
+        return ""
+    return (f"- **check rows convolving channels-first at 16 bits** ({len(errors['priced'])} rows): median absolute "
+            f"error {statistics.median(errors['priced']):.1f}% with cuDNN's transposes priced, "
+            f"{statistics.median(errors['left out']):.1f}% with them left out")
 
 
 def summary(rows: list[list[Any]]) -> str:
@@ -602,7 +630,7 @@ def main(argv: list[str]) -> int:
                                   "32 over 16, each round", "median (the FLOPs: 2)"], rows)
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
-                table += "\n\n" + summary(rows)
+                table += "\n\n" + summary(rows) + (f"\n{line}" if (line := transposes_summary()) else "")
             else:
                 table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
             sections.append(f"### {title}\n\n{table}\n")
