@@ -327,6 +327,16 @@ def simulated_rank(rank: int, world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+# -- what a convolution hands cuDNN ----------------------------------------------------------------------------------
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """Whether ``t.suggest_memory_format()`` is channels-last: the layout PyTorch hands cuDNN a convolution in when
+    the input's or the weight's says so, read from the strides (an ambiguous N x C x 1 x 1 tensor by how it was made;
+    ``torch._prims_common``'s Python twin of the C++ rule, which fake tensors reach too)."""
+    from torch._prims_common import suggest_memory_format
+
+    return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
+
+
 # -- what lit-compute estimate reaches: fake tensors, Lightning's optimizer set-up, a strategy's settings ----------
 def fake_tensor_mode() -> Any:
     """A ``FakeTensorMode`` (shapes, dtypes and devices; no memory, no arithmetic) that accepts real inputs."""

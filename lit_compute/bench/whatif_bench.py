@@ -355,7 +355,8 @@ def transposes_summary() -> str:
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 
-    cal, errors = default_calibration(), {"priced": [], "left out": []}
+    cal = default_calibration()
+    errors: dict[str, list[float]] = {"priced": [], "left out": []}
     for row in published_rows():
         if row["set"] != "check" or row["precision"] not in ("16-mixed", "bf16-mixed"):
             continue

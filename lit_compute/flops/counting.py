@@ -29,7 +29,12 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from lit_compute._compat import eager_compiled_code, returns_only_views, seed_module_names
+from lit_compute._compat import (
+    eager_compiled_code,
+    returns_only_views,
+    seed_module_names,
+    suggests_channels_last,
+)
 from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
@@ -84,20 +89,13 @@ def conv_class(name: str, args: Any) -> str:
     return "conv_depthwise" if weight.shape[1] == 1 else "conv_grouped"
 
 
-def _is_channels_last(t: Any) -> bool:
-    """Whether cuDNN is handed ``t`` channels-last: its strides say so and it is not also plain contiguous (a 1x1
-    weight or a 1x1 activation is both; PyTorch then takes it as contiguous)."""
-    return (isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-            and not t.is_contiguous())
-
-
 def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, int]:
     """``(activation bytes, weight bytes, tensors)`` that a GPU's tensor cores transpose for one 2-D convolution op
     that runs channels-first: cuDNN convolves 16-bit tensors channels-last (NHWC), so it transposes each operand in
-    and each result back. PyTorch hands cuDNN channels-first tensors when neither the input nor the weight is
-    channels-last. The forward transposes its input, weight and output; the backward's data gradient its output
-    gradient, weight and input gradient, and its weight gradient its input, output gradient and weight gradient
-    (each is its own cuDNN call). Zero for a channels-last convolution and for any other op."""
+    and each result back. PyTorch hands cuDNN channels-first tensors when neither the input's nor the weight's
+    suggested memory format is channels-last (:func:`lit_compute._compat.suggests_channels_last`). The forward
+    transposes its input, weight and output; the backward's data gradient its output gradient, weight and input
+    gradient, and its weight gradient its input, output gradient and weight gradient (each is its own cuDNN call). Zero for a channels-last convolution and for any other op."""
     if not isinstance(args, (tuple, list)):
         return 0, 0, 0
     op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
@@ -118,7 +116,7 @@ def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, in
     else:
         return 0, 0, 0
     if not (isinstance(data, torch.Tensor) and isinstance(weight, torch.Tensor) and data.dim() == 4
-            and weight.dim() == 4) or _is_channels_last(data) or _is_channels_last(weight):
+            and weight.dim() == 4) or suggests_channels_last(data) or suggests_channels_last(weight):
         return 0, 0, 0
     tensors = [t for t in activations + weights if isinstance(t, torch.Tensor)]
     return (sum(_nbytes(t) for t in activations), sum(_nbytes(t) for t in weights), len(tensors))

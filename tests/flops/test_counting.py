@@ -202,3 +202,10 @@ def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_
                                     3 + 3 + 3 + 6)
     assert count_flops(net(True), x.to(memory_format=torch.channels_last), backward=True,
                        count_on="real").channels_first == (0, 0, 0)
+    # a squeeze-excitation's 1x1 convolution on a pooled 1x1 map: its input and weight are contiguous and
+    # channels-last alike, and PyTorch reads how they were made from their strides (SE-ResNeXt channels-last: none)
+    squeeze = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 4, 1))
+    assert count_flops(squeeze.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last),
+                       backward=True, count_on="real").channels_first == (0, 0, 0)
+    first = count_flops(squeeze.to(memory_format=torch.contiguous_format), x, backward=True, count_on="real")
+    assert first.channels_first[2] == (3 + 3) + (3 + 6)  # both channels-first: conv1 3 + 3, the 1x1 3 + 6
