@@ -507,8 +507,9 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     samples_per_step = scenario.micro_batch * run.accumulate
     if "transpose" in classes:
         spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
-        notes.append(f"{spent * 1e3:.3g} ms a step transposes channels-first convolutions' tensors for the tensor "
-                     "cores (cuDNN convolves 16-bit tensors channels-last): lit_compute.speedup.ChannelsLast saves it")
+        notes.append(f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
+                     "the tensor cores (cuDNN convolves 16-bit tensors channels-last): lit_compute.speedup.ChannelsLast "
+                     "saves it")
     # input: the host's work for each batch that a faster chip does not shorten
     host, loader_rate = _host_input(run, scenario, notes)
     link = _slowest_link(scenario)
