@@ -99,6 +99,19 @@ class _Pieces:
     loader_workers: int | None = None  # the config's loader's worker processes
 
 
+def _converted(model: Any, trainer: Any) -> Any:
+    """``model`` converted on the meta device as the run converts it before its first step (a fake parameter cannot
+    be swapped for another): the precision plugin's ``convert_module`` (bf16-true, 16-true), and ``ChannelsLast``'s
+    layout, which the run's callback applies at setup (the traced convolutions then run channels-last, as the run's)."""
+    from lit_compute.speedup.channels_last import ChannelsLast
+
+    model = trainer.precision_plugin.convert_module(model)
+    for callback in trainer.callbacks:
+        if isinstance(callback, ChannelsLast):
+            model = callback.convert_module(model)
+    return model
+
+
 def _build(config: str | Path, overrides: list[str]) -> _Pieces:
     """The config's model (on fake tensors), trainer and one real batch of its training data."""
     from lightning.pytorch import LightningModule
@@ -139,8 +152,7 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
             raise
         raise EstimateError(ours) from None
     model, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
-    # the precision's conversion (bf16-true, 16-true) on the meta module: a fake parameter cannot be swapped for another
-    model = trainer.precision_plugin.convert_module(model)
+    model = _converted(model, trainer)
     fake_tensors(model, fake_mode, trainer.strategy.root_device)
     workers: list[int] = []
     try:
@@ -418,7 +430,7 @@ def _measure(config: str | Path, overrides: list[str], micro_batch: int, bucket_
     from lightning.fabric.utilities.apply_func import apply_to_collection
 
     batch = apply_to_collection(batch, torch.Tensor, repeat)
-    model = trainer.precision_plugin.convert_module(model)
+    model = _converted(model, trainer)
     model.train()
     _attach(model, trainer)
     optimizers = _optimizers(model)

@@ -30,5 +30,10 @@ class ChannelsLast(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Module.to(memory_format=...) converts 4-D parameters and buffers only, in place
-        pl_module.to(memory_format=torch.channels_last)
+        self.convert_module(pl_module)
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` with its 4-D parameters and buffers channels-last, in place (``Module.to(memory_format=...)``
+        converts nothing else): what ``setup`` does, and what ``lit-compute estimate`` and ``whatif --config`` do to
+        the module they trace, as the precision plugin's ``convert_module`` is done."""
+        return module.to(memory_format=torch.channels_last)

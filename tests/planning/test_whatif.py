@@ -570,3 +570,35 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
                                                                    "config (--config C), one of the two")):
         assert main(argv) == 2
         assert phrase in capsys.readouterr().err
+
+
+def test_a_config_with_channels_last_is_traced_channels_last_as_its_run_counts_it(tmp_path, monkeypatch):
+    """``whatif --config`` and ``estimate`` trace the module as the run would train it: ``ChannelsLast`` lays the
+    weights out at setup, so the traced step has no channels-first convolution to transpose on a GPU, as
+    FlopsLogger's count of the run itself says; without it, the traced tensors are the run's."""
+    import yaml
+
+    from lit_compute._lightning_cli import LitComputeCLI
+    from lit_compute.planning.config_facts import config_facts
+
+    monkeypatch.chdir(tmp_path)
+    config = {"seed_everything": 0, "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1,
+                                                "limit_val_batches": 0, "enable_checkpointing": False,
+                                                "enable_progress_bar": False},
+              "model": {"class_path": "lit_compute.models.ImageClassifier",
+                        "init_args": {"arch": "resnet18", "num_classes": 4}},
+              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
+                       "init_args": {"batch_size": 4, "image_size": 32, "num_workers": 0,
+                                     "synthetic_num_classes": 4, "synthetic_images_per_class": 2}}}
+    counted = {}
+    for layout, callbacks in (("first", []), ("last", ["lit_compute.speedup.ChannelsLast"])):
+        config["trainer"]["callbacks"] = [{"class_path": c} for c in callbacks]
+        path = tmp_path / f"{layout}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        traced = config_facts(path, time_the_loader=False).channels_first
+        LitComputeCLI(args=["fit", "--config", str(path), f"--trainer.default_root_dir={tmp_path / layout}",
+                            "--trainer.callbacks+=lit_compute.FlopsLogger", "--trainer.callbacks.peak=none"])
+        real = read_run(next((tmp_path / layout / "lightning_logs").glob("version_*")))
+        assert traced == real.channels_first
+        counted[layout] = traced
+    assert counted["first"][2] > 0 and counted["last"] == (0.0, 0.0, 0.0)
