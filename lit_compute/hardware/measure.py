@@ -280,3 +280,52 @@ def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
         if wall / steps < best:
             best, share = wall / steps, min(1.0, cpu / wall) if wall > 0 else 1.0
     return Dispatch(seconds=best / max(1, ops), ops=ops, quiet=share >= QUIET_CPU_SHARE)
+
+
+@dataclass(frozen=True)
+class ConvFixed:
+    """This CPU's fixed cost of a convolution call per weight value (seconds), forward and backward, in float32 and
+    under bf16 autocast, and whether this process got its threads' CPU time while it was timed."""
+
+    seconds: dict[str, float]
+    quiet: bool
+
+
+def fixed_per_weight(small_s: float, large_s: float, weights: int) -> float:
+    """The part of a convolution's time that does not grow with the batch, per weight value: timed at a batch and at
+    twice it, the line through the two points meets zero samples at ``2 * small - large`` (none when it is below
+    zero: all of the time grows with the batch)."""
+    return max(0.0, 2.0 * small_s - large_s) / max(1, weights)
+
+
+def measure_conv_fixed(batch: int = 8, rounds: int = 5, repeats: int = 5) -> ConvFixed:
+    """What a 2-D convolution costs this CPU per call whatever the batch, per weight value, forward and backward:
+    a 3x3 convolution of 512 channels on 2x2 px (ResNet's last stage, where it shows most) timed at ``batch`` and twice
+    it, in float32 and under bf16 autocast (:func:`fixed_per_weight`; each size its best of ``repeats``, each mode
+    the median over ``rounds`` interleaved rounds). oneDNN works on the weights and their gradient at every call, so
+    a convolution's time on a CPU grows less than its FLOPs with the batch, most for large weights on small images
+    (``lit-compute bench whatif --only scaling``); ``whatif`` prices that part per weight value, not per sample."""
+    conv = torch.nn.Conv2d(512, 512, 3, padding=1, bias=False)
+    weights = conv.weight.numel()
+    gen = torch.Generator().manual_seed(0)
+    inputs = {n: torch.randn(n, 512, 2, 2, generator=gen) for n in (batch, 2 * batch)}
+    found: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+    threads = max(1, torch.get_num_threads())
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(max(1, rounds)):
+        for mode in found:
+            best: dict[int, float] = {}
+            for n, x in inputs.items():
+                best[n] = math.inf
+                for i in range(repeats + 1):
+                    conv.weight.grad = None
+                    start = time.perf_counter()
+                    with torch.autocast("cpu", torch.bfloat16, enabled=mode == "bfloat16"):
+                        out = conv(x)
+                    out.float().sum().backward()
+                    if i:  # the first is a warm-up (oneDNN's primitive for this shape)
+                        best[n] = min(best[n], time.perf_counter() - start)
+            found[mode].append(fixed_per_weight(best[batch], best[2 * batch], weights))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
+    return ConvFixed({k: sorted(v)[len(v) // 2] for k, v in found.items()}, share >= QUIET_CPU_SHARE)
