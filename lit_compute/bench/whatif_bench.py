@@ -212,8 +212,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     return RunFacts(path=Path(f"{model} traced at batch {batch}"), by_class=dict(count.by_class), samples=batch,
                     model_flops=count.total, trainable=trainable, parameters=trainable, precision="32-true",
                     device="traced", loader_workers=None,
-                    channels_first=tuple(float(n) for n in count.channels_first),  # type: ignore[arg-type]
-                    conv_weights=float(count.conv_weights))
+                    channels_first=tuple(float(n) for n in count.channels_first))  # type: ignore[arg-type]
 
 
 def _optimizer(model: str, net: Any) -> Any:

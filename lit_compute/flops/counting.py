@@ -122,17 +122,6 @@ def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, in
     return (sum(_nbytes(t) for t in activations), sum(_nbytes(t) for t in weights), len(tensors))
 
 
-def conv_weight_values(name: str, args: Any) -> int:
-    """The weight values of one forward convolution op (0 for its backward and any other op). On a CPU each call
-    costs time that grows with its weights and not with the batch (oneDNN's work on the weights and their gradient,
-    forward and backward: :func:`lit_compute.hardware.measure.measure_conv_fixed`)."""
-    op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
-    if op not in ("convolution", "_convolution") or not isinstance(args, (tuple, list)) or len(args) < 2:
-        return 0
-    weight = args[1]
-    return weight.numel() if isinstance(weight, torch.Tensor) else 0
-
-
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) and not t.is_nested else 0
 
@@ -175,8 +164,6 @@ class FlopCount:
         channels_first: ``(activation bytes, weight bytes, tensors)`` of the dense and grouped 2-D convolutions that
             ran channels-first (:func:`channels_first_tensors`): what a GPU transposes for its tensor cores at 16
             bits, and ``lit_compute.speedup.ChannelsLast`` saves.
-        conv_weights: the weight values of the dense and grouped convolutions' forward calls (a weight used twice,
-            twice; :func:`conv_weight_values`): what a CPU's fixed cost per convolution grows with.
     """
 
     forward: int = 0
@@ -193,7 +180,6 @@ class FlopCount:
     by_class: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     bytes_by_module: dict[str, int] = field(default_factory=dict)
     channels_first: tuple[int, int, int] = (0, 0, 0)
-    conv_weights: int = 0
 
     @property
     def bytes(self) -> int:
@@ -297,7 +283,6 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written, ops]
         self._bytes_by_module: dict[str, int] = {}
         self._channels_first = [0, 0, 0]  # activation bytes, weight bytes, tensors (channels_first_tensors)
-        self._conv_weights = 0  # weight values the forward convolutions took (conv_weight_values)
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step); back to False as
         #: each optimizer's step ends, so a second forward after a step (a GAN's generator after its discriminator's
@@ -345,7 +330,6 @@ class SafeFlopCounterMode(FlopCounterMode):
                 if kind != "conv_depthwise":
                     for i, n in enumerate(channels_first_tensors(str(func_packet), args, out)):
                         self._channels_first[i] += n
-                    self._conv_weights += conv_weight_values(str(func_packet), args)
             parents = set(self.mod_tracker.parents)
             if moved:
                 book = self._by_class.setdefault(kind, [0, 0, 0])
@@ -412,7 +396,6 @@ class SafeFlopCounterMode(FlopCounterMode):
             bytes_by_module={path: n for name, n in self._bytes_by_module.items()
                              if (path := (_module_path(name) if self._module_paths is not None else name))},
             channels_first=(self._channels_first[0], self._channels_first[1], self._channels_first[2]),
-            conv_weights=self._conv_weights,
         )
 
 

@@ -31,7 +31,7 @@ from lit_compute.hardware import measure
 from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
 from lit_compute.hardware.dtypes import DTYPE_NAMES
 
-__all__ = ["BF16_FAST_RATIO", "MeasuredPeak", "bf16_fast", "cache_path", "cached_peak_flops", "conv_fixed_seconds", "cpu_name",
+__all__ = ["BF16_FAST_RATIO", "MeasuredPeak", "bf16_fast", "cache_path", "cached_peak_flops", "cpu_name",
            "device_description", "host_dispatch_seconds", "machine_line", "peak_key", "this_machine"]
 
 #: bf16 counts as fast here when training blocks (matmuls and convolutions, geometric mean) run at least this many
@@ -257,8 +257,7 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
                 float(psutil.virtual_memory().total), "loopback",
                 f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
                 "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
-                measured=True, extras={"mixed_speedup": speedups, "device_name": name, "this": True,
-                                       "conv_fixed_s": conv_fixed_seconds(), **busy}, kind="cpu",
+                measured=True, extras={"mixed_speedup": speedups, "device_name": name, "this": True, **busy}, kind="cpu",
                 class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
                 sources={"peaks": "measured here", "memory": "psutil: this machine's memory",
                          "bandwidth": "measured here"})
@@ -279,24 +278,6 @@ def host_dispatch_seconds() -> float:
         data["devices"].setdefault(key, {})["dispatch_s"] = measured.seconds
         _save(data)
     return measured.seconds
-
-
-def conv_fixed_seconds() -> dict[str, float]:
-    """This CPU's fixed cost of a convolution call per weight value, forward and backward, by compute dtype
-    (``float32``, ``bfloat16``: :func:`~lit_compute.hardware.measure.measure_conv_fixed`), measured once and cached
-    with this CPU's other measurements when measured on a quiet machine: what ``whatif`` prices per weight, not per
-    sample, on this CPU."""
-    _, key = _device_key(torch.device("cpu"))
-    data = _load()
-    entry = data["devices"].get(key)
-    value = entry.get("conv_fixed_s") if isinstance(entry, dict) else None
-    if isinstance(value, dict) and all(isinstance(value.get(k), (int, float)) for k in ("float32", "bfloat16")):
-        return {k: float(v) for k, v in value.items()}
-    measured = measure.measure_conv_fixed()
-    if measured.quiet:
-        data["devices"].setdefault(key, {})["conv_fixed_s"] = measured.seconds
-        _save(data)
-    return dict(measured.seconds)
 
 
 def bf16_fast(device: str = "cpu") -> tuple[bool, str]:

@@ -100,9 +100,6 @@ class RunFacts:
     #: the channels-first 2-D convolutions' (activation bytes, weight bytes, tensors) per batch, which a GPU transposes
     #: for its tensor cores at 16 bits (:func:`lit_compute.flops.counting.channels_first_tensors`)
     channels_first: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    #: the weight values the dense and grouped convolutions' forward calls took per batch
-    #: (:func:`lit_compute.flops.counting.conv_weight_values`): a CPU's fixed cost per convolution grows with them
-    conv_weights: float = 0.0
     #: precision -> the op classes of one batch counted again at that precision on fake CPU tensors (autocast's
     #: casts included), at the run's micro-batch (:func:`lit_compute.planning.config_facts.with_counts_at`)
     recounted: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
@@ -163,9 +160,6 @@ class Calibration:
     conv_tf32: float | None = None  # convolutions on TF32 tensor cores (None: conv_tensor)
     grouped: float = 1.0  # grouped convolutions reach this fraction of what dense ones reach
     depthwise: float = 1.0  # depthwise convolutions reach this fraction of the vector fraction and of the bandwidth
-    #: the share of a CPU's measured fixed cost per convolution that is priced: 1, less only when a run's measured
-    #: compute could not hold twice that cost (a measurement that does not fit its run is trusted by half)
-    conv_fixed: float = 1.0
 
     def efficiency(self, kind: str, tensor_cores: bool, tf32: bool = False) -> float:
         """The fraction of the FLOP peak an op class reaches: convolutions and matmuls each their own, on tensor
@@ -266,8 +260,7 @@ def read_run(path: str | Path) -> RunFacts:
         path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
                                  for k, v in table["by_class"].items()},
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
-        channels_first=_triple(table.get("channels_first_conv")), conv_weights=float(table.get("conv_weights", 0)),
-        accumulate=accumulate, parameters=int(table.get("parameters", 0)),
+        channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate, parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
         precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
         cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
@@ -330,17 +323,6 @@ def _transposes(run: RunFacts, chip: Chip, precision: str, ratio: float) -> tupl
         return None
     scale = _value_bytes(precision, "conv") / _value_bytes(run.precision, "conv")
     return 0.0, 2.0 * (activations * ratio + weights) * scale, tensors
-
-
-def _conv_fixed(run: RunFacts, chip: Chip, precision: str) -> float:
-    """Seconds a batch of the run's convolutions costs a CPU whatever the batch: its measured cost per weight value
-    (``chip.extras["conv_fixed_s"]``, :func:`lit_compute.hardware.this_machine.conv_fixed_seconds`) times the weight
-    values the forward convolutions took. 0 on an accelerator and on a CPU without that measurement."""
-    rates = chip.extras.get("conv_fixed_s")
-    if chip.kind != "cpu" or not run.conv_weights or not isinstance(rates, dict):
-        return 0.0
-    dtype = "bfloat16" if compute_dtype(precision) in ("bfloat16", "float16") else "float32"
-    return float(rates.get(dtype, 0.0)) * run.conv_weights
 
 
 def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float, float, float]]:
@@ -445,12 +427,9 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate)[0]
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
-    # a CPU's fixed cost per convolution is measured apart (per weight value): the peaks' fraction is the rest's
-    fixed = _conv_fixed(run, chip, run.precision) * run.accumulate
-    share = min(1.0, 0.5 * measured / fixed) if fixed else 1.0
-    factor = ideal / (measured - share * fixed)
+    factor = ideal / measured
     return Calibration(factor, factor, factor, 0.0, DEFAULT_EFFICIENCY["network"],
-                       f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks", conv_fixed=share)
+                       f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks")
 
 
 def default_calibration() -> Calibration:
@@ -526,12 +505,6 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     classes = _scaled_classes(run, scenario)
     compute, flops_bound, bytes_bound = _step_roofline(classes, chip, scenario.precision, cal, run.accumulate)
     samples_per_step = scenario.micro_batch * run.accumulate
-    fixed = _conv_fixed(run, chip, scenario.precision) * cal.conv_fixed * run.accumulate
-    if fixed:  # a CPU's cost per convolution call that the batch does not change
-        compute, flops_bound = compute + fixed, flops_bound + fixed
-        notes.append(f"{fixed * 1e3:.3g} ms a step is the convolutions' fixed cost on this CPU, which does not grow "
-                     f"with the batch ({run.conv_weights / 1e6:.3g} M weight values a batch at "
-                     f"{fixed / run.accumulate / run.conv_weights * 1e9:.3g} ns each, measured here)")
     if "transpose" in classes:
         spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
         notes.append(f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
@@ -576,7 +549,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
                      "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
                                      "would shorten it" if dispatch > host else ""))
-    if not accelerator and not fixed and scenario.micro_batch != run.samples and any(
+    if not accelerator and scenario.micro_batch != run.samples and any(
             kind.startswith("conv") and flops for kind, (flops, _, _) in classes.items()):
         side = "slow (an upper bound)" if scenario.micro_batch > run.samples else "fast (a lower bound)"
         notes.append(f"on a CPU a convolution's time grows less than its FLOPs with the batch, which one efficiency "

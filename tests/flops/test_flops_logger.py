@@ -397,7 +397,6 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
     conv_bytes = [m.weight.numel() * m.weight.element_size() for m in convs]
     assert weights == 3 * sum(conv_bytes) - conv_bytes[0]
     assert tensors == 3 * (3 * len(convs) - 1) and activations > 0
-    assert data["conv_weights"] == sum(m.weight.numel() for m in convs)  # each forward convolution's weights once
     assert scalar_values(acc, "compute/bytes_per_step")[0][1] == pytest.approx(
         sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its
     (table,) = text_values(acc, "compute/flops_by_module")

@@ -66,20 +66,16 @@ def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path,
     monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: calls.append("bandwidth") or 2e10)
     monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: calls.append("mixed") or measure.MixedSpeedup(
         {"matmul": 1.8, "conv": 2.0, "attention": 0.5}, True))
-    monkeypatch.setattr(measure, "measure_conv_fixed", lambda: calls.append("conv fixed") or measure.ConvFixed(
-        {"float32": 2e-9, "bfloat16": 1e-9}, True))
     chip = this_module.this_machine("cpu")
     assert chip.name == "this" and chip.kind == "cpu" and chip.extras["device_name"] == this_module.cpu_name()
     assert chip.peaks["float32"] == 1e11 and chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
     assert chip.peak_of("attention", "bfloat16") == pytest.approx(0.5e11) and chip.bandwidth == 2e10
-    assert sorted(calls) == ["bandwidth", "conv fixed", "mixed", "peak"]
-    assert chip.extras["conv_fixed_s"] == {"float32": 2e-9, "bfloat16": 1e-9}
+    assert sorted(calls) == ["bandwidth", "mixed", "peak"]
     assert [p.name for p in tmp_path.iterdir()] == ["this_machine.json"]
     calls.clear()
     again = this_module.this_machine("cpu")
     assert (again.peaks, again.bandwidth, again.class_peaks) == (chip.peaks, chip.bandwidth, chip.class_peaks)
     assert calls == [] and "cached from" in again.source  # from the cache
-    assert again.extras["conv_fixed_s"] == chip.extras["conv_fixed_s"]
     fast, why = this_module.bf16_fast("cpu")
     assert fast and "1.90x float32's speed" in why
     monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
@@ -116,8 +112,6 @@ def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, m
     monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: 1e10)
     monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
         {"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False))
-    monkeypatch.setattr(measure, "measure_conv_fixed", lambda: measure.ConvFixed({"float32": 3e-9, "bfloat16": 2e-9},
-                                                                                 False))
     chip = this_module.this_machine("cpu")
     assert "lower bounds" in chip.extras["busy"] and not (tmp_path / "this_machine.json").exists()
     run = RunFacts(path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25,

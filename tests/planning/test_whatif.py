@@ -82,40 +82,6 @@ def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
     assert "micro-batch 32 against the run's 16 leans slow (an upper bound)" in note(convs, cpu, 32)[0]
     assert "leans fast (a lower bound)" in note(convs, cpu, 8)[0]
     assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
-    # a CPU whose fixed cost per convolution was measured prices it instead of leaning
-    measured = dataclasses.replace(cpu, extras={"conv_fixed_s": {"float32": 1e-9, "bfloat16": 5e-10}})
-    assert note(dataclasses.replace(convs, conv_weights=1e6), measured, 32) == []
-
-
-def test_a_cpu_prices_its_measured_fixed_cost_per_convolution_apart_from_the_batch():
-    """On a CPU part of a convolution's time grows with its weights, not the batch (``measure_conv_fixed``: the
-    intercept of a convolution timed at two batch sizes). With this CPU's cost per weight value measured, the run's
-    calibration takes that part out of its measured compute and the prediction puts it back unscaled: at twice the
-    micro-batch the rest doubles and it does not. Under bf16 its own rate; on a GPU none; the run's own step comes
-    back; a cost that does not fit the run's compute is trusted by half."""
-    rates = {"float32": 2e-9, "bfloat16": 1e-9}
-    cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu",
-               extras={"conv_fixed_s": rates})
-    run = _run(by_class={"conv": (100 * G, 1 * G, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=250e6,
-               step_s=2.2, wait_s=0.0)  # roofline: conv 1 s + optimizer 0.2 s; fixed 250e6 x 2 ns = 0.5 s
-    cal = calibrate(run, cpu)
-    assert cal.tensor == pytest.approx(1.2 / (2.2 - 0.5)) and cal.conv_fixed == 1.0
-    own = predict(run, Scenario(cpu, "32-true", 16), cal)
-    assert own.step_time_s == pytest.approx(2.2)
-    assert "500 ms a step is the convolutions' fixed cost on this CPU" in own.notes[0]
-    two = predict(run, Scenario(cpu, "32-true", 32), cal)
-    assert two.step_time_s == pytest.approx(0.5 + (2.0 + 0.2) / cal.tensor)  # the conv doubles, the fixed part not
-    mixed = predict(run, Scenario(cpu, "bf16-mixed", 16), cal)
-    assert mixed.compute_s == pytest.approx(predict(run, Scenario(cpu, "bf16-mixed", 16), dataclasses.replace(
-        cal, conv_fixed=0.0)).compute_s + 250e6 * 1e-9)
-    on_gpu = predict(run, Scenario(CHIP, "32-true", 32), UNIT)
-    assert on_gpu.compute_s == pytest.approx(predict(dataclasses.replace(run, conv_weights=0.0),
-                                                     Scenario(CHIP, "32-true", 32), UNIT).compute_s)
-    # a measured cost past half the run's measured compute (a busy measurement): half the compute is priced as fixed
-    heavy = dataclasses.replace(run, conv_weights=1000e6)  # 2 s of 2.2
-    half = calibrate(heavy, cpu)
-    assert half.conv_fixed == pytest.approx(1.1 / 2.0)
-    assert predict(heavy, Scenario(cpu, "32-true", 16), half).step_time_s == pytest.approx(2.2)
 
 
 def test_channels_first_convolutions_pay_their_transposes_on_a_gpu_at_16_bits_only():
@@ -232,17 +198,6 @@ def test_the_hosts_dispatch_cost_is_measured_on_this_cpu_and_cached(tmp_path, mo
     assert this_machine.host_dispatch_seconds() == 7e-6
     monkeypatch.setattr(measure, "measure_dispatch", lambda: pytest.fail("measured again"))
     assert this_machine.host_dispatch_seconds() == 7e-6
-
-
-def test_a_cpus_fixed_cost_per_convolution_is_the_intercept_of_two_batch_sizes():
-    """``measure_conv_fixed`` times one convolution at a batch and twice it; the line through the two times meets
-    zero samples at its fixed cost, given per weight value (none when the time more than doubles)."""
-    from lit_compute.hardware import measure
-
-    assert measure.fixed_per_weight(0.010, 0.012, 1_000_000) == pytest.approx(8e-9)  # 8 ms of 10 is fixed
-    assert measure.fixed_per_weight(0.010, 0.021, 1_000_000) == 0.0
-    measured = measure.measure_conv_fixed(batch=2, rounds=1, repeats=1)
-    assert set(measured.seconds) == {"float32", "bfloat16"} and all(v >= 0 for v in measured.seconds.values())
 
 
 def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path, monkeypatch):
