@@ -7,7 +7,8 @@ FP32BatchNormPrecision in 16-mixed with its GradScaler; a profiler window's gpu_
 single-process NCCL TunedDDPStrategy start-up with its settings applied; a GPT under FSDPStrategy with
 FP32BatchNormFSDPPrecision (MFU, HFU, tokens/s, float32 LayerNorms); ``lit-compute whatif``'s predictions for this
 GPU, from steps counted on fake tensors and from a CPU run of the baseline config against a run of it here (run
-folders, as a user prices one). Exits non-zero if any check fails. ``--only 'fit rows'`` measures rows for
+folders, as a user prices one); the cost ``whatif`` gives cuDNN's transposes of channels-first convolutions against
+ResNet-50 trained both ways here. Exits non-zero if any check fails. ``--only 'fit rows'`` measures rows for
 whatif's fit set instead (:func:`check_fit_rows`).
 Without NVIDIA DALI the two DALI checks fail and say so (the recipe still prints its other rows).
 """
@@ -252,16 +253,17 @@ class _RateClock(pl.Callback):
 
 
 def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup: int = 10,
-                 accelerator: str = "gpu") -> float:
+                 accelerator: str = "gpu", layout: str | None = None) -> float:
     """Samples/s of ``model`` (as ``lit-compute bench whatif`` traces it) trained by Lightning at ``batch`` and
     ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, the convolutional nets
-    channels-last, each with the optimizer its source trains with."""
+    channels-last (``layout`` "contiguous" or "channels_last" to choose), each with the optimizer its source trains
+    with."""
     from torch.utils.data import DataLoader
 
     from lit_compute.bench.whatif_bench import _model
 
     net, step = _model(model)
-    if memory_format(model) == "channels_last":
+    if (layout or memory_format(model)) == "channels_last":
         net = net.to(memory_format=torch.channels_last)
     clock = _RateClock(warmup, batch)
     tf32 = precision == "tf32"
@@ -312,6 +314,45 @@ def check_whatif(tmp: str) -> str:
     result = f"table above: {within} of {len(errors)} within {WHATIF_GOAL:.0f}%, worst {max(errors, key=abs):+.1f}%"
     if within < len(errors):  # a miss is a failed check, never a pass with a number in it
         raise AssertionError(f"{result}: a prediction missed by more than {WHATIF_GOAL:.0f}%")
+    return result
+
+
+#: the transposes' check: (model, micro-batch, precision) trained channels-first and channels-last; the predicted
+#: ratio of the two rates must come within TRANSPOSES_GOAL percent of the measured one
+TRANSPOSES_RUN = ("resnet50", 128, "bf16-mixed")
+TRANSPOSES_GOAL = 15.0
+
+
+def check_transposes(tmp: str) -> str:
+    """What ``whatif`` says cuDNN's transposes cost (a channels-first convolution at 16 bits is transposed in and out
+    for the tensor cores) against what they cost here: ResNet-50 trained channels-first and channels-last on this
+    GPU, the measured ratio of the two rates beside the ratio ``whatif`` predicts from the two steps counted on fake
+    tensors (the published rows check it on other chips: Lambda's channels-first runs against NVIDIA's
+    channels-last ones)."""
+    from lit_compute.bench.whatif_bench import traced_facts
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.hardware.this_machine import host_dispatch_seconds
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    model, batch, precision = TRANSPOSES_RUN
+    chip = find_chip(torch.cuda.get_device_name(0))
+    scenario = Scenario(chip, precision, batch, host_dispatch_s=host_dispatch_seconds())
+    predicted = {layout: predict(traced_facts(model, batch, layout), scenario, default_calibration()).samples_per_s
+                 for layout in ("contiguous", "channels_last")}
+    measured = {layout: measure_rate(model, batch, precision, layout=layout) for layout in predicted}
+    ratio_p, ratio_m = (d["channels_last"] / d["contiguous"] for d in (predicted, measured))
+    error = 100 * (ratio_p / ratio_m - 1)
+    rows = [[f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}, {layout}", f"{predicted[layout]:,.0f}",
+             f"{measured[layout]:,.0f}"] for layout in predicted]
+    rows.append(["channels-last over channels-first", f"{ratio_p:.2f}x", f"{ratio_m:.2f}x"])
+    table = markdown(["workload", "predicted samples/s", "measured samples/s"], rows)
+    emit(table)
+    SECTIONS.append(f"\n### cuDNN's transposes on {chip.name}: channels-first against channels-last, predicted and "
+                    f"measured\n\n{table}\n")
+    result = (f"channels-last over channels-first: predicted {ratio_p:.2f}x, measured {ratio_m:.2f}x "
+              f"({error:+.1f}%)")
+    if abs(error) > TRANSPOSES_GOAL:  # a miss is a failed check, never a pass with a number in it
+        raise AssertionError(f"{result}: the predicted ratio missed by more than {TRANSPOSES_GOAL:.0f}%")
     return result
 
 
@@ -441,6 +482,7 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("TunedDDPStrategy single-process NCCL", check_nccl),
     ("recipe, ResNet-50 @224, GPU DALI", check_recipe),
     ("DALI GPU vs torchvision loader", check_loaders),
+    ("whatif's transposes: channels-first vs channels-last", check_transposes),  # last: within BENCH_TIMEOUT's end
 ]
 #: measurements run only when --only names them (scripts/gpu_checks.sh runs them last, under their own timeout)
 ON_REQUEST: list[tuple[str, Callable[[str], str]]] = [("fit rows of published_gpu.csv measured here", check_fit_rows)]

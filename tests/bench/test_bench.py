@@ -372,3 +372,31 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
             with pytest.raises(AssertionError, match="a prediction missed by more than 30%"):
                 gpu_checks.check_whatif("unused")
     assert traced == ["channels_last", "channels_last"]
+
+
+def test_the_transposes_check_compares_the_predicted_and_measured_ratio_of_both_layouts(monkeypatch):
+    """``bench gpu``'s transposes check trains ResNet-50 channels-first and channels-last and puts whatif's predicted
+    ratio of the two rates (from the steps counted in each layout) beside the measured one: within its goal it passes
+    with both figures, beyond it fails (the measured rates stand in for the device here)."""
+    from lit_compute.bench import gpu_checks
+    from lit_compute.bench.whatif_bench import traced_facts
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+
+    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)
+    monkeypatch.setattr(gpu_checks, "TRANSPOSES_RUN", ("resnet50", 8, "bf16-mixed"))
+    scenario = Scenario(find_chip("h100-sxm"), "bf16-mixed", 8)
+    rates = {layout: predict(traced_facts("resnet50", 8, layout), scenario, default_calibration()).samples_per_s
+             for layout in ("contiguous", "channels_last")}
+    ratio = rates["channels_last"] / rates["contiguous"]
+    assert ratio > 1.05  # channels-first pays the transposes at 16 bits
+    for scale, passes in ((1.1, True), (1.3, False)):  # the measured channels-last rate this much faster
+        measured = {"contiguous": 1000.0, "channels_last": 1000.0 * ratio * scale}
+        monkeypatch.setattr(gpu_checks, "measure_rate", lambda model, batch, precision, layout, m=measured: m[layout])
+        if passes:
+            assert gpu_checks.check_transposes("unused") == (f"channels-last over channels-first: predicted "
+                                                            f"{ratio:.2f}x, measured {ratio * 1.1:.2f}x (-9.1%)")
+        else:
+            with pytest.raises(AssertionError, match="the predicted ratio missed by more than 15%"):
+                gpu_checks.check_transposes("unused")
