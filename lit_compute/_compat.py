@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._prims_common import suggest_memory_format
 
 
 def returns_only_views(op: Any) -> bool:
@@ -332,8 +333,6 @@ def suggests_channels_last(t: torch.Tensor) -> bool:
     """Whether ``t.suggest_memory_format()`` is channels-last: the layout PyTorch hands cuDNN a convolution in when
     the input's or the weight's says so, read from the strides (an ambiguous N x C x 1 x 1 tensor by how it was made;
     ``torch._prims_common``'s Python twin of the C++ rule, which fake tensors reach too)."""
-    from torch._prims_common import suggest_memory_format
-
     return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
 
 

@@ -31,6 +31,7 @@ from lit_compute.bench._common import emit, figure_header, machine_line, markdow
 from lit_compute.data.dali_datamodule import dali_available
 from lit_compute.files import write_whole
 from lit_compute.formatting import typed_line
+from lit_compute.speedup.channels_last import ChannelsLast
 
 
 def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) -> Any:
@@ -264,7 +265,7 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
 
     net, step = _model(model)
     if (layout or memory_format(model)) == "channels_last":
-        net = net.to(memory_format=torch.channels_last)
+        net = ChannelsLast().convert_module(net)
     clock = _RateClock(warmup, batch)
     tf32 = precision == "tf32"
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import torch
 
 from lit_compute.bench._common import emit, figure_header, machine_line, markdown
+from lit_compute.speedup.channels_last import ChannelsLast
 
 ROOT = Path(__file__).resolve().parents[2]
 _LOGGER = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: %s, "
@@ -198,8 +199,8 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
         net, step = _model(model)
-        if memory_format == "channels_last":
-            net = net.to(memory_format=torch.channels_last)
+        if memory_format == "channels_last":  # as lit_compute.speedup.ChannelsLast lays out a run's module
+            net = ChannelsLast().convert_module(net)
     fake_tensors(net, fake_mode, torch.device("cpu"))
     optimizer = _optimizer(model, net)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=net, hookless=True)
@@ -353,17 +354,18 @@ def transposes_summary() -> str:
     import statistics
 
     from lit_compute.hardware.chips import find_chip
-    from lit_compute.planning.whatif import Scenario, default_calibration, predict
+    from lit_compute.planning.whatif import Scenario, default_calibration, pays_transposes, predict
 
     cal = default_calibration()
     errors: dict[str, list[float]] = {"priced": [], "left out": []}
     for row in published_rows():
-        if row["set"] != "check" or row["precision"] not in ("16-mixed", "bf16-mixed"):
+        chip = find_chip(row["chip"])
+        if row["set"] != "check" or not pays_transposes(chip, row["precision"]):
             continue
         facts = traced_facts(row["model"], row["batch"], row["memory_format"])
         if not facts.channels_first[2]:
             continue
-        scenario = Scenario(find_chip(row["chip"]), row["precision"], row["batch"])
+        scenario = Scenario(chip, row["precision"], row["batch"])
         for name, case in (("priced", facts), ("left out", dataclasses.replace(facts, channels_first=(0, 0, 0)))):
             errors[name].append(abs(predict(case, scenario, cal).samples_per_s / row["samples_per_s"] - 1) * 100)
     if not errors["priced"]:
@@ -516,6 +518,8 @@ def run_part(out: str) -> list[list[Any]]:
     import io
     import json
 
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.planning.whatif import pays_transposes
     from lit_compute.planning.whatif_cli import main as whatif_main
 
     args = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=12", "--trainer.max_epochs=null",
@@ -532,7 +536,7 @@ def run_part(out: str) -> list[list[Any]]:
     for row in published_rows():
         if row["model"] != "resnet50" or row["chip"] not in ("v100-sxm", "a100"):
             continue
-        if row["memory_format"] == "contiguous" and row["precision"] in ("16-mixed", "bf16-mixed"):
+        if row["memory_format"] == "contiguous" and pays_transposes(find_chip(row["chip"]), row["precision"]):
             continue  # a channels-first run at 16 bits: this channels-last run has no transposes to price it with
         argv = [str(run), "--hardware", row["chip"], "--precision", row["precision"], "--micro-batch",
                 str(row["batch"]), "--json"]

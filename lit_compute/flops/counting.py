@@ -71,13 +71,18 @@ def op_class(name: str, optimizer: bool = False) -> str:
     return "elementwise"
 
 
+def _op_name(name: str) -> str:
+    """An op's name without namespace and overload: ``aten.convolution_backward.default`` -> ``convolution_backward``."""
+    return name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
+
+
 def conv_class(name: str, args: Any) -> str:
     """``conv``, ``conv_grouped`` or ``conv_depthwise`` for a convolution op (forward or backward) from its ``groups``
     argument and its weight: depthwise when every group holds one input channel (MobileNet's and EfficientNet's
     3x3 convolutions), grouped for other groups above one (ResNeXt's), dense otherwise."""
     if not isinstance(args, (tuple, list)):
         return "conv"
-    op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
+    op = _op_name(name)
     # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
     # aten.convolution_backward(grad_output, input, weight, bias_sizes, ..., output_padding, groups, output_mask)
     at = {"convolution": (1, 8), "convolution_backward": (2, 9), "_convolution": (1, 8)}.get(op)
@@ -95,10 +100,11 @@ def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, in
     and each result back. PyTorch hands cuDNN channels-first tensors when neither the input's nor the weight's
     suggested memory format is channels-last (:func:`lit_compute._compat.suggests_channels_last`). The forward
     transposes its input, weight and output; the backward's data gradient its output gradient, weight and input
-    gradient, and its weight gradient its input, output gradient and weight gradient (each is its own cuDNN call). Zero for a channels-last convolution and for any other op."""
+    gradient, and its weight gradient its input, output gradient and weight gradient (each is its own cuDNN call).
+    Zero for a channels-last convolution and for any other op."""
     if not isinstance(args, (tuple, list)):
         return 0, 0, 0
-    op = name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
+    op = _op_name(name)
     results = list(out) if isinstance(out, (tuple, list)) else [out]
     if op in ("convolution", "_convolution") and len(args) >= 2:
         data, weight = args[0], args[1]

@@ -36,6 +36,7 @@ from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
 from lit_compute.memory.workspaces import KernelWorkspaces
 from lit_compute.planning.capacity import capacity_of
 from lit_compute.planning.checkpoint_advice import Checkpointing, checkpoint_candidates
+from lit_compute.speedup.channels_last import ChannelsLast
 
 __all__ = ["EstimateError", "EstimateRow", "Plan", "estimate", "trace_step"]
 
@@ -103,8 +104,6 @@ def _converted(model: Any, trainer: Any) -> Any:
     """``model`` converted on the meta device as the run converts it before its first step (a fake parameter cannot
     be swapped for another): the precision plugin's ``convert_module`` (bf16-true, 16-true), and ``ChannelsLast``'s
     layout, which the run's callback applies at setup (the traced convolutions then run channels-last, as the run's)."""
-    from lit_compute.speedup.channels_last import ChannelsLast
-
     model = trainer.precision_plugin.convert_module(model)
     for callback in trainer.callbacks:
         if isinstance(callback, ChannelsLast):

@@ -38,7 +38,7 @@ from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
 __all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError", "calibrate",
-           "predict", "read_run", "with_loader_cost"]
+           "pays_transposes", "predict", "read_run", "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
@@ -260,7 +260,8 @@ def read_run(path: str | Path) -> RunFacts:
         path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
                                  for k, v in table["by_class"].items()},
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
-        channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate, parameters=int(table.get("parameters", 0)),
+        channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate,
+        parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
         precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
         cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
@@ -314,12 +315,18 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
     return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * (2.0 if cpu else 1.0) * matmuls
 
 
+def pays_transposes(chip: Chip, precision: str) -> bool:
+    """Whether ``chip`` at ``precision`` transposes channels-first convolutions for its tensor cores: a GPU (cuDNN
+    convolves 16-bit tensors channels-last) at fp16 or bf16; not a CPU, not float32 or TF32."""
+    return chip.kind != "cpu" and compute_dtype(precision) in ("float16", "bfloat16")
+
+
 def _transposes(run: RunFacts, chip: Chip, precision: str, ratio: float) -> tuple[float, float, float] | None:
     """(FLOPs, bytes, kernels) of the transposes a GPU runs at 16 bits for the run's channels-first convolutions, at
     ``ratio`` times the run's micro-batch: each tensor read and written once more (cuDNN convolves channels-last on
     tensor cores); None on a CPU, in float32 or TF32, or when every convolution is channels-last."""
     activations, weights, tensors = run.channels_first
-    if not tensors or chip.kind == "cpu" or compute_dtype(precision) not in ("float16", "bfloat16"):
+    if not tensors or not pays_transposes(chip, precision):
         return None
     scale = _value_bytes(precision, "conv") / _value_bytes(run.precision, "conv")
     return 0.0, 2.0 * (activations * ratio + weights) * scale, tensors
