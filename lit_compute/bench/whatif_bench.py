@@ -1,4 +1,5 @@
-"""``lit-compute bench whatif [--markdown FILE] [--only PARTS]``: lit-compute whatif's predictions beside measurements.
+"""``lit-compute bench whatif [--markdown FILE] [--only PARTS] [--errors FILE]``: lit-compute whatif's predictions
+beside measurements.
 
 Four parts, each a table of predicted vs measured with the error:
 
@@ -10,7 +11,8 @@ Four parts, each a table of predicted vs measured with the error:
 - ``gpu``: published GPU training throughputs (``published_gpu.csv``: NVIDIA DeepLearningExamples, Lambda's
   benchmark, this project's H200 runs, each row cited) against the prediction from the model's step counted on fake
   tensors at the published batch, at the default efficiencies; the fit set (the rows ``--fit-defaults`` sets the
-  defaults on) and the check set (never fitted on) each with its median and largest error;
+  defaults on) and the check set (never fitted on) each with its median and largest error; ``--errors`` also writes
+  the check rows as JSON, which ``whatif`` quotes beside a prediction on their chips;
 - ``input``: an input-bound run (a loader decoding 224 px images in the training process) calibrated at one
   micro-batch and predicting two others on this CPU, measured (the loader's cost per batch and per sample timed
   apart from the run).
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -331,19 +334,47 @@ def _predicted(row: dict[str, Any], cal: Any) -> float:
     return predict(facts, Scenario(find_chip(row["chip"]), row["precision"], row["batch"]), cal).samples_per_s
 
 
-def gpu_part() -> list[list[Any]]:
-    """Every row of published_gpu.csv predicted at the default efficiencies, the fit rows first."""
+def gpu_predictions() -> list[dict[str, Any]]:
+    """Every row of published_gpu.csv with its prediction at the default efficiencies (``predicted``), the fit rows
+    first."""
     from lit_compute.planning.whatif import default_calibration
 
     cal, rows = default_calibration(), []
     for row in sorted(published_rows(), key=lambda r: r["set"] != "fit"):
         emit(f"  {row['model']} at batch {row['batch']} on {row['chip']}, {row['precision']} ...")
-        predicted = _predicted(row, cal)
+        rows.append({**row, "predicted": _predicted(row, cal)})
+    return rows
+
+
+def gpu_part(predictions: list[dict[str, Any]] | None = None) -> list[list[Any]]:
+    """The table of :func:`gpu_predictions`: set, workload, source, predicted, published, error."""
+    rows = []
+    for row in gpu_predictions() if predictions is None else predictions:
         layout = ", channels-last" if row["memory_format"] == "channels_last" else ""
         rows.append([row["set"], f"{row['model']} on {row['chip']}, {row['precision']}{layout}, batch {row['batch']}",
-                     row["source"], f"{predicted:,.0f}", f"{row['samples_per_s']:,.0f}",
-                     _error(predicted, row["samples_per_s"])])
+                     row["source"], f"{row['predicted']:,.0f}", f"{row['samples_per_s']:,.0f}",
+                     _error(row["predicted"], row["samples_per_s"])])
     return rows
+
+
+def write_check_errors(predictions: list[dict[str, Any]], path: str | Path, command: str) -> None:
+    """The check rows of :func:`gpu_predictions` as JSON (chip, precision, model, batch, layout, predicted,
+    published), with the command, the commit and the default efficiencies they were priced at: what ``whatif``
+    quotes beside a prediction on one of those chips (:func:`lit_compute.planning.whatif.checked_on`)."""
+    import datetime
+    import json
+
+    from lit_compute.figures import commit_description
+    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
+
+    data = {"command": command, "commit": commit_description(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "efficiencies": dict(DEFAULT_EFFICIENCY),
+            "fitted_on": sorted({(row["chip"], row["precision"]) for row in predictions if row["set"] == "fit"}),
+            "rows": [{k: row[k] for k in ("chip", "precision", "model", "batch", "memory_format", "predicted")}
+                     | {"published": row["samples_per_s"]} for row in predictions if row["set"] == "check"]}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
 def transposes_summary() -> str:
@@ -605,6 +636,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
     parser.add_argument("--only", default=None, type=_parts,
                         help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling; default all)")
+    parser.add_argument("--errors", default=None,
+                        help="also write the check rows' predictions as JSON to this file (whatif quotes "
+                             "lit_compute/bench/published_gpu_errors.json beside a prediction on their chips)")
     parser.add_argument("--fit-defaults", action="store_true",
                         help="print the default efficiencies fitted on published_gpu.csv's fit set and exit")
     args = parser.parse_args(argv)
@@ -614,15 +648,25 @@ def main(argv: list[str]) -> int:
     if args.fit_defaults:
         emit(f"fitted defaults: {fit_defaults()}")
         return 0
+    command = "lit-compute bench whatif" + (f" --only {','.join(args.only)}" if args.only else "")
+    if args.errors and args.only and "gpu" not in args.only:
+        parser.error(f"--errors {args.errors}: the check rows' errors come from the gpu part; add gpu to --only")
+    predictions: list[dict[str, Any]] = []  # the gpu part's, kept for --errors
+
+    def gpu(_: str) -> list[list[Any]]:
+        predictions.extend(gpu_predictions())
+        return gpu_part(predictions)
+
     sections = []
     with tempfile.TemporaryDirectory() as out:
-        parts = [("cpu", "This CPU: calibrated on one run, predicting others (step time, ms)", cpu_part),
-                 ("comm", "Collectives on two gloo ranks (ms per step)", comm_part),
-                 ("gpu", "Published GPU training throughputs (samples/s)", lambda _: gpu_part()),
-                 ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part),
-                 ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part),
-                 ("scaling", "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does "
-                             "not", scaling_part)]
+        parts: list[tuple[str, str, Callable[[str], list[list[Any]]]]] = [
+            ("cpu", "This CPU: calibrated on one run, predicting others (step time, ms)", cpu_part),
+            ("comm", "Collectives on two gloo ranks (ms per step)", comm_part),
+            ("gpu", "Published GPU training throughputs (samples/s)", gpu),
+            ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part),
+            ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part),
+            ("scaling", "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does "
+                        "not", scaling_part)]
         for name, title, part in parts:
             if args.only and name not in args.only:
                 continue
@@ -643,7 +687,9 @@ def main(argv: list[str]) -> int:
     text = "\n".join(sections)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        command = "lit-compute bench whatif" + (f" --only {','.join(args.only)}" if args.only else "")
         Path(args.markdown).write_text(figure_header(command, machine_line()) + text)
         emit(f"written: {args.markdown}")
+    if args.errors:  # after the figure: the file is in the package, whose commit the figure's header names
+        write_check_errors(predictions, args.errors, command + f" --errors {args.errors}")
+        emit(f"written: {args.errors}")
     return 0

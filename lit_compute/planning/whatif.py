@@ -37,8 +37,8 @@ from lit_compute.formatting import first_line
 from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
-__all__ = ["DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError", "calibrate",
-           "pays_transposes", "predict", "read_run", "with_loader_cost"]
+__all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError",
+           "calibrate", "checked_on", "pays_transposes", "predict", "read_run", "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
@@ -444,6 +444,51 @@ def default_calibration() -> Calibration:
     return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
                        "defaults (docs/whatif.md: fitted on the fit set of published GPU results)", d["conv_tensor"],
                        d["conv_vector"], d["tf32"], d["conv_tf32"], d["grouped"], d["depthwise"])
+
+
+#: the check rows of ``published_gpu.csv`` priced at :data:`DEFAULT_EFFICIENCY`, as ``lit-compute bench whatif --only
+#: gpu --errors`` wrote them (their command, commit and efficiencies inside): what :func:`checked_on` quotes
+CHECKED_FILE = Path(__file__).resolve().parents[1] / "bench" / "published_gpu_errors.json"
+
+
+def _bits(precision: str) -> str:
+    dtype = compute_dtype(precision)
+    return "16 bits" if dtype in ("float16", "bfloat16") else "TF32" if dtype == "tf32" else "float32"
+
+
+def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | None:
+    """What the default efficiencies' errors were on ``chip`` at ``precision`` (16 bits, TF32 or float32) against
+    the published results they were not fitted on: a note for a prediction at the defaults, which is only as good as
+    those. Says so too when the defaults were fitted on that chip and precision, or when no result checks them there.
+    None when the file is missing or was written at other efficiencies than these."""
+    import json
+    import statistics
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("efficiencies") != DEFAULT_EFFICIENCY:
+        return None
+    bits = _bits(precision)
+    rows = [r for r in data["rows"] if r["chip"] == chip and _bits(r["precision"]) == bits]
+    fitted = any(c == chip and _bits(p) == bits for c, p in data.get("fitted_on", []))
+    where = f"{chip} at {bits}: whatif's default efficiencies"
+    source = f"lit-compute bench whatif at {data['commit']}, docs/whatif.md"
+    fitted_here = " were fitted on published results of this chip" if fitted else ""
+    if not rows:
+        return (f"{where}{fitted_here}; no other result checks them there ({source})" if fitted else
+                f"{chip} at {bits}: no published result checks whatif's default efficiencies on this chip at this "
+                f"precision ({source}): take the figures as unchecked")
+    errors = sorted(((r["predicted"] / r["published"] - 1) * 100, r["model"]) for r in rows)
+    if len(errors) <= 4:
+        found = ", ".join(f"{model} {error:+.1f}%" for error, model in errors)
+    else:
+        found = (f"median {statistics.median(e for e, _ in errors):+.1f}%, from {errors[0][0]:+.1f}% "
+                 f"({errors[0][1]}) to {errors[-1][0]:+.1f}% ({errors[-1][1]})")
+    against = (f"{fitted_here}; against {len(rows)} other(s) they were not fitted on" if fitted else
+               f" against {len(rows)} published result(s) of this chip they were not fitted on")
+    return f"{where}{against}: {found} (+: predicted faster than published; {source})"
 
 
 def messages(run: RunFacts, scenario: Scenario) -> dict[str, list[float]]:

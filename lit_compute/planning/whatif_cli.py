@@ -26,6 +26,7 @@ from lit_compute.planning.whatif import (
     Scenario,
     WhatifError,
     calibrate,
+    checked_on,
     default_calibration,
     predict,
     read_run,
@@ -86,6 +87,8 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
                 if own:
                     row.notes.append(f"{chip.name} is the hardware {source.path.name} ran on: calibrated on its measured "
                                      f"step ({cal.source})")
+                elif chip.kind != "cpu" and (checked := checked_on(chip.name, precision)):
+                    row.notes.append(checked)
                 rows.append(row)
     return rows
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -187,6 +188,32 @@ def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
     return _rows(section)
 
 
+def _check_rows_agree(kept: dict, table: list[list[str]]) -> int:
+    """How many check rows of ``--errors``' JSON are the table's own check rows (predicted, published and error as
+    printed); every JSON row must be one of them."""
+    printed = {(r[1].split(" on ")[0], r[1].split(" on ")[1].split(",")[0], r[3], r[4], r[5]) for r in table[1:]
+               if r[0] == "check"}
+    for row in kept["rows"]:
+        error = f"{(row['predicted'] / row['published'] - 1) * 100:+.1f}%"
+        assert (row["model"], row["chip"], f"{row['predicted']:,.0f}", f"{row['published']:,.0f}", error) in printed
+    return len(kept["rows"])
+
+
+def test_whatifs_quoted_errors_are_the_committed_figures_check_rows():
+    """The file whatif quotes beside a prediction at the default efficiencies was written with
+    docs/figures/whatif_gpu.md (the same command, the same commit) at the efficiencies in the code now: its rows are
+    the figure's check rows, every one of them. Refitting the defaults without running the bench again fails here."""
+    from lit_compute.planning.whatif import CHECKED_FILE, DEFAULT_EFFICIENCY
+
+    kept = json.loads(CHECKED_FILE.read_text())
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif_gpu.md").read_text()
+    assert kept["command"].startswith("lit-compute bench whatif --only gpu --errors ")
+    assert f" at commit {kept['commit']} on " in committed.splitlines()[0]
+    assert kept["efficiencies"] == DEFAULT_EFFICIENCY
+    table = _table_rows(committed, "Published GPU training throughputs (samples/s)")
+    assert _check_rows_agree(kept, table) == sum(r[0] == "check" for r in table[1:]) >= 20
+
+
 @pytest.mark.slow
 def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
@@ -203,8 +230,8 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
               (r["model"], r["batch"]) == ("gpt", 16)]
     assert len({r["set"] for r in chosen}) == 2 and len(chosen) < len(every)
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: chosen)
-    out = tmp_path / "whatif.md"
-    assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out)]) == 0
+    out, errors = tmp_path / "whatif.md", tmp_path / "errors.json"
+    assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out), "--errors", str(errors)]) == 0
     written = out.read_text()
     assert written.startswith("<!-- written by `lit-compute bench whatif --only gpu` at commit ")
     title = "Published GPU training throughputs (samples/s)"
@@ -213,6 +240,10 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     assert rows[0] == kept[0] == ["set", "workload", "source", "predicted", "published", "error"]
     assert len(rows) - 1 == len(chosen) and all(row in kept for row in rows[1:])
     assert len(kept) - 1 == len(every) >= 20 and {r[0] for r in kept[1:]} == {"fit", "check"}
+    # --errors: the check rows, as the table has them (what whatif quotes beside a prediction on their chips)
+    kept_errors = json.loads(errors.read_text())
+    assert kept_errors["command"] == f"lit-compute bench whatif --only gpu --errors {errors}"
+    assert _check_rows_agree(kept_errors, _table_rows(written, title)) == sum(r["set"] == "check" for r in chosen)
     # the chosen rows hold every check row that convolved channels-first at 16 bits (Lambda's ResNet-50 runs): the
     # transposes' worth, priced and left out, is the committed file's line
     (line,) = [x for x in written.splitlines() if "convolving channels-first at 16 bits" in x]

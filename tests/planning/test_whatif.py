@@ -121,6 +121,62 @@ def test_a_note_of_some_rows_names_them_and_json_rows_carry_their_own():
     assert four.as_json()["notes"] == four.notes
 
 
+def _checked_file(tmp_path: Path, **changes) -> Path:
+    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
+
+    data = {"command": "lit-compute bench whatif --only gpu --errors x.json", "commit": "abc1234",
+            "efficiencies": dict(DEFAULT_EFFICIENCY), "fitted_on": [["a100", "16-mixed"], ["a100", "tf32"]],
+            "rows": [{"chip": "a100", "precision": "16-mixed", "model": "bert", "predicted": 110.0, "published": 100.0},
+                     {"chip": "a100", "precision": "tf32", "model": "resnet50", "predicted": 90.0, "published": 100.0},
+                     *[{"chip": "h100-sxm", "precision": p, "model": f"m{i}", "predicted": 100.0 + 10 * i,
+                        "published": 100.0} for i, p in enumerate(["16-mixed", "bf16-mixed"] * 3)]]}
+    data.update(changes)
+    path = tmp_path / "errors.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_prediction_at_the_default_efficiencies_quotes_their_errors_on_that_chip(tmp_path):
+    """A target priced at the defaults quotes what they missed published results by on that chip at that precision
+    (16 bits, TF32 or float32; fp16 and bf16 alike), from the file the bench wrote: each result when there are a few,
+    the median and the ends when there are more; that they were fitted there when they were; that nothing checks them
+    when nothing does. A file written at other efficiencies, or none, quotes nothing."""
+    from lit_compute.planning.whatif import checked_on
+
+    path = _checked_file(tmp_path)
+    note = checked_on("a100", "bf16-mixed", path)
+    assert note == ("a100 at 16 bits: whatif's default efficiencies were fitted on published results of this chip; "
+                    "against 1 other(s) they were not fitted on: bert +10.0% (+: predicted faster than published; "
+                    "lit-compute bench whatif at abc1234, docs/whatif.md)")
+    assert "resnet50 -10.0%" in checked_on("a100", "tf32", path)
+    many = checked_on("h100-sxm", "16-mixed", path)
+    assert many.startswith("h100-sxm at 16 bits: whatif's default efficiencies against 6 published result(s) of "
+                           "this chip they were not fitted on: ")
+    assert "median +25.0%, from +0.0% (m0) to +50.0% (m5)" in many
+    assert checked_on("h100-sxm", "tf32", path).startswith("h100-sxm at TF32: no published result checks whatif's "
+                                                           "default efficiencies on this chip at this precision")
+    assert "no published result" in checked_on("b200", "bf16-mixed", path)
+    assert checked_on("a100", "32-true", path).startswith("a100 at float32: no published result")
+    stale = _checked_file(tmp_path, efficiencies={"tensor": 0.5})
+    assert checked_on("a100", "bf16-mixed", stale) is None
+    assert checked_on("a100", "bf16-mixed", tmp_path / "missing.json") is None
+
+
+def test_whatif_rows_at_the_defaults_carry_the_note_and_the_runs_own_chip_does_not(monkeypatch, tmp_path):
+    """The command's rows: a GPU priced at the defaults carries its checked errors; the run's own chip (calibrated on
+    its measured step) and a CPU target do not."""
+    from lit_compute.planning import whatif, whatif_cli
+
+    path = _checked_file(tmp_path)
+    monkeypatch.setattr(whatif_cli, "checked_on", lambda chip, precision: whatif.checked_on(chip, precision, path))
+    run = _run(device="NVIDIA H100 80GB HBM3", chip="h100-sxm", step_s=0.5)
+    cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
+    rows = whatif_cli.sweep(run, [CHIPS["h100-sxm"], CHIPS["a100"], cpu], "bf16-mixed", 16, [1], 1, [], {})
+    own, a100, on_cpu = ([n for n in r.notes if "published result" in n] for r in rows)
+    assert not own and not on_cpu and any("calibrated on its measured step" in n for n in rows[0].notes)
+    assert a100 == [whatif.checked_on("a100", "bf16-mixed", path)]
+
+
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
     run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
     cal = calibrate(run, CHIP)
