@@ -457,10 +457,10 @@ def _bits(precision: str) -> str:
 
 
 def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | None:
-    """What the default efficiencies' errors were on ``chip`` at ``precision`` (16 bits, TF32 or float32) against
-    the published results they were not fitted on: a note for a prediction at the defaults, which is only as good as
-    those. Says so too when the defaults were fitted on that chip and precision, or when no result checks them there.
-    None when the file is missing or was written at other efficiencies than these."""
+    """What the default efficiencies missed the published results of ``chip`` at ``precision`` (16 bits, TF32 or
+    float32) they were not fitted on by: a note for a prediction at the defaults on that chip (whose label the note
+    follows), which is only as good as those. Says so too when the defaults were fitted on that chip and precision,
+    or when no result checks them there. None when the file is missing or was written at other efficiencies."""
     import json
     import statistics
 
@@ -473,22 +473,22 @@ def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | No
     bits = _bits(precision)
     rows = [r for r in data["rows"] if r["chip"] == chip and _bits(r["precision"]) == bits]
     fitted = any(c == chip and _bits(p) == bits for c, p in data.get("fitted_on", []))
-    where = f"{chip} at {bits}: whatif's default efficiencies"
+    where = f"at {bits}, whatif's default efficiencies"
     source = f"lit-compute bench whatif at {data['commit']}, docs/whatif.md"
-    fitted_here = " were fitted on published results of this chip" if fitted else ""
+    fitted_here = " were fitted on this chip's published results" if fitted else ""
     if not rows:
         return (f"{where}{fitted_here}; no other result checks them there ({source})" if fitted else
-                f"{chip} at {bits}: no published result checks whatif's default efficiencies on this chip at this "
-                f"precision ({source}): take the figures as unchecked")
+                f"at {bits}, no published result checks whatif's default efficiencies on this chip ({source}): take "
+                "the figures as unchecked")
     errors = sorted(((r["predicted"] / r["published"] - 1) * 100, r["model"]) for r in rows)
     if len(errors) <= 4:
         found = ", ".join(f"{model} {error:+.1f}%" for error, model in errors)
     else:
         found = (f"median {statistics.median(e for e, _ in errors):+.1f}%, from {errors[0][0]:+.1f}% "
                  f"({errors[0][1]}) to {errors[-1][0]:+.1f}% ({errors[-1][1]})")
-    against = (f"{fitted_here}; against {len(rows)} other(s) they were not fitted on" if fitted else
-               f" against {len(rows)} published result(s) of this chip they were not fitted on")
-    return f"{where}{against}: {found} (+: predicted faster than published; {source})"
+    missed = (f"{fitted_here}; they missed {len(rows)} other(s) they were not fitted on by" if fitted else
+              f" missed {len(rows)} published result(s) of this chip they were not fitted on by")
+    return f"{where}{missed}: {found} (+: predicted faster than published; {source})"
 
 
 def messages(run: RunFacts, scenario: Scenario) -> dict[str, list[float]]:

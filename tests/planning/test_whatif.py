@@ -145,18 +145,18 @@ def test_a_prediction_at_the_default_efficiencies_quotes_their_errors_on_that_ch
 
     path = _checked_file(tmp_path)
     note = checked_on("a100", "bf16-mixed", path)
-    assert note == ("a100 at 16 bits: whatif's default efficiencies were fitted on published results of this chip; "
-                    "against 1 other(s) they were not fitted on: bert +10.0% (+: predicted faster than published; "
+    assert note == ("at 16 bits, whatif's default efficiencies were fitted on this chip's published results; they "
+                    "missed 1 other(s) they were not fitted on by: bert +10.0% (+: predicted faster than published; "
                     "lit-compute bench whatif at abc1234, docs/whatif.md)")
     assert "resnet50 -10.0%" in checked_on("a100", "tf32", path)
     many = checked_on("h100-sxm", "16-mixed", path)
-    assert many.startswith("h100-sxm at 16 bits: whatif's default efficiencies against 6 published result(s) of "
-                           "this chip they were not fitted on: ")
+    assert many.startswith("at 16 bits, whatif's default efficiencies missed 6 published result(s) of this chip they "
+                           "were not fitted on by: ")
     assert "median +25.0%, from +0.0% (m0) to +50.0% (m5)" in many
-    assert checked_on("h100-sxm", "tf32", path).startswith("h100-sxm at TF32: no published result checks whatif's "
-                                                           "default efficiencies on this chip at this precision")
+    assert checked_on("h100-sxm", "tf32", path).startswith("at TF32, no published result checks whatif's default "
+                                                           "efficiencies on this chip")
     assert "no published result" in checked_on("b200", "bf16-mixed", path)
-    assert checked_on("a100", "32-true", path).startswith("a100 at float32: no published result")
+    assert checked_on("a100", "32-true", path).startswith("at float32, no published result")
     stale = _checked_file(tmp_path, efficiencies={"tensor": 0.5})
     assert checked_on("a100", "bf16-mixed", stale) is None
     assert checked_on("a100", "bf16-mixed", tmp_path / "missing.json") is None
