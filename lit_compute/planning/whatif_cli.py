@@ -87,8 +87,9 @@ def sweep(run: RunFacts, chips: list[Chip], precision: str, micro_batch: int, no
                 if own:
                     row.notes.append(f"{chip.name} is the hardware {source.path.name} ran on: calibrated on its measured "
                                      f"step ({cal.source})")
-                elif chip.kind != "cpu" and (checked := checked_on(chip.name, precision)):
-                    row.notes.append(checked)
+                elif chip.kind != "cpu" and chip == CHIPS.get(chip.name):  # the table's row, not a --hardware-file one
+                    if checked := checked_on(chip.name, precision):
+                        row.notes.append(checked)
                 rows.append(row)
     return rows
 

@@ -175,6 +175,10 @@ def test_whatif_rows_at_the_defaults_carry_the_note_and_the_runs_own_chip_does_n
     own, a100, on_cpu = ([n for n in r.notes if "published result" in n] for r in rows)
     assert not own and not on_cpu and any("calibrated on its measured step" in n for n in rows[0].notes)
     assert a100 == [whatif.checked_on("a100", "bf16-mixed", path)]
+    # a row of the user's own under a table key (--hardware-file) is not what the published results checked
+    mine = dataclasses.replace(CHIPS["a100"], peaks={"bfloat16": 900 * G, "float32": 90 * G})
+    (row,) = whatif_cli.sweep(run, [mine], "bf16-mixed", 16, [1], 1, [], {})
+    assert not [n for n in row.notes if "published result" in n]
 
 
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
