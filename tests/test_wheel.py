@@ -78,3 +78,7 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
     acc.Reload()
     assert {"compute/flops_per_step", "memory/peak_gb"} <= set(acc.Tags()["scalars"])
     assert (user / "lightning_logs" / "version_0" / "config.yaml").is_file()  # the resolved config beside the run
+    # the installed whatif quotes the published check rows it ships with (package data) beside a GPU target
+    checked = _run([str(python), "-c", "from lit_compute.planning.whatif import checked_on; "
+                    "print(checked_on('h100-sxm', 'bf16-mixed'))"], user, 60, env)
+    assert "published result(s) of this chip they were not fitted on" in checked, checked
