@@ -239,6 +239,12 @@ def _image_step(size: int) -> Any:
     return step
 
 
+#: how NVIDIA's BERT (DeepLearningExamples' modeling.py, which the fit rows and Lambda's SQuAD rows ran) attends: two
+#: batched matmuls around a scale, the padding mask added, a softmax and a dropout, each its own kernel, the scores
+#: written out in between; not a fused (flash) kernel, which transformers would choose by default
+_DLE_ATTENTION = "eager"
+
+
 def _model(name: str) -> tuple[Any, Any]:
     """``(network, step)`` for a model of published_gpu.csv: ``step(net, batch)`` returns the loss of one batch of
     the shape the source trained on (224 px images, 380 px for EfficientNet-B4; 128 tokens for BERT pre-training, 384
@@ -274,7 +280,7 @@ def _model(name: str) -> tuple[Any, Any]:
     from transformers import BertConfig, BertModel
 
     config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-                        vocab_size=30528)
+                        vocab_size=30528, attn_implementation=_DLE_ATTENTION)
     encoder = BertModel(config, add_pooling_layer=True)
     heads = torch.nn.ModuleDict({"transform": torch.nn.Linear(1024, 1024), "norm": torch.nn.LayerNorm(1024),
                                  "decoder": torch.nn.Linear(1024, 30528), "nsp": torch.nn.Linear(1024, 2)})
@@ -283,7 +289,7 @@ def _model(name: str) -> tuple[Any, Any]:
     def bert_step(model: Any, batch: int) -> Any:
         # the masked-LM head on the masked positions only (20 of 128, as NVIDIA's pre-training gathers them)
         ids = torch.zeros(batch, 128, dtype=torch.long)
-        out = model["bert"](input_ids=ids)
+        out = model["bert"](input_ids=ids, attention_mask=torch.ones(batch, 128, dtype=torch.long))
         masked = out.last_hidden_state[:, :20]
         h = model["heads"]["norm"](torch.nn.functional.gelu(model["heads"]["transform"](masked)))
         logits = model["heads"]["decoder"](h)
@@ -301,13 +307,14 @@ def _bert_squad(large: bool) -> tuple[Any, Any]:
 
     width, layers, heads = (1024, 24, 16) if large else (768, 12, 12)
     config = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=4 * width, vocab_size=30522)
+                        intermediate_size=4 * width, vocab_size=30522, attn_implementation=_DLE_ATTENTION)
     net = BertForQuestionAnswering(config)
 
     def squad_step(model: Any, batch: int) -> Any:
         ids = torch.zeros(batch, 384, dtype=torch.long)
         target = torch.zeros(batch, dtype=torch.long)
-        return model(input_ids=ids, start_positions=target, end_positions=target).loss
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=target,
+                     end_positions=target).loss
 
     return net, squad_step
 

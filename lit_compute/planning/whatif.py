@@ -50,9 +50,9 @@ __all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "R
 #: check set (other models, eight other chips, this project's H200 runs) is never fitted on; docs/whatif.md quotes
 #: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
 #: all-reduce reaches of a link (NCCL's tests: about 80%).
-DEFAULT_EFFICIENCY = {"tensor": 0.724, "vector": 0.92, "tf32": 0.829, "conv_tensor": 0.4, "conv_vector": 0.731,
+DEFAULT_EFFICIENCY = {"tensor": 0.734, "vector": 0.924, "tf32": 0.842, "conv_tensor": 0.4, "conv_vector": 0.731,
                       "conv_tf32": 0.218, "grouped": 0.253, "depthwise": 0.217, "bandwidth": 0.85, "network": 0.8,
-                      "launch_s": 2.98e-06}
+                      "launch_s": 2.99e-06}
 _HEAVY = ("matmul", "conv", "conv_grouped", "attention")  # the op classes that run on tensor cores (not depthwise)
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
