@@ -28,7 +28,9 @@ bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step 
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -461,9 +463,6 @@ def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | No
     float32) they were not fitted on by: a note for a prediction at the defaults on that chip (whose label the note
     follows), which is only as good as those. Says so too when the defaults were fitted on that chip and precision,
     or when no result checks them there. None when the file is missing or was written at other efficiencies."""
-    import json
-    import statistics
-
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
