@@ -426,6 +426,39 @@ def summary(rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+#: the NVIDIA architecture of each chip key's first word (v100-sxm: Volta), for the check set's errors by generation
+_GENERATIONS = {"v100": "Volta", "v100s": "Volta", "a100": "Ampere", "a10": "Ampere", "a10g": "Ampere",
+                "rtx-3090": "Ampere", "rtx-4090": "Ada", "l4": "Ada", "l40": "Ada", "l40s": "Ada", "h100": "Hopper",
+                "h200": "Hopper", "b200": "Blackwell"}
+
+
+def generation(chip: str) -> str:
+    """The architecture of a table key (``h100-sxm``: Hopper), or the key itself when it is not an NVIDIA GPU here."""
+    return _GENERATIONS.get(chip, _GENERATIONS.get(chip.split("-")[0], chip))
+
+
+def generations_summary(predictions: list[dict[str, Any]]) -> str:
+    """The check rows' signed errors by chip generation (Volta, Ampere, Ada, Hopper) and precision class (16 bits,
+    TF32, float32): each group's median and range, where the defaults fitted on Volta and Ampere lean fast or slow.
+    Empty without check rows."""
+    import statistics
+
+    from lit_compute.planning.whatif import precision_class
+
+    by: dict[tuple[str, str], list[float]] = {}
+    for row in predictions:
+        if row["set"] == "check":
+            key = (generation(row["chip"]), precision_class(row["precision"]))
+            by.setdefault(key, []).append(100 * (row["predicted"] / row["samples_per_s"] - 1))
+    order = ["Volta", "Ampere", "Ada", "Hopper", "Blackwell"]
+    parts = [f"{name} at {bits}: {len(errors)} row(s), median {statistics.median(errors):+.1f}% "
+             f"({min(errors):+.1f}% to {max(errors):+.1f}%)"
+             for (name, bits), errors in sorted(by.items(), key=lambda kv: (
+                 order.index(kv[0][0]) if kv[0][0] in order else len(order), kv[0]))]
+    return f"- **check set by generation** (signed: + predicted faster than published): {'; '.join(parts)}" if parts \
+        else ""
+
+
 def fit_defaults() -> dict[str, float]:
     """The default efficiencies that fit the rows of the fit set best: the sum of the squared log errors over them
     minimized one parameter at a time (golden-section search in log space within :data:`FITTED`'s bounds), six
@@ -686,7 +719,8 @@ def main(argv: list[str]) -> int:
                                   "32 over 16, each round", "median (the FLOPs: 2)"], rows)
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
-                table += "\n\n" + summary(rows) + (f"\n{line}" if (line := transposes_summary()) else "")
+                table += "\n\n" + "\n".join(line for line in (summary(rows), generations_summary(predictions),
+                                                             transposes_summary()) if line)
             else:
                 table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
             sections.append(f"### {title}\n\n{table}\n")

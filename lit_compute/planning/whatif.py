@@ -40,7 +40,7 @@ from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
 __all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError",
-           "calibrate", "checked_on", "pays_transposes", "predict", "read_run", "with_loader_cost"]
+           "calibrate", "checked_on", "pays_transposes", "precision_class", "predict", "read_run", "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
@@ -453,7 +453,8 @@ def default_calibration() -> Calibration:
 CHECKED_FILE = Path(__file__).resolve().parents[1] / "bench" / "published_gpu_errors.json"
 
 
-def _bits(precision: str) -> str:
+def precision_class(precision: str) -> str:
+    """What decides which of a chip's peaks a precision runs at: "16 bits" (fp16 or bf16), "TF32" or "float32"."""
     dtype = compute_dtype(precision)
     return "16 bits" if dtype in ("float16", "bfloat16") else "TF32" if dtype == "tf32" else "float32"
 
@@ -469,9 +470,9 @@ def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | No
         return None
     if data.get("efficiencies") != DEFAULT_EFFICIENCY:
         return None
-    bits = _bits(precision)
-    rows = [r for r in data["rows"] if r["chip"] == chip and _bits(r["precision"]) == bits]
-    fitted = any(c == chip and _bits(p) == bits for c, p in data.get("fitted_on", []))
+    bits = precision_class(precision)
+    rows = [r for r in data["rows"] if r["chip"] == chip and precision_class(r["precision"]) == bits]
+    fitted = any(c == chip and precision_class(p) == bits for c, p in data.get("fitted_on", []))
     where = f"at {bits}, whatif's default efficiencies"
     source = f"lit-compute bench whatif at {data['commit']}, docs/whatif.md"
     fitted_here = " were fitted on this chip's published results" if fitted else ""

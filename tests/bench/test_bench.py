@@ -199,6 +199,24 @@ def _check_rows_agree(kept: dict, table: list[list[str]]) -> int:
     return len(kept["rows"])
 
 
+def test_the_check_sets_errors_by_generation_are_signed_medians_over_its_rows_only():
+    """``bench whatif --only gpu``'s line by generation: the check rows (never the fit rows) grouped by architecture
+    and precision class, each group's signed median and range, oldest generation first."""
+    from lit_compute.bench.whatif_bench import generation, generations_summary
+
+    assert [generation(c) for c in ("v100-sxm", "a100-40gb", "a10", "rtx-3090", "rtx-4090", "h100-pcie", "h200-sxm",
+                                    "tpu-v3")] == ["Volta", "Ampere", "Ampere", "Ampere", "Ada", "Hopper", "Hopper",
+                                                   "tpu-v3"]
+    rows = [{"set": s, "chip": c, "precision": p, "predicted": x, "samples_per_s": 100.0} for s, c, p, x in (
+        ("check", "h100-sxm", "16-mixed", 150.0), ("check", "h200-sxm", "bf16-mixed", 110.0),
+        ("check", "h200-sxm", "tf32", 80.0), ("check", "v100-sxm", "32-true", 90.0), ("fit", "a100", "16-mixed", 500.0))]
+    assert generations_summary(rows) == (
+        "- **check set by generation** (signed: + predicted faster than published): Volta at float32: 1 row(s), "
+        "median -10.0% (-10.0% to -10.0%); Hopper at 16 bits: 2 row(s), median +30.0% (+10.0% to +50.0%); Hopper at "
+        "TF32: 1 row(s), median -20.0% (-20.0% to -20.0%)")
+    assert generations_summary([r for r in rows if r["set"] == "fit"]) == ""
+
+
 def test_whatifs_quoted_errors_are_the_committed_figures_check_rows():
     """The file whatif quotes beside a prediction at the default efficiencies was written with
     docs/figures/whatif_gpu.md (the same command, the same commit) at the efficiencies in the code now: its rows are
@@ -244,6 +262,11 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     kept_errors = json.loads(errors.read_text())
     assert kept_errors["command"] == f"lit-compute bench whatif --only gpu --errors {errors}"
     assert _check_rows_agree(kept_errors, _table_rows(written, title)) == sum(r["set"] == "check" for r in chosen)
+    (by_generation,) = [x for x in written.splitlines() if x.startswith("- **check set by generation**")]
+    hopper = sum(r["set"] == "check" and r["chip"].startswith(("h100", "h200")) and "16" in r["precision"]
+                 for r in chosen)
+    assert f"Hopper at 16 bits: {hopper} row(s)" in by_generation and "Volta at 16 bits: 1 row(s)" in by_generation
+    assert "- **check set by generation**" in committed
     # the chosen rows hold every check row that convolved channels-first at 16 bits (Lambda's ResNet-50 runs): the
     # transposes' worth, priced and left out, is the committed file's line
     (line,) = [x for x in written.splitlines() if "convolving channels-first at 16 bits" in x]
