@@ -322,7 +322,7 @@ def _bert_squad(large: bool) -> tuple[Any, Any]:
 #: the parameters --fit-defaults fits (each within its bounds); bandwidth and network stay at their defaults
 FITTED = {"tensor": (0.05, 1.0), "vector": (0.05, 1.0), "tf32": (0.05, 1.0), "conv_tensor": (0.05, 1.0),
           "conv_vector": (0.05, 1.0), "conv_tf32": (0.05, 1.0), "grouped": (0.02, 1.0), "depthwise": (0.02, 1.0),
-          "launch_s": (1e-6, 3e-5)}
+          "launch_s": (1e-6, 3e-5), "sm": (0.1, 100.0)}
 
 
 def _calibration(values: dict[str, float]) -> Any:
@@ -330,7 +330,7 @@ def _calibration(values: dict[str, float]) -> Any:
 
     return whatif.Calibration(values["tensor"], values["vector"], values["bandwidth"], values["launch_s"],
                               values["network"], "fit", values["conv_tensor"], values["conv_vector"], values["tf32"],
-                              values["conv_tf32"], values["grouped"], values["depthwise"])
+                              values["conv_tf32"], values["grouped"], values["depthwise"], values["sm"])
 
 
 def _predicted(row: dict[str, Any], cal: Any) -> float:

@@ -7,7 +7,9 @@ and compute (StepTimeMonitor), the collectives' share and overlap (ProfilerWindo
 bandwidth (CommBenchmark) and the memory's parts (MemoryMonitor). A target step is then priced part by part:
 
 - **compute**: per op class, the larger of its FLOPs over the chip's peak and its bytes over the chip's memory
-  bandwidth (a roofline), at efficiencies (fractions of those peaks) plus a launch cost per kernel. On the run's own
+  bandwidth (a roofline), at efficiencies (fractions of those peaks) plus a launch cost per kernel; an op on tensor
+  cores also spends its FLOPs' worth of the SMs' own work (addresses, loads, the epilogue) at the chip's SMs x clock,
+  in series, which a higher tensor rate per SM does not shorten (:func:`sm_rate`). On the run's own
   hardware the efficiency is *measured*: the one factor that makes the roofline of the run equal its measured
   compute time. Elsewhere it is :data:`DEFAULT_EFFICIENCY` (docs/whatif.md names the results it was set on). The
   micro-batch scales every class but the optimizer's step (and the matmuls' weight traffic), and an accumulated
@@ -40,7 +42,8 @@ from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
 __all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError",
-           "calibrate", "checked_on", "pays_transposes", "precision_class", "predict", "read_run", "with_loader_cost"]
+           "calibrate", "checked_on", "pays_transposes", "precision_class", "predict", "read_run", "sm_rate",
+           "with_loader_cost"]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
@@ -48,13 +51,15 @@ __all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "R
 #: DeepLearningExamples: ResNet-50, ResNeXt-101-32x4d, EfficientNet-B0, BERT-large; least squares on the log of
 #: the throughput): ``tensor``/``vector``/``tf32`` for matmuls and attention on half-precision tensor cores, without
 #: them and on TF32 ones; ``conv_*`` the same for convolutions; ``grouped`` the fraction of that a grouped convolution
-#: reaches, ``depthwise`` the fraction of the vector peak and of the bandwidth a depthwise one reaches. The file's
+#: reaches, ``depthwise`` the fraction of the vector peak and of the bandwidth a depthwise one reaches; ``sm`` the
+#: multiple of :func:`sm_rate` at which a tensor-core op's FLOPs pass through the SMs (V100: 1,024 tensor FLOP per SM
+#: and clock, A100 2,048, Hopper 4,096, the GeForce cards 512: the fit's two generations set it). The file's
 #: check set (other models, eight other chips, this project's H200 runs) is never fitted on; docs/whatif.md quotes
 #: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
 #: all-reduce reaches of a link (NCCL's tests: about 80%).
-DEFAULT_EFFICIENCY = {"tensor": 0.734, "vector": 0.924, "tf32": 0.842, "conv_tensor": 0.4, "conv_vector": 0.731,
-                      "conv_tf32": 0.218, "grouped": 0.253, "depthwise": 0.217, "bandwidth": 0.85, "network": 0.8,
-                      "launch_s": 2.99e-06}
+DEFAULT_EFFICIENCY = {"tensor": 0.967, "vector": 0.913, "tf32": 1.0, "conv_tensor": 0.457, "conv_vector": 0.735,
+                      "conv_tf32": 0.231, "grouped": 0.225, "depthwise": 0.192, "bandwidth": 0.85, "network": 0.8,
+                      "launch_s": 1e-06, "sm": 3.95}
 _HEAVY = ("matmul", "conv", "conv_grouped", "attention")  # the op classes that run on tensor cores (not depthwise)
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
@@ -162,6 +167,9 @@ class Calibration:
     conv_tf32: float | None = None  # convolutions on TF32 tensor cores (None: conv_tensor)
     grouped: float = 1.0  # grouped convolutions reach this fraction of what dense ones reach
     depthwise: float = 1.0  # depthwise convolutions reach this fraction of the vector fraction and of the bandwidth
+    #: the SMs' own work around a tensor-core op: its FLOPs at this multiple of :func:`sm_rate`, on top of the
+    #: tensor cores' time (None: not priced, as on a run's own hardware, where one measured factor holds it)
+    sm: float | None = None
 
     def efficiency(self, kind: str, tensor_cores: bool, tf32: bool = False) -> float:
         """The fraction of the FLOP peak an op class reaches: convolutions and matmuls each their own, on tensor
@@ -374,6 +382,15 @@ def _scaled_classes(run: RunFacts, scenario: Scenario) -> dict[str, tuple[float,
     return out
 
 
+def sm_rate(chip: Chip) -> float:
+    """The rate the SMs do the work around a tensor-core op at (FLOP/s): SMs x clock x 1,024, a V100 SM's tensor
+    FLOP a clock. A chip without SM figures (a TPU, a CPU, a row of your own without ``sms``) is taken at an
+    A100's ratio, half its 16-bit peak."""
+    if chip.sm_clock:
+        return chip.sm_clock * 1e9 * 1024
+    return (chip.peak("bfloat16") or chip.peak("float16") or chip.peak("float32") or 0.0) / 2
+
+
 def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str,
               cal: Calibration) -> tuple[float, float, float]:
     """(seconds, of which compute-bound, of which bandwidth-bound) of one batch on ``chip``."""
@@ -394,6 +411,9 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
         bandwidth = chip.bandwidth * cal.bandwidth * (cal.depthwise if kind == "conv_depthwise" else 1.0)
         t_bytes = moved / bandwidth if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
+        if cal.sm and flops and heavy and dtype != "float32":  # tensor cores: the SMs' own share, in series
+            t_flops += flops / (cal.sm * sm_rate(chip))
+            seconds += flops / (cal.sm * sm_rate(chip))
         total += seconds
         if t_flops >= t_bytes:
             flops_bound += seconds
@@ -445,7 +465,7 @@ def default_calibration() -> Calibration:
     d = DEFAULT_EFFICIENCY
     return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
                        "defaults (docs/whatif.md: fitted on the fit set of published GPU results)", d["conv_tensor"],
-                       d["conv_vector"], d["tf32"], d["conv_tf32"], d["grouped"], d["depthwise"])
+                       d["conv_vector"], d["tf32"], d["conv_tf32"], d["grouped"], d["depthwise"], d["sm"])
 
 
 #: the check rows of ``published_gpu.csv`` priced at :data:`DEFAULT_EFFICIENCY`, as ``lit-compute bench whatif --only

@@ -21,7 +21,13 @@ def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
         assert chip.peaks and all(v > 0 for v in chip.peaks.values()), name
         assert math.isfinite(chip.memory) and chip.memory > 0, name
         assert chip.bandwidth > 0 and chip.link in chips_module.LINKS, name
-        assert set(chip.sources) == {"peaks", "memory", "bandwidth"} and all(chip.sources.values()), name
+        assert set(chip.sources) - {"sm"} == {"peaks", "memory", "bandwidth"} and all(chip.sources.values()), name
+        # SMs x clock: cited where given, and the tensor peak over it is a whole tensor rate per SM and clock (512,
+        # 1,024, 2,048 or 4,096 dense FP16 FLOP: the whitepapers' figures), so the count and the clock agree with it
+        assert ("sm" in chip.sources) == (chip.sm_clock is not None), name
+        if chip.sm_clock:
+            per_sm_clock = (chip.peak("bfloat16") or chip.peak("float16")) / (chip.sm_clock * 1e9)
+            assert min(abs(per_sm_clock / rate - 1) for rate in (512, 1024, 2048, 4096)) < 0.01, (name, per_sm_clock)
     # the 0.3.0 tables are views of the one table: no chip without a memory row (v100s-pcie had none)
     assert "v100s-pcie" in MEMORY_TABLE and PEAK_TABLE["h200-sxm"] == CHIPS["h200-sxm"].peaks
     assert set(PEAK_TABLE) <= set(CHIPS) and set(MEMORY_TABLE) <= set(CHIPS)

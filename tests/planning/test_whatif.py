@@ -181,6 +181,35 @@ def test_whatif_rows_at_the_defaults_carry_the_note_and_the_runs_own_chip_does_n
     assert not [n for n in row.notes if "published result" in n]
 
 
+def test_a_tensor_core_ops_sm_work_is_priced_at_the_chips_sms_and_clock(tmp_path):
+    """A tensor-core op's FLOPs also pass through the SMs (addresses, loads, the epilogue), in series, at the
+    calibration's ``sm`` times SMs x clock x 1,024: of two chips with one 16-bit peak, the one with fewer SMs (more
+    tensor FLOP per SM and clock) is slower. Not in float32 (no tensor cores), not when ``sm`` is None (a run's own
+    chip: its measured factor holds it), and a chip without SM figures runs them at half its 16-bit peak. A hardware
+    file gives SMs and the clock together, or neither."""
+    from lit_compute.planning.whatif import sm_rate
+
+    run = _run(by_class={"matmul": (100 * G, 0.0, 0)}, trainable=0)  # no weights: no autocast casts to price
+    few = dataclasses.replace(CHIP, sm_clock=100.0)  # 100 SM-GHz: 102.4 GFLOP/s at 1,024 a clock
+    many = dataclasses.replace(CHIP, sm_clock=200.0)
+    cal = dataclasses.replace(UNIT, sm=2.0)
+    compute = {c.name + str(c.sm_clock): predict(run, Scenario(c, "bf16-mixed", 16), cal).compute_s for c in (few, many)}
+    assert compute["made-up100.0"] == pytest.approx(100 * G / (400 * G) + 100 * G / (2.0 * 100 * 1e9 * 1024))
+    assert compute["made-up200.0"] == pytest.approx(100 * G / (400 * G) + 100 * G / (2.0 * 200 * 1e9 * 1024))
+    assert predict(run, Scenario(few, "32-true", 16), cal).compute_s == pytest.approx(1.0)  # 100 G at 100 G/s
+    assert predict(run, Scenario(few, "bf16-mixed", 16), UNIT).compute_s == pytest.approx(0.25)
+    assert sm_rate(CHIP) == 200 * G and sm_rate(CHIPS["h100-sxm"]) == pytest.approx(132 * 1.83e9 * 1024)
+    assert "132 SMs at 1.83 GHz" in CHIPS["h100-sxm"].sources["sm"]
+    path = tmp_path / "hw.yaml"
+    path.write_text("chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n"
+                    "    sms: 100\n    boost_ghz: 1.5\n")
+    assert load_hardware_file(path)[0]["mine"].sm_clock == pytest.approx(150.0)
+    path.write_text("chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n"
+                    "    sms: 100\n")
+    with pytest.raises(HardwareError, match="mine: boost_ghz is None"):
+        load_hardware_file(path)
+
+
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
     run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
     cal = calibrate(run, CHIP)
