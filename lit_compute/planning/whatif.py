@@ -412,8 +412,8 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
         t_bytes = moved / bandwidth if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
         if cal.sm and flops and heavy and dtype != "float32":  # tensor cores: the SMs' own share, in series
-            t_flops += flops / (cal.sm * sm_rate(chip))
-            seconds += flops / (cal.sm * sm_rate(chip))
+            on_sms = flops / (cal.sm * sm_rate(chip))
+            t_flops, seconds = t_flops + on_sms, seconds + on_sms
         total += seconds
         if t_flops >= t_bytes:
             flops_bound += seconds
