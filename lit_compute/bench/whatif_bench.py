@@ -384,10 +384,11 @@ def write_check_errors(predictions: list[dict[str, Any]], path: str | Path, comm
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def transposes_summary() -> str:
-    """The check rows whose convolutions ran channels-first at 16 bits, priced with and without the transposes cuDNN
-    adds around its tensor-core convolutions (``whatif``'s ``transpose`` class): what that one term is worth against
-    results it was not fitted on. Empty when no row has such convolutions."""
+def transposes_summary(predictions: list[dict[str, Any]]) -> str:
+    """The check rows of :func:`gpu_predictions` whose convolutions ran channels-first at 16 bits, as priced (the
+    transposes cuDNN adds around its tensor-core convolutions among them: ``whatif``'s ``transpose`` class) and
+    priced again with the transposes left out: what that one term is worth against results it was not fitted on.
+    Empty when no row has such convolutions."""
     import dataclasses
     import statistics
 
@@ -396,7 +397,7 @@ def transposes_summary() -> str:
 
     cal = default_calibration()
     errors: dict[str, list[float]] = {"priced": [], "left out": []}
-    for row in published_rows():
+    for row in predictions:
         chip = find_chip(row["chip"])
         if row["set"] != "check" or not pays_transposes(chip, row["precision"]):
             continue
@@ -404,8 +405,9 @@ def transposes_summary() -> str:
         if not facts.channels_first[2]:
             continue
         scenario = Scenario(chip, row["precision"], row["batch"])
-        for name, case in (("priced", facts), ("left out", dataclasses.replace(facts, channels_first=(0, 0, 0)))):
-            errors[name].append(abs(predict(case, scenario, cal).samples_per_s / row["samples_per_s"] - 1) * 100)
+        without = predict(dataclasses.replace(facts, channels_first=(0, 0, 0)), scenario, cal)
+        errors["priced"].append(abs(row["predicted"] / row["samples_per_s"] - 1) * 100)
+        errors["left out"].append(abs(without.samples_per_s / row["samples_per_s"] - 1) * 100)
     if not errors["priced"]:
         return ""
     return (f"- **check rows convolving channels-first at 16 bits** ({len(errors['priced'])} rows): median absolute "
@@ -426,15 +428,13 @@ def summary(rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-#: the NVIDIA architecture of each chip key's first word (v100-sxm: Volta), for the check set's errors by generation
-_GENERATIONS = {"v100": "Volta", "v100s": "Volta", "a100": "Ampere", "a10": "Ampere", "a10g": "Ampere",
-                "rtx-3090": "Ampere", "rtx-4090": "Ada", "l4": "Ada", "l40": "Ada", "l40s": "Ada", "h100": "Hopper",
-                "h200": "Hopper", "b200": "Blackwell"}
-
-
 def generation(chip: str) -> str:
-    """The architecture of a table key (``h100-sxm``: Hopper), or the key itself when it is not an NVIDIA GPU here."""
-    return _GENERATIONS.get(chip, _GENERATIONS.get(chip.split("-")[0], chip))
+    """The architecture of a table key (``h100-sxm``: Hopper, the hardware table's ``Chip.architecture``), or the key
+    itself where the table names none."""
+    from lit_compute.hardware.chips import CHIPS
+
+    row = CHIPS.get(chip)
+    return row.architecture if row is not None and row.architecture else chip
 
 
 def generations_summary(predictions: list[dict[str, Any]]) -> str:
@@ -720,7 +720,7 @@ def main(argv: list[str]) -> int:
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
                 table += "\n\n" + "\n".join(line for line in (summary(rows), generations_summary(predictions),
-                                                             transposes_summary()) if line)
+                                                             transposes_summary(predictions)) if line)
             else:
                 table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
             sections.append(f"### {title}\n\n{table}\n")

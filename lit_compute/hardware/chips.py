@@ -71,6 +71,7 @@ class Chip:
     #: the work around the tensor cores (addresses, loads, the epilogue), which a higher tensor rate per SM does not
     #: speed up (None: not known; whatif then assumes an A100's ratio to the 16-bit peak)
     sm_clock: float | None = None
+    architecture: str = ""  # the GPU generation ("Volta", "Ampere", "Ada", "Hopper"); empty where not given
 
     def peak(self, dtype: str) -> float | None:
         """The dense peak for a dtype name (``float32`` falls back to ``tf32`` nowhere: a float32 run counts against
@@ -109,15 +110,17 @@ _H200 = "NVIDIA H200 datasheet (hpc-datasheet-sc23-h200): H200 SXM has H100 SXM'
 _B200 = ("NVIDIA HGX B200 specifications (8-GPU totals, sparse: TF32 18 PF, FP16/BF16 36 PF, FP8 72 PF, FP32 600 TF, "
          "FP64 296 TF): per GPU /8, tensor figures /2")
 
-# SM counts, each with the clock its datasheet tensor peak implies (peak / (SMs x tensor FLOP per SM per clock))
-_VOLTA_SM = "NVIDIA Tesla V100 whitepaper: 80 SMs, 8 tensor cores each, 1,024 FP16 FLOP per SM per clock"
-_AMPERE_SM = "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs, 2,048 dense FP16 FLOP per SM per clock"
-_GA102_SM = ("NVIDIA Ampere GA102 whitepaper: RTX 3090 82 SMs, A10 72 SMs; 512 (FP32 accumulate, GeForce) or 1,024 "
-             "dense FP16 FLOP per SM per clock")
-_ADA_SM = ("NVIDIA Ada Lovelace architecture whitepaper v2.1: RTX 4090 128 SMs, L4 58, L40 and L40S 142; 512 (FP32 "
-           "accumulate, GeForce, L40) or 1,024 dense FP16 FLOP per SM per clock")
-_HOPPER_SM = ("NVIDIA H100 Tensor Core GPU architecture whitepaper: SXM5 132 SMs, PCIe 114; 4,096 dense FP16 FLOP per "
-              "SM per clock")
+# Architectures, each with where its rows' SM counts come from; a row's SMs go with the clock its datasheet tensor
+# peak implies (peak / (SMs x tensor FLOP per SM per clock))
+_SM_VOLTA = ("Volta", "NVIDIA Tesla V100 whitepaper: 80 SMs, 8 tensor cores each, 1,024 FP16 FLOP per SM per clock")
+_SM_AMPERE = ("Ampere", "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs, 2,048 dense FP16 FLOP per SM per "
+           "clock")
+_SM_GA102 = ("Ampere", "NVIDIA Ampere GA102 whitepaper: RTX 3090 82 SMs, A10 72 SMs; 512 (FP32 accumulate, GeForce) or "
+          "1,024 dense FP16 FLOP per SM per clock")
+_SM_ADA = ("Ada", "NVIDIA Ada Lovelace architecture whitepaper v2.1: RTX 4090 128 SMs, L4 58, L40 and L40S 142; 512 (FP32 "
+        "accumulate, GeForce, L40) or 1,024 dense FP16 FLOP per SM per clock")
+_SM_HOPPER = ("Hopper", "NVIDIA H100 Tensor Core GPU architecture whitepaper: SXM5 132 SMs, PCIe 114; 4,096 dense FP16 "
+           "FLOP per SM per clock")
 
 _H100_SXM = {"float64": 34 * T, "float32": 67 * T, "tf32": 494.7 * T, "bfloat16": 989.4 * T, "float16": 989.4 * T,
              "float8": 1978.9 * T}
@@ -128,62 +131,63 @@ _A10_PEAKS = {"float32": 31.2 * T, "tf32": 62.5 * T, "bfloat16": 125 * T, "float
 
 
 def _gpu(name: str, peaks: dict[str, float], peaks_source: str, memory: float, memory_source: str, bandwidth: float,
-         bandwidth_source: str, link: str, kind: str = "gpu", sm: tuple[int, float, str] | None = None) -> Chip:
-    """A row; ``sm``: (SMs, the clock in GHz the tensor peak implies, where the SM count comes from)."""
+         bandwidth_source: str, link: str, kind: str = "gpu",
+         sm: tuple[int, float, tuple[str, str]] | None = None) -> Chip:
+    """A row; ``sm``: (SMs, the clock in GHz the tensor peak implies, (architecture, where the SM count comes from))."""
     sources = {"peaks": peaks_source, "memory": memory_source, "bandwidth": bandwidth_source}
     text = f"peaks: {peaks_source}; memory: {memory_source}; bandwidth: {bandwidth_source}"
     if sm:
-        sources["sm"] = f"{sm[0]} SMs at {sm[1]:g} GHz ({sm[2]})"
+        sources["sm"] = f"{sm[0]} SMs at {sm[1]:g} GHz ({sm[2][1]})"
         text += f"; SMs: {sources['sm']}"
     return Chip(name, dict(peaks), bandwidth, memory, link, text, kind=kind, sources=sources,
-                sm_clock=sm[0] * sm[1] if sm else None)
+                sm_clock=sm[0] * sm[1] if sm else None, architecture=sm[2][0] if sm else "")
 
 
 _ROWS = [
     _gpu("v100-sxm", {"float64": 7.8 * T, "float32": 15.7 * T, "float16": 125 * T}, _V100,
          32 * GiB, "NVIDIA V100 datasheet: 32 GB HBM2 (16 GB variant too)", 900 * G, "NVIDIA V100 datasheet: 900 GB/s HBM2", "nvlink2",
-         sm=(80, 1.53, _VOLTA_SM)),
+         sm=(80, 1.53, _SM_VOLTA)),
     _gpu("v100-pcie", {"float64": 7.0 * T, "float32": 14.0 * T, "float16": 112 * T}, _V100,
          32 * GiB, "NVIDIA V100 datasheet: 32 GB HBM2", 900 * G, "NVIDIA V100 datasheet: 900 GB/s HBM2", "pcie3",
-         sm=(80, 1.38, _VOLTA_SM)),
+         sm=(80, 1.38, _SM_VOLTA)),
     _gpu("v100s-pcie", {"float64": 8.2 * T, "float32": 16.4 * T, "float16": 130 * T}, "NVIDIA V100S PCIe datasheet",
          32 * GiB, "NVIDIA V100S PCIe datasheet: 32 GB HBM2", 1134 * G, "NVIDIA V100S datasheet: 1,134 GB/s", "pcie3"),
     _gpu("a100", _A100_PEAKS, _A100, 80 * GiB, "NVIDIA A100 datasheet: 80 GB HBM2e (40 GB: a100-40gb)",
-         2039 * G, "NVIDIA A100 datasheet: 80 GB SXM 2,039 GB/s HBM2e", "nvlink3", sm=(108, 1.41, _AMPERE_SM)),
+         2039 * G, "NVIDIA A100 datasheet: 80 GB SXM 2,039 GB/s HBM2e", "nvlink3", sm=(108, 1.41, _SM_AMPERE)),
     _gpu("a100-40gb", _A100_PEAKS, _A100, 40 * GiB, "NVIDIA A100 datasheet: 40 GB HBM2",
-         1555 * G, "NVIDIA A100 datasheet: 40 GB 1,555 GB/s HBM2", "nvlink3", sm=(108, 1.41, _AMPERE_SM)),
+         1555 * G, "NVIDIA A100 datasheet: 40 GB 1,555 GB/s HBM2", "nvlink3", sm=(108, 1.41, _SM_AMPERE)),
     _gpu("a10", _A10_PEAKS, _A10, 24 * GiB, "NVIDIA A10 datasheet: 24 GB GDDR6", 600 * G,
-         "NVIDIA A10 datasheet: 600 GB/s GDDR6", "pcie4", sm=(72, 1.695, _GA102_SM)),
+         "NVIDIA A10 datasheet: 600 GB/s GDDR6", "pcie4", sm=(72, 1.695, _SM_GA102)),
     _gpu("a10g", _A10_PEAKS, _A10, 24 * GiB, "AWS G5 instances: A10G with 24 GB", 600 * G, "AWS G5: A10G, 600 GB/s",
          "pcie4"),
     _gpu("rtx-3090", {"float32": 35.6 * T, "tf32": 35.6 * T, "bfloat16": 71 * T, "float16": 71 * T},
          "NVIDIA Ampere GA102 whitepaper, Table 9 (FP16/BF16 tensor with FP32 accumulate 71 dense; TF32 35.6 dense)",
          24 * GiB, "NVIDIA GeForce RTX 3090: 24 GB GDDR6X", 936 * G, "NVIDIA RTX 3090: 936 GB/s GDDR6X", "pcie4",
-         sm=(82, 1.695, _GA102_SM)),
+         sm=(82, 1.695, _SM_GA102)),
     _gpu("rtx-4090", {"float32": 82.6 * T, "tf32": 82.6 * T, "bfloat16": 165.2 * T, "float16": 165.2 * T,
                       "float8": 330.3 * T}, _ADA,
          24 * GiB, "NVIDIA GeForce RTX 4090: 24 GB GDDR6X", 1008 * G, "NVIDIA RTX 4090: 1,008 GB/s GDDR6X", "pcie4",
-         sm=(128, 2.52, _ADA_SM)),
+         sm=(128, 2.52, _SM_ADA)),
     _gpu("l4", {"float32": 30.3 * T, "tf32": 60.0 * T, "bfloat16": 121 * T, "float16": 121 * T, "float8": 242.5 * T},
          _ADA + ", L4 appendix", 24 * GiB, "NVIDIA L4 datasheet: 24 GB GDDR6", 300 * G,
-         "NVIDIA L4 datasheet: 300 GB/s GDDR6", "pcie4", sm=(58, 2.04, _ADA_SM)),
+         "NVIDIA L4 datasheet: 300 GB/s GDDR6", "pcie4", sm=(58, 2.04, _SM_ADA)),
     _gpu("l40", {"float32": 90.5 * T, "tf32": 90.5 * T, "bfloat16": 181 * T, "float16": 181 * T, "float8": 362 * T},
          _ADA + ", L40 appendix", 48 * GiB, "NVIDIA L40 datasheet: 48 GB GDDR6", 864 * G,
-         "NVIDIA L40 datasheet: 864 GB/s GDDR6", "pcie4", sm=(142, 2.49, _ADA_SM)),
+         "NVIDIA L40 datasheet: 864 GB/s GDDR6", "pcie4", sm=(142, 2.49, _SM_ADA)),
     _gpu("l40s", {"float32": 91.6 * T, "tf32": 183 * T, "bfloat16": 362.05 * T, "float16": 362.05 * T,
                   "float8": 733 * T}, "NVIDIA L40S datasheet (dense)", 48 * GiB, "NVIDIA L40S datasheet: 48 GB GDDR6",
-         864 * G, "NVIDIA L40S datasheet: 864 GB/s GDDR6", "pcie4", sm=(142, 2.49, _ADA_SM)),
+         864 * G, "NVIDIA L40S datasheet: 864 GB/s GDDR6", "pcie4", sm=(142, 2.49, _SM_ADA)),
     _gpu("h100-sxm", _H100_SXM, _H100, 80 * GiB, "NVIDIA H100 datasheet: SXM 80 GB HBM3", 3350 * G,
-         "NVIDIA H100 datasheet: SXM 3.35 TB/s HBM3", "nvlink4", sm=(132, 1.83, _HOPPER_SM)),
+         "NVIDIA H100 datasheet: SXM 3.35 TB/s HBM3", "nvlink4", sm=(132, 1.83, _SM_HOPPER)),
     _gpu("h100-pcie", {"float64": 26 * T, "float32": 51 * T, "tf32": 378 * T, "bfloat16": 756 * T, "float16": 756 * T,
                        "float8": 1513 * T}, _H100, 80 * GiB, "NVIDIA H100 datasheet: PCIe 80 GB HBM2e", 2000 * G,
-         "NVIDIA H100 datasheet: PCIe 2 TB/s HBM2e", "pcie5", sm=(114, 1.62, _HOPPER_SM)),
+         "NVIDIA H100 datasheet: PCIe 2 TB/s HBM2e", "pcie5", sm=(114, 1.62, _SM_HOPPER)),
     _gpu("h100-nvl", _H100_NVL, _H100, 94 * GiB, "NVIDIA H100 datasheet: NVL 94 GB HBM3", 3900 * G,
-         "NVIDIA H100 datasheet: NVL 3.9 TB/s HBM3", "nvlink4", sm=(132, 1.545, _HOPPER_SM)),
+         "NVIDIA H100 datasheet: NVL 3.9 TB/s HBM3", "nvlink4", sm=(132, 1.545, _SM_HOPPER)),
     _gpu("h200-sxm", _H100_SXM, _H200, 141 * GiB, "NVIDIA H200 datasheet: 141 GB HBM3e", 4800 * G,
-         "NVIDIA H200 datasheet: 4.8 TB/s HBM3e", "nvlink4", sm=(132, 1.83, _HOPPER_SM)),
+         "NVIDIA H200 datasheet: 4.8 TB/s HBM3e", "nvlink4", sm=(132, 1.83, _SM_HOPPER)),
     _gpu("h200-nvl", _H100_NVL, _H200, 141 * GiB, "NVIDIA H200 datasheet: 141 GB HBM3e", 4800 * G,
-         "NVIDIA H200 datasheet: 4.8 TB/s HBM3e", "nvlink4", sm=(132, 1.545, _HOPPER_SM)),
+         "NVIDIA H200 datasheet: 4.8 TB/s HBM3e", "nvlink4", sm=(132, 1.545, _SM_HOPPER)),
     _gpu("b200", {"float64": 37 * T, "float32": 75 * T, "tf32": 1125 * T, "bfloat16": 2250 * T, "float16": 2250 * T,
                   "float8": 4500 * T}, _B200, 180 * GiB, "NVIDIA HGX B200 specifications: 1.4 TB HBM3e for 8 GPUs",
          8000 * G, "NVIDIA HGX B200: 8 TB/s HBM3e per GPU", "nvlink5"),

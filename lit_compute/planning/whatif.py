@@ -328,7 +328,7 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
 def pays_transposes(chip: Chip, precision: str) -> bool:
     """Whether ``chip`` at ``precision`` transposes channels-first convolutions for its tensor cores: a GPU (cuDNN
     convolves 16-bit tensors channels-last) at fp16 or bf16; not a CPU, not float32 or TF32."""
-    return chip.kind != "cpu" and compute_dtype(precision) in ("float16", "bfloat16")
+    return chip.kind != "cpu" and precision_class(precision) == "16 bits"
 
 
 def _transposes(run: RunFacts, chip: Chip, precision: str, ratio: float) -> tuple[float, float, float] | None:
