@@ -77,11 +77,11 @@ def _median_run(runs: list[Any]) -> Any:
 def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
     """Each configuration trained ``repeats`` times, the rounds interleaved (every configuration once per round, so a
     slow spell of the machine touches them all alike); each figure is the run of median step time."""
-    from lit_compute.hardware.this_machine import this_machine
+    from lit_compute.hardware.this_machine import this_machine, with_conv_setup
     from lit_compute.planning.config_facts import with_counts_at
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
-    chip = this_machine()
+    chip = with_conv_setup(this_machine())  # as lit-compute whatif RUN --hardware this measures it
     rows = []
     for family, base, deeper in (("ResNet-18 64 px", _IMAGE, ["--model.init_args.arch=resnet34"]),
                                  ("GPT 2 layers", _GPT, ["--model.init_args.n_layer=4"])):
@@ -215,7 +215,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     trainable = sum(p.numel() for p in net.parameters())
     return RunFacts(path=Path(f"{model} traced at batch {batch}"), by_class=dict(count.by_class), samples=batch,
                     model_flops=count.total, trainable=trainable, parameters=trainable, precision="32-true",
-                    device="traced", loader_workers=None,
+                    device="traced", loader_workers=None, conv_weights=float(count.conv_weights),
                     channels_first=tuple(float(n) for n in count.channels_first))  # type: ignore[arg-type]
 
 

@@ -128,6 +128,15 @@ def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, in
     return (sum(_nbytes(t) for t in activations), sum(_nbytes(t) for t in weights), len(tensors))
 
 
+def conv_weight_bytes(name: str, args: Any) -> int:
+    """The bytes of the weight a convolution's forward op takes (``aten.convolution``'s second operand); 0 for its
+    backward and any other op. On a CPU oneDNN reorders that weight into its blocked layouts every call, forward and
+    backward, work that does not grow with the batch."""
+    if _op_name(name) not in ("convolution", "_convolution") or not isinstance(args, (tuple, list)) or len(args) < 2:
+        return 0
+    return _nbytes(args[1])
+
+
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) and not t.is_nested else 0
 
@@ -170,6 +179,8 @@ class FlopCount:
         channels_first: ``(activation bytes, weight bytes, tensors)`` of the dense and grouped 2-D convolutions that
             ran channels-first (:func:`channels_first_tensors`): what a GPU transposes for its tensor cores at 16
             bits, and ``lit_compute.speedup.ChannelsLast`` saves.
+        conv_weights: bytes of the weights the convolutions' forward ops took (each weight once a call,
+            :func:`conv_weight_bytes`): what a CPU's convolutions set up whatever the batch.
     """
 
     forward: int = 0
@@ -186,6 +197,7 @@ class FlopCount:
     by_class: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     bytes_by_module: dict[str, int] = field(default_factory=dict)
     channels_first: tuple[int, int, int] = (0, 0, 0)
+    conv_weights: int = 0
 
     @property
     def bytes(self) -> int:
@@ -289,6 +301,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._by_class: dict[str, list[int]] = {}  # op class -> [hardware FLOPs, bytes read and written, ops]
         self._bytes_by_module: dict[str, int] = {}
         self._channels_first = [0, 0, 0]  # activation bytes, weight bytes, tensors (channels_first_tensors)
+        self._conv_weights = 0  # the forward convolutions' weights (conv_weight_bytes)
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step); back to False as
         #: each optimizer's step ends, so a second forward after a step (a GAN's generator after its discriminator's
@@ -333,6 +346,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             kind = op_class(str(func_packet), self.in_optimizer_step)
             if kind == "conv":
                 kind = conv_class(str(func_packet), args)
+                self._conv_weights += conv_weight_bytes(str(func_packet), args)
                 if kind != "conv_depthwise":
                     for i, n in enumerate(channels_first_tensors(str(func_packet), args, out)):
                         self._channels_first[i] += n
@@ -402,6 +416,7 @@ class SafeFlopCounterMode(FlopCounterMode):
             bytes_by_module={path: n for name, n in self._bytes_by_module.items()
                              if (path := (_module_path(name) if self._module_paths is not None else name))},
             channels_first=(self._channels_first[0], self._channels_first[1], self._channels_first[2]),
+            conv_weights=self._conv_weights,
         )
 
 

@@ -38,6 +38,8 @@ def op_class_figures(count: FlopCount, samples: int | None, facts: dict[str, Any
                "model_flops": count.total, "hardware_flops": count.hardware, **facts}
     if any(count.channels_first):
         figures["channels_first_conv"] = list(count.channels_first)
+    if count.conv_weights:
+        figures["conv_weights"] = count.conv_weights
     return figures
 
 

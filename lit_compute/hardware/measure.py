@@ -1,5 +1,6 @@
 """Measuring this machine: the dense GEMM peak of a device in a dtype (with the machine's load sampled), the memory
-bandwidth, and bf16 autocast's speed-up per op class of a training step on a CPU.
+bandwidth, bf16 autocast's speed-up per op class of a training step on a CPU, the host's cost per eager op, and what a
+CPU convolution costs whatever its batch.
 
 Each measurement is a pure function of the device; :mod:`lit_compute.hardware.this_machine` caches what they find.
 """
@@ -18,8 +19,8 @@ import torch
 from lit_compute._compat import returns_only_views
 from lit_compute.hardware.dtypes import tf32_enabled
 
-__all__ = ["QUIET_CPU_SHARE", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_dispatch",
-           "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
+__all__ = ["QUIET_CPU_SHARE", "ConvSetup", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_dispatch",
+           "measure_conv_setup", "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
 
 
 def measure_peak_flops(
@@ -280,3 +281,63 @@ def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
         if wall / steps < best:
             best, share = wall / steps, min(1.0, cpu / wall) if wall > 0 else 1.0
     return Dispatch(seconds=best / max(1, ops), ops=ops, quiet=share >= QUIET_CPU_SHARE)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+@dataclass(frozen=True)
+class ConvSetup:
+    """The part of a convolution's forward and backward on this CPU that does not grow with the batch, in seconds per
+    byte of its weight (in the dtype measured), and whether this process got its threads' CPU time while it was
+    timed."""
+
+    seconds_per_byte: float
+    quiet: bool
+
+
+#: (input channels, output channels, kernel) of the convolutions :func:`measure_conv_setup` times: ResNets' 3x3
+#: convolutions of each stage and a bottleneck's 1x1 pair, where the weights of image networks are
+CONV_SETUP_SHAPES = ((64, 64, 3), (128, 128, 3), (256, 256, 3), (512, 512, 3), (256, 1024, 1), (1024, 256, 1))
+
+def measure_conv_setup(dtype: torch.dtype = torch.float32, repeats: int = 10, rounds: int = 3, seconds: float = 15.0,
+                       size: int = 4) -> ConvSetup:
+    """What a 2-D convolution's forward and backward cost on this CPU whatever the batch, per byte of its weight: on a
+    CPU, oneDNN reorders each weight into its blocked layouts every call (once for the forward, once for the data
+    gradient) and the weight gradient back, work that depends on the weight alone (``ONEDNN_VERBOSE=1`` lists the
+    reorders beside each convolution). Each of :data:`CONV_SETUP_SHAPES` is timed (forward and backward, ``size`` x
+    ``size`` px, weights in ``dtype``) at batch 2 and 4, the batches interleaved, ``repeats`` pairs in each of
+    ``rounds`` rounds over the shapes (a slow spell of the machine touches them all alike); its part that does not
+    grow with the batch is the line's intercept, ``2 t(2) - t(4)``, of the medians; the result is the intercepts'
+    sum over the weights' bytes (each shape weighted by its weight, as a network's large layers weigh most).
+
+    Where the reorders' buffers come from moves the figure: a process that has taken and freed a block of tens of
+    MiB gets them from glibc's heap, at about half the float32 figure of a fresh process, which maps fresh pages for
+    each. Inside a Lightning ResNet-18 run the figure is a fresh process's (docs/whatif.md), so
+    :func:`~lit_compute.hardware.this_machine.conv_setup_seconds` measures in one. Bounded in time on a CPU whose
+    bf16 is slow: a shape stops repeating in a round after ``seconds`` / (shapes x rounds) once it has three timed
+    pairs. Quiet as :func:`measure_dispatch`."""
+    gen = torch.Generator().manual_seed(0)
+    convs = [torch.nn.Conv2d(cin, cout, k, padding=k // 2).to(dtype) for cin, cout, k in CONV_SETUP_SHAPES]
+    inputs = [{n: torch.randn(n, conv.in_channels, size, size, generator=gen).to(dtype).requires_grad_() for n in (2, 4)}
+              for conv in convs]
+    times: list[dict[int, list[float]]] = [{2: [], 4: []} for _ in convs]
+    budget = seconds / len(convs) / max(1, rounds)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(max(1, rounds)):
+        for conv, batches, timed in zip(convs, inputs, times):
+            start = time.perf_counter()
+            for i in range(max(3, repeats) + 1):
+                if i > 3 and time.perf_counter() - start > budget:
+                    break
+                for n, x in batches.items():
+                    t0 = time.perf_counter()
+                    conv(x).sum().backward()
+                    if i:  # the first of a round is a warm-up
+                        timed[n].append(time.perf_counter() - t0)
+    fixed = sum(max(0.0, 2 * _median(timed[2]) - _median(timed[4])) for timed in times)
+    weights = sum(conv.weight.numel() * conv.weight.element_size() for conv in convs)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    share = min(1.0, cpu / (wall * max(1, torch.get_num_threads()))) if wall > 0 else 1.0
+    return ConvSetup(seconds_per_byte=fixed / weights, quiet=share >= QUIET_CPU_SHARE)

@@ -74,7 +74,7 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
         path=Path(config), by_class={k: (float(v[0]), float(v[1]), float(v[2])) for k, v in count.by_class.items()},
         samples=pieces.batch_size, model_flops=float(count.total), accumulate=int(trainer.accumulate_grad_batches),
         channels_first=(float(count.channels_first[0]), float(count.channels_first[1]),
-                        float(count.channels_first[2])),
+                        float(count.channels_first[2])), conv_weights=float(count.conv_weights),
         parameters=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
         parameter_bytes=sum(p.numel() * p.element_size() for p in params), precision=str(trainer.precision),
         device="traced", world_size=int(trainer.world_size), data_parallel=int(trainer.world_size),

@@ -107,6 +107,9 @@ class RunFacts:
     #: the channels-first 2-D convolutions' (activation bytes, weight bytes, tensors) per batch, which a GPU transposes
     #: for its tensor cores at 16 bits (:func:`lit_compute.flops.counting.channels_first_tensors`)
     channels_first: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: bytes of the weights the convolutions' forward ops took per batch (each weight once a call): what a CPU sets up
+    #: for its convolutions whatever the batch (:func:`conv_setup_seconds`)
+    conv_weights: float = 0.0
     #: precision -> the op classes of one batch counted again at that precision on fake CPU tensors (autocast's
     #: casts included), at the run's micro-batch (:func:`lit_compute.planning.config_facts.with_counts_at`)
     recounted: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
@@ -271,6 +274,7 @@ def read_run(path: str | Path) -> RunFacts:
                                  for k, v in table["by_class"].items()},
         samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
         channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate,
+        conv_weights=_conv_weights(table),
         parameters=int(table.get("parameters", 0)),
         trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
         precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
@@ -285,6 +289,15 @@ def read_run(path: str | Path) -> RunFacts:
                 for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
         ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0),
         notes=notes)
+
+
+def _conv_weights(table: dict[str, Any]) -> float:
+    """The forward convolutions' weight bytes per batch from a run's op-class record; a record of 0.4.0 or before,
+    which kept only the channels-first convolutions' weights (forward, data gradient and weight gradient: three
+    times the forward's), a third of those."""
+    if isinstance(table.get("conv_weights"), (int, float)):
+        return float(table["conv_weights"])
+    return _triple(table.get("channels_first_conv"))[1] / 3
 
 
 def _triple(value: Any) -> tuple[float, float, float]:
@@ -323,6 +336,21 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
         return 0.0, 0.0
     matmuls = sum(run.by_class.get(kind, (0, 0, 0))[2] for kind in _HEAVY)
     return sign * 12.0 * run.trainable / max(1, run.tensor_parallel), sign * (2.0 if cpu else 1.0) * matmuls
+
+
+def conv_setup_seconds(run: RunFacts, chip: Chip, precision: str) -> float:
+    """Seconds a batch of ``run`` at ``precision`` spends setting up its convolutions on ``chip``, a CPU, whatever the
+    micro-batch: oneDNN reorders each weight into its blocked layouts every call (the forward, the data gradient) and
+    the weight gradient back. The forward convolutions' weights (:attr:`RunFacts.conv_weights`, in ``precision``'s
+    bytes: bf16 under CPU autocast) at the chip's measured cost per weight byte in that dtype
+    (``chip.extras["conv_setup"]``, :func:`lit_compute.hardware.this_machine.with_conv_setup`); 0 on an accelerator
+    (cuDNN convolves the weight as it lies), without convolutions, or where the cost was not measured."""
+    rates = chip.extras.get("conv_setup") if chip.kind == "cpu" else None
+    rate = rates.get(compute_dtype(precision)) if isinstance(rates, dict) else None
+    if not rate or not run.conv_weights:
+        return 0.0
+    scale = _value_bytes(precision, "conv", cpu=True) / _value_bytes(run.precision, "conv", cpu=True)
+    return float(rate) * run.conv_weights * scale
 
 
 def pays_transposes(chip: Chip, precision: str) -> bool:
@@ -449,6 +477,10 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     if run.comm_fraction is not None:
         exposed = run.comm_fraction * (1.0 - (run.comm_overlap or 0.0)) * run.step_s
     measured = run.step_s - (run.wait_s or 0.0) - exposed
+    # the convolutions' set-up on a CPU does not grow with the batch: measured apart, so the factor is of the rest
+    setup = conv_setup_seconds(run, chip, run.precision) * max(1, run.accumulate)
+    if setup < measured:
+        measured -= setup
     unit = Calibration(1.0, 1.0, 1.0, 0.0, DEFAULT_EFFICIENCY["network"], "")
     classes = dict(run.by_class)
     if transposes := _transposes(run, chip, run.precision, 1.0):
@@ -577,6 +609,13 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     classes = _scaled_classes(run, scenario)
     compute, flops_bound, bytes_bound = _step_roofline(classes, chip, scenario.precision, cal, run.accumulate)
     samples_per_step = scenario.micro_batch * run.accumulate
+    if setup := conv_setup_seconds(run, chip, scenario.precision) * max(1, run.accumulate):
+        compute += setup
+        rate = chip.extras["conv_setup"][compute_dtype(scenario.precision)]
+        notes.append(f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "
+                     "oneDNN reorders each weight into its blocked layouts every call "
+                     f"({setup / max(1, run.accumulate) / rate / 1e6:.3g} MB "
+                     f"of weights a batch at {rate * 1e9:.2g} ns a byte, measured on this CPU)")
     if "transpose" in classes:
         spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
         notes.append(f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
@@ -621,7 +660,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
                      "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
                                      "would shorten it" if dispatch > host else ""))
-    if not accelerator and scenario.micro_batch != run.samples and any(
+    if not accelerator and not setup and scenario.micro_batch != run.samples and any(
             kind.startswith("conv") and flops for kind, (flops, _, _) in classes.items()):
         side = "slow (an upper bound)" if scenario.micro_batch > run.samples else "fast (a lower bound)"
         notes.append(f"on a CPU a convolution's time grows less than its FLOPs with the batch, which one efficiency "

@@ -161,6 +161,18 @@ def _host_dispatch(microseconds: float | None, run: RunFacts, targets: list[Chip
                      "(--host-dispatch-us for another host)")
 
 
+def _with_conv_setup(targets: list[Chip], run: RunFacts, precision: str) -> list[Chip]:
+    """This CPU among ``targets`` with its convolutions' set-up cost measured (cached) in the run's and the target's
+    compute dtypes (:func:`~lit_compute.hardware.this_machine.with_conv_setup`), for a run that convolves."""
+    if not run.conv_weights or not any(chip.kind == "cpu" for chip in targets):
+        return targets
+    from lit_compute.hardware.dtypes import compute_dtype
+    from lit_compute.hardware.this_machine import with_conv_setup
+
+    dtypes = tuple(sorted({compute_dtype(p) for p in (run.precision, precision)} & {"float32", "bfloat16"}))
+    return [with_conv_setup(chip, dtypes) for chip in targets]
+
+
 def _table(rows: list[Prediction], run: RunFacts) -> str:
     unit = "tokens/s" if run.tokens_per_sample else "samples/s"
     body = [[r.hardware, f"{r.nodes} x {r.devices_per_node}", r.network, r.precision, r.micro_batch,
@@ -228,6 +240,7 @@ def main(argv: list[str]) -> int:
             from lit_compute.planning.config_facts import with_counts_at
 
             run = with_counts_at(run, precision)  # CPU autocast's casts counted, not assumed
+        targets = _with_conv_setup(targets, run, precision)
         dispatch, host_note = _host_dispatch(args.host_dispatch_us, run, targets)
         rows = sweep(run, targets, precision, micro_batch, nodes, args.devices_per_node, networks, prices,
                      calibration_run, dispatch)

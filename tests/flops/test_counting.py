@@ -200,8 +200,11 @@ def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_
     # (+ weight grad); conv3's backward both: grad out and grad in for the data, in and grad out for the weight
     assert count.channels_first == ((a + b) + (a + b) + (mid + c) + (c + mid + mid + c), 2 * w1 + 3 * w3,
                                     3 + 3 + 3 + 6)
-    assert count_flops(net(True), x.to(memory_format=torch.channels_last), backward=True,
-                       count_on="real").channels_first == (0, 0, 0)
+    last = count_flops(net(True), x.to(memory_format=torch.channels_last), backward=True, count_on="real")
+    assert last.channels_first == (0, 0, 0)
+    # every convolution's weight once a forward, whatever its memory format or groups: what a CPU sets up each call
+    w2 = 8 * 1 * 9 * 4
+    assert count.conv_weights == last.conv_weights == w1 + w2 + w3
     # a squeeze-excitation's 1x1 convolution on a pooled 1x1 map: its input and weight are contiguous and
     # channels-last alike, and PyTorch reads how they were made from their strides (SE-ResNeXt channels-last: none)
     squeeze = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 4, 1))

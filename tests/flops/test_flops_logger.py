@@ -396,6 +396,7 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     conv_bytes = [m.weight.numel() * m.weight.element_size() for m in convs]
     assert weights == 3 * sum(conv_bytes) - conv_bytes[0]
+    assert data["conv_weights"] == sum(conv_bytes)  # each weight once a forward: what a CPU reorders every call
     assert tensors == 3 * (3 * len(convs) - 1) and activations > 0
     assert scalar_values(acc, "compute/bytes_per_step")[0][1] == pytest.approx(
         sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its

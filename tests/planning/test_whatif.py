@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_compute.hardware.chips import (
     CHIPS,
@@ -82,6 +83,83 @@ def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
     assert "micro-batch 32 against the run's 16 leans slow (an upper bound)" in note(convs, cpu, 32)[0]
     assert "leans fast (a lower bound)" in note(convs, cpu, 8)[0]
     assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
+
+
+def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
+    """On a CPU oneDNN reorders every convolution's weight each call: a cost per weight byte that does not grow with
+    the batch, measured on this CPU per dtype. It is taken out of the run's measured step before calibrating (the run
+    comes back as measured) and added at any micro-batch; bf16 moves half the bytes at its own rate; an accelerator,
+    a chip without the measurement and a net without convolutions pay none; the note gives the figures."""
+    rates = {"float32": 1e-9, "bfloat16": 3e-9}
+    cpu = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu",
+               extras={"this": True, "conv_setup": rates})
+    convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
+    cal = calibrate(convs, cpu)
+    assert cal.tensor == pytest.approx(1.2 / (2.2 - 0.2))  # 1 s of convolutions + 0.2 s of optimizer in 2.0 s
+    assert predict(convs, Scenario(cpu, "32-true", 16), cal).step_time_s == pytest.approx(2.2)
+    double = predict(convs, Scenario(cpu, "32-true", 32), cal)
+    assert double.step_time_s == pytest.approx(0.2 + (2.0 + 0.2) / cal.tensor)  # only the convolutions' FLOPs double
+    assert any("200 ms of the step sets up the convolutions whatever the micro-batch" in n
+               and "200 MB of weights a batch at 1 ns a byte" in n for n in double.notes)
+    assert not any("leans" in n for n in double.notes)  # the term, not a warning about its absence
+    mixed = predict(convs, Scenario(cpu, "bf16-mixed", 16), UNIT)
+    plain = predict(dataclasses.replace(convs, conv_weights=0.0), Scenario(cpu, "bf16-mixed", 16), UNIT)
+    assert mixed.compute_s - plain.compute_s == pytest.approx(3e-9 * 0.1 * G)  # 2-byte weights at bf16's rate
+    accumulated = predict(dataclasses.replace(convs, accumulate=2), Scenario(cpu, "32-true", 16), UNIT)
+    assert accumulated.compute_s == pytest.approx(2 * (1.0 + 0.2) + 0.2)  # once a micro-batch
+    for chip in (CHIP, dataclasses.replace(cpu, extras={"this": True})):
+        p = predict(convs, Scenario(chip, "32-true", 32), UNIT)
+        assert not any("sets up the convolutions" in n for n in p.notes)
+    assert predict(dataclasses.replace(convs, by_class={"matmul": (100 * G, 0, 0)}, conv_weights=0.0),
+                   Scenario(cpu, "32-true", 32), UNIT).compute_s == pytest.approx(2.0)
+
+
+def test_a_record_without_the_convolutions_weights_reads_a_third_of_the_channels_first_ones():
+    from lit_compute.planning.whatif import _conv_weights
+
+    assert _conv_weights({"conv_weights": 120}) == 120.0
+    assert _conv_weights({"channels_first_conv": [10, 300, 6]}) == 100.0  # forward, data and weight gradients
+    assert _conv_weights({}) == 0.0
+
+
+def test_the_convolutions_set_up_is_the_intercept_at_two_batches_on_a_driven_clock(monkeypatch):
+    """Each shape costs 2 ns a weight byte plus 1 ms a sample on a driven clock: the measurement finds the 2 ns and
+    none of the per-sample time."""
+    import time
+
+    import torch
+
+    from lit_compute.hardware import measure
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def forward(self, x):
+        clock[0] += 2e-9 * self.weight.numel() * self.weight.element_size() + 1e-3 * x.shape[0]
+        return torch.nn.functional.conv2d(x, self.weight, self.bias, padding=self.padding)
+
+    monkeypatch.setattr(torch.nn.Conv2d, "forward", forward)
+    monkeypatch.setattr(measure, "CONV_SETUP_SHAPES", ((8, 16, 3), (16, 8, 1)))
+    found = measure.measure_conv_setup(repeats=3, rounds=2)
+    assert found.seconds_per_byte == pytest.approx(2e-9)
+
+
+def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_path, monkeypatch):
+    import torch
+
+    from lit_compute.hardware import measure, this_machine
+
+    monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
+    fresh = this_machine._conv_setup_in_fresh_process(torch.float32)  # a real child process, this CPU measured
+    assert fresh.seconds_per_byte > 0 and isinstance(fresh.quiet, bool)
+    monkeypatch.setattr(this_machine, "_conv_setup_in_fresh_process",
+                        lambda dtype: measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True))
+    chip = this_machine.with_conv_setup(Chip("this", CHIP.peaks, 1.0, 1.0, "loopback", "t", kind="cpu",
+                                             extras={"this": True}))
+    assert chip.extras["conv_setup"] == {"float32": 4e-10, "bfloat16": 9e-10}
+    monkeypatch.setattr(this_machine, "_conv_setup_in_fresh_process", lambda dtype: pytest.fail("measured again"))
+    assert this_machine.conv_setup_seconds(torch.bfloat16) == 9e-10
+    assert this_machine.with_conv_setup(CHIP) is CHIP  # not this machine's CPU: as it is
 
 
 def test_channels_first_convolutions_pay_their_transposes_on_a_gpu_at_16_bits_only():
@@ -448,6 +526,13 @@ def test_the_command_on_a_real_run(tmp_path, capsys):
     # the facts are the micro-batch's, not those of the last batch counted (the epoch's partial one)
     assert facts.samples == 6 and facts.step_s and facts.loader_workers == 0 and facts.memory
     assert set(facts.by_class) >= {"matmul", "norm", "elementwise", "optimizer"}
+    model = tiny_model()
+    assert facts.conv_weights == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    # on its own CPU at twice the micro-batch: the convolutions' set-up, measured on this CPU, priced apart
+    assert main([run_dir, "--micro-batch", "12", "--json"]) == 0
+    (own,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert own["hardware"] == "this" and any("sets up the convolutions whatever the micro-batch" in n
+                                             for n in own["notes"])
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
     assert main([run_dir, "--hardware", "h100-sxm,a100", "--nodes", "1,4", "--devices-per-node", "8",
