@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -527,6 +528,47 @@ def scaling_part(out: str, rounds: int = 5, steps: int = 6) -> list[list[Any]]:
     return rows
 
 
+class SetupProbe(pl.Callback):
+    """Measures the convolutions' set-up (:func:`~lit_compute.hardware.measure.measure_conv_setup`, float32) inside
+    the training process after ``step`` optimizer steps, once, and writes ``[seconds per byte, quiet]`` as JSON to
+    ``path``: the state of the allocator a Lightning run is in, which ``whatif`` prices with."""
+
+    def __init__(self, path: str, step: int = 20) -> None:
+        self.path, self.step, self.done = path, step, False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        from lit_compute.hardware.measure import measure_conv_setup
+
+        if trainer.global_step >= self.step and not self.done:
+            self.done = True
+            found = measure_conv_setup(torch.float32)
+            Path(self.path).write_text(json.dumps([found.seconds_per_byte, found.quiet]))
+
+
+def setup_part(out: str, rounds: int = 3) -> list[list[Any]]:
+    """Where the convolutions' set-up is measured (float32, ns a weight byte), ``rounds`` interleaved rounds: in a
+    fresh process (what ``whatif`` caches), in a fresh process that first took and freed 24 MiB (glibc's malloc then
+    serves the reorders' buffers from its heap), and inside a Lightning run of the CPU rows' ResNet-18 after 20
+    steps (:class:`SetupProbe`): which of the two states training is in."""
+    from lit_compute.hardware.this_machine import conv_setup_in_fresh_process
+
+    found: dict[str, list[float]] = {"a fresh process (what whatif measures)": [],
+                                     "a fresh process that first took and freed 24 MiB": [],
+                                     "inside a Lightning run of the CPU rows' ResNet-18, after 20 steps": []}
+    names = list(found)
+    for round_ in range(rounds):
+        emit(f"  the convolutions' set-up (round {round_ + 1} of {rounds}) ...")
+        found[names[0]].append(conv_setup_in_fresh_process(torch.float32).seconds_per_byte)
+        warm = "torch.empty(24 << 20, dtype=torch.uint8).fill_(0)"
+        found[names[1]].append(conv_setup_in_fresh_process(torch.float32, prelude=warm).seconds_per_byte)
+        probe = Path(out, f"setup_{round_}.json")
+        _fit([*_IMAGE, "--trainer.max_steps=22", "--trainer.callbacks=[{class_path: "
+              f"lit_compute.bench.whatif_bench.SetupProbe, init_args: {{path: {probe}}}}}]"], out)
+        found[names[2]].append(float(json.loads(probe.read_text())[0]))
+    return [[name, ", ".join(f"{v * 1e9:.2f}" for v in values), f"{sorted(values)[len(values) // 2] * 1e9:.2f}"]
+            for name, values in found.items()]
+
+
 # -- an input-bound run -----------------------------------------------------------------------------------------
 def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
     """A linear probe on 224 px images whose loader decodes in the training process (no workers): calibrated on a
@@ -659,7 +701,7 @@ class ReadyImages(pl.LightningDataModule):
                                            shuffle=True, generator=generator)
 
 
-_PARTS = ("cpu", "comm", "gpu", "input", "run", "scaling")
+_PARTS = ("cpu", "comm", "gpu", "input", "run", "scaling", "setup")
 
 
 def _parts(text: str) -> list[str]:
@@ -675,7 +717,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench whatif", description=__doc__)
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
     parser.add_argument("--only", default=None, type=_parts,
-                        help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling; default all)")
+                        help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling, setup; default "
+                             "all)")
     parser.add_argument("--errors", default=None,
                         help="also write the check rows' predictions as JSON to this file (whatif quotes "
                              "lit_compute/bench/published_gpu_errors.json beside a prediction on their chips)")
@@ -706,7 +749,9 @@ def main(argv: list[str]) -> int:
             ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part),
             ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part),
             ("scaling", "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does "
-                        "not", scaling_part)]
+                        "not", scaling_part),
+            ("setup", "The convolutions' set-up on this CPU, by where it is measured (ns a float32 weight byte)",
+             setup_part)]
         for name, title, part in parts:
             if args.only and name not in args.only:
                 continue
@@ -717,6 +762,8 @@ def main(argv: list[str]) -> int:
             elif name == "scaling":
                 table = markdown(["workload", "median step at micro-batch 16 / 32 (ms)",
                                   "32 over 16, each round", "median (the FLOPs: 2)"], rows)
+            elif name == "setup":
+                table = markdown(["measured in", "each round", "median"], rows)
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
                 table += "\n\n" + "\n".join(line for line in (summary(rows), generations_summary(predictions),

@@ -32,8 +32,8 @@ from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
 from lit_compute.hardware.dtypes import DTYPE_NAMES
 
 __all__ = ["BF16_FAST_RATIO", "MeasuredPeak", "bf16_fast", "cache_path", "cached_peak_flops", "cpu_name",
-           "conv_setup_seconds", "device_description", "host_dispatch_seconds", "machine_line", "peak_key", "this_machine",
-           "with_conv_setup"]
+           "conv_setup_in_fresh_process", "conv_setup_seconds", "device_description", "host_dispatch_seconds",
+           "machine_line", "peak_key", "this_machine", "with_conv_setup"]
 
 #: bf16 counts as fast here when training blocks (matmuls and convolutions, geometric mean) run at least this many
 #: times faster under bf16 autocast than in float32.
@@ -284,7 +284,7 @@ def host_dispatch_seconds() -> float:
 def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
     """What a convolution costs on this CPU whatever its batch, in seconds per byte of its weight in ``dtype``
     (:func:`~lit_compute.hardware.measure.measure_conv_setup`), at this process's torch threads: measured once, in a
-    fresh process (:func:`_conv_setup_in_fresh_process`), and cached with this CPU's other measurements when measured
+    fresh process (:func:`conv_setup_in_fresh_process`), and cached with this CPU's other measurements when measured
     on a quiet machine."""
     _, key = _device_key(torch.device("cpu"))
     name = f"{DTYPE_NAMES.get(dtype, str(dtype))}@{torch.get_num_threads()}"
@@ -294,7 +294,7 @@ def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
     value = cached.get(name) if isinstance(cached, dict) else None
     if isinstance(value, (int, float)) and value > 0:
         return float(value)
-    measured = _conv_setup_in_fresh_process(dtype)
+    measured = conv_setup_in_fresh_process(dtype)
     if measured.quiet and measured.seconds_per_byte > 0:
         entry = data["devices"].setdefault(key, {})
         entry["conv_setup"] = {**(entry.get("conv_setup") or {}), name: measured.seconds_per_byte}
@@ -302,17 +302,18 @@ def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
     return measured.seconds_per_byte
 
 
-def _conv_setup_in_fresh_process(dtype: torch.dtype) -> measure.ConvSetup:
-    """:func:`~lit_compute.hardware.measure.measure_conv_setup` in a new Python process at this one's torch threads:
-    the figure depends on what the process allocated and freed before (its docstring), and a fresh process is the
-    state it was found in inside a Lightning run, whatever this process did first. Measured here when the child
-    cannot run."""
+def conv_setup_in_fresh_process(dtype: torch.dtype, prelude: str = "") -> measure.ConvSetup:
+    """:func:`~lit_compute.hardware.measure.measure_conv_setup` in a new Python process at this one's torch threads
+    (after the Python ``prelude``, when given): the figure depends on what the process allocated and freed before
+    (its docstring), and a fresh process is the state it was found in inside a Lightning run (``lit-compute bench
+    whatif --only setup``), whatever this process did first. Measured here when the child cannot run."""
     import subprocess
     import sys
 
-    code = ("import json, sys, torch; from lit_compute.hardware.measure import measure_conv_setup; "
-            f"torch.set_num_threads({torch.get_num_threads()}); r = measure_conv_setup(torch.{DTYPE_NAMES[dtype]}); "
-            "json.dump([r.seconds_per_byte, r.quiet], sys.stdout)")
+    code = "; ".join([
+        "import json, sys, torch", "from lit_compute.hardware.measure import measure_conv_setup",
+        *([prelude] if prelude else []), f"torch.set_num_threads({torch.get_num_threads()})",
+        f"r = measure_conv_setup(torch.{DTYPE_NAMES[dtype]})", "json.dump([r.seconds_per_byte, r.quiet], sys.stdout)"])
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
         seconds, quiet = json.loads(done.stdout.strip().splitlines()[-1])

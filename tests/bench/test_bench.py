@@ -454,3 +454,20 @@ def test_the_transposes_check_compares_the_predicted_and_measured_ratio_of_both_
         else:
             with pytest.raises(AssertionError, match="the predicted ratio missed by more than 15%"):
                 gpu_checks.check_transposes("unused")
+
+
+def test_the_setup_probe_measures_inside_the_training_process_once(tmp_path, monkeypatch):
+    """``bench whatif --only setup``'s probe: inside a Lightning run, at its step, the convolutions' set-up measured
+    once and written as JSON (the measurement itself is driven: its own test times the intercept)."""
+    from lit_compute.bench.whatif_bench import SetupProbe
+    from lit_compute.hardware import measure
+
+    from ..conftest import make_trainer, tiny_data, tiny_model
+
+    calls = []
+    monkeypatch.setattr(measure, "measure_conv_setup",
+                        lambda dtype: calls.append(dtype) or measure.ConvSetup(7e-10, True))
+    path = tmp_path / "setup.json"
+    make_trainer(tmp_path, max_steps=3, callbacks=[SetupProbe(str(path), step=2)]).fit(tiny_model(),
+                                                                                        datamodule=tiny_data())
+    assert json.loads(path.read_text()) == [7e-10, True] and len(calls) == 1

@@ -150,14 +150,15 @@ def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_p
     from lit_compute.hardware import measure, this_machine
 
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
-    fresh = this_machine._conv_setup_in_fresh_process(torch.float32)  # a real child process, this CPU measured
+    fresh = this_machine.conv_setup_in_fresh_process(torch.float32)  # a real child process, this CPU measured
     assert fresh.seconds_per_byte > 0 and isinstance(fresh.quiet, bool)
-    monkeypatch.setattr(this_machine, "_conv_setup_in_fresh_process",
-                        lambda dtype: measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True))
+    monkeypatch.setattr(this_machine, "conv_setup_in_fresh_process",
+                        lambda dtype, prelude="": measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True))
     chip = this_machine.with_conv_setup(Chip("this", CHIP.peaks, 1.0, 1.0, "loopback", "t", kind="cpu",
                                              extras={"this": True}))
     assert chip.extras["conv_setup"] == {"float32": 4e-10, "bfloat16": 9e-10}
-    monkeypatch.setattr(this_machine, "_conv_setup_in_fresh_process", lambda dtype: pytest.fail("measured again"))
+    monkeypatch.setattr(this_machine, "conv_setup_in_fresh_process",
+                        lambda dtype, prelude="": pytest.fail("measured again"))
     assert this_machine.conv_setup_seconds(torch.bfloat16) == 9e-10
     assert this_machine.with_conv_setup(CHIP) is CHIP  # not this machine's CPU: as it is
 
