@@ -72,8 +72,9 @@ def test_a_step_is_priced_class_by_class_on_the_roofline():
 
 def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
     """On a CPU a ResNet's forward and backward at twice the micro-batch take about 1.7 times as long while the FLOPs
-    double (docs/figures/whatif_cpu_scaling.md): the prediction says which way it leans, for convolutions on a CPU
-    at another micro-batch only."""
+    double (docs/figures/whatif_cpu_scaling.md): where this CPU's convolution set-up was not measured (a chip
+    without ``conv_setup``), the prediction says which way it leans, for convolutions on a CPU at another micro-batch
+    only."""
     cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
     convs = _run(by_class={"conv": (100 * G, 1 * G, 10), "optimizer": (0, 2 * G, 0)})
 
