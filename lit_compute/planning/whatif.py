@@ -292,9 +292,9 @@ def read_run(path: str | Path) -> RunFacts:
 
 
 def _conv_weights(table: dict[str, Any]) -> float:
-    """The forward convolutions' weight bytes per batch from a run's op-class record; a record of 0.4.0 or before,
-    which kept only the channels-first convolutions' weights (forward, data gradient and weight gradient: three
-    times the forward's), a third of those."""
+    """The forward convolutions' weight bytes per batch from a run's op-class record; from a record made before they
+    were kept, which holds only the channels-first convolutions' weights (forward, data gradient and weight
+    gradient: three times the forward's), a third of those."""
     if isinstance(table.get("conv_weights"), (int, float)):
         return float(table["conv_weights"])
     return _triple(table.get("channels_first_conv"))[1] / 3
@@ -615,7 +615,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
         notes.append(f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "
                      "oneDNN reorders each weight into its blocked layouts every call "
                      f"({setup / max(1, run.accumulate) / rate / 1e6:.3g} MB "
-                     f"of weights a batch at {rate * 1e9:.2g} ns a byte, measured on this CPU)")
+                     f"of weights a batch at {rate * 1e9:.3g} ns a byte, measured on this CPU)")
     if "transpose" in classes:
         spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
         notes.append(f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
