@@ -19,8 +19,8 @@ import torch
 from lit_compute._compat import returns_only_views
 from lit_compute.hardware.dtypes import tf32_enabled
 
-__all__ = ["QUIET_CPU_SHARE", "ConvSetup", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth", "measure_dispatch",
-           "measure_conv_setup", "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
+__all__ = ["QUIET_CPU_SHARE", "ConvSetup", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth",
+           "measure_conv_setup", "measure_dispatch", "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
 
 
 def measure_peak_flops(
@@ -177,6 +177,11 @@ class MixedSpeedup:
     quiet: bool
 
 
+def _median(values: list[float]) -> float:
+    """The middle value (the upper of the two middle ones of an even count)."""
+    return sorted(values)[len(values) // 2]
+
+
 def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 20.0) -> MixedSpeedup:
     """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
     casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
@@ -219,7 +224,7 @@ def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 2
             ratios[kind].append(times[0] / times[1])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     share = min(1.0, cpu / (wall * threads)) if wall > 0 else 1.0
-    return MixedSpeedup({k: sorted(v)[len(v) // 2] for k, v in ratios.items()}, share >= QUIET_CPU_SHARE)
+    return MixedSpeedup({k: _median(v) for k, v in ratios.items()}, share >= QUIET_CPU_SHARE)
 
 
 @dataclass(frozen=True)
@@ -283,10 +288,6 @@ def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
     return Dispatch(seconds=best / max(1, ops), ops=ops, quiet=share >= QUIET_CPU_SHARE)
 
 
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 @dataclass(frozen=True)
 class ConvSetup:
     """The part of a convolution's forward and backward on this CPU that does not grow with the batch, in seconds per
@@ -300,6 +301,7 @@ class ConvSetup:
 #: (input channels, output channels, kernel) of the convolutions :func:`measure_conv_setup` times: ResNets' 3x3
 #: convolutions of each stage and a bottleneck's 1x1 pair, where the weights of image networks are
 CONV_SETUP_SHAPES = ((64, 64, 3), (128, 128, 3), (256, 256, 3), (512, 512, 3), (256, 1024, 1), (1024, 256, 1))
+
 
 def measure_conv_setup(dtype: torch.dtype = torch.float32, repeats: int = 10, rounds: int = 3, seconds: float = 15.0,
                        size: int = 4) -> ConvSetup:

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -264,21 +265,38 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
                          "bandwidth": "measured here"})
 
 
+def _cached_cpu_figure(path: tuple[str, ...], measure_it: Callable[[], tuple[float, bool]]) -> float:
+    """A figure of this CPU kept at ``path`` in its cache entry (``("dispatch_s",)``, ``("conv_setup",
+    "float32@2")``): read back when there, else ``measure_it()`` (the figure, quiet or not), cached when measured on a
+    quiet machine and positive."""
+    _, key = _device_key(torch.device("cpu"))
+    data = _load()
+    value: Any = data["devices"].get(key)
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    figure, quiet = measure_it()
+    if quiet and figure > 0:
+        node = data["devices"].setdefault(key, {})
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = figure
+        _save(data)
+    return figure
+
+
 def host_dispatch_seconds() -> float:
     """The host's cost of one eager op of a training step on this CPU (:func:`~lit_compute.hardware.measure.
     measure_dispatch`), measured once and cached with this CPU's other measurements when measured on a quiet
     machine: what ``whatif`` charges the host per kernel of a step on an accelerator."""
-    _, key = _device_key(torch.device("cpu"))
-    data = _load()
-    entry = data["devices"].get(key)
-    value = entry.get("dispatch_s") if isinstance(entry, dict) else None
-    if isinstance(value, (int, float)) and value > 0:
-        return float(value)
-    measured = measure.measure_dispatch()
-    if measured.quiet:
-        data["devices"].setdefault(key, {})["dispatch_s"] = measured.seconds
-        _save(data)
-    return measured.seconds
+    def dispatch() -> tuple[float, bool]:
+        measured = measure.measure_dispatch()
+        return measured.seconds, measured.quiet
+
+    return _cached_cpu_figure(("dispatch_s",), dispatch)
 
 
 def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
@@ -286,20 +304,12 @@ def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
     (:func:`~lit_compute.hardware.measure.measure_conv_setup`), at this process's torch threads: measured once, in a
     fresh process (:func:`conv_setup_in_fresh_process`), and cached with this CPU's other measurements when measured
     on a quiet machine."""
-    _, key = _device_key(torch.device("cpu"))
-    name = f"{DTYPE_NAMES.get(dtype, str(dtype))}@{torch.get_num_threads()}"
-    data = _load()
-    entry = data["devices"].get(key)
-    cached = entry.get("conv_setup") if isinstance(entry, dict) else None
-    value = cached.get(name) if isinstance(cached, dict) else None
-    if isinstance(value, (int, float)) and value > 0:
-        return float(value)
-    measured = conv_setup_in_fresh_process(dtype)
-    if measured.quiet and measured.seconds_per_byte > 0:
-        entry = data["devices"].setdefault(key, {})
-        entry["conv_setup"] = {**(entry.get("conv_setup") or {}), name: measured.seconds_per_byte}
-        _save(data)
-    return measured.seconds_per_byte
+    def setup() -> tuple[float, bool]:
+        measured = conv_setup_in_fresh_process(dtype)
+        return measured.seconds_per_byte, measured.quiet
+
+    return _cached_cpu_figure(("conv_setup", f"{DTYPE_NAMES.get(dtype, str(dtype))}@{torch.get_num_threads()}"),
+                              setup)
 
 
 def conv_setup_in_fresh_process(dtype: torch.dtype, prelude: str = "") -> measure.ConvSetup:
