@@ -1,10 +1,11 @@
 """``lit-compute bench whatif [--markdown FILE] [--only PARTS] [--errors FILE]``: lit-compute whatif's predictions
 beside measurements.
 
-Four parts, each a table of predicted vs measured with the error:
+Seven parts, each a table (predicted vs measured with the error, unless said otherwise):
 
 - ``cpu``: calibrated on one measured run of this CPU, the runs at twice the micro-batch, in bf16-mixed instead of
-  float32, both, and a deeper model of the same family, each trained and measured here (an image model and the GPT);
+  float32, both, and a deeper model of the same family, each trained and measured here (ResNet-18, the GPT, and
+  ResNet-50 held out);
 - ``comm``: two gloo ranks (DDP, and FSDP2 under ModelParallelStrategy) - the collectives' time per step predicted
   from the model's gradient (or parameter) bytes and the run's CommBenchmark bandwidth against the time the
   profiler measured in collectives;
@@ -15,7 +16,11 @@ Four parts, each a table of predicted vs measured with the error:
   the check rows as JSON, which ``whatif`` quotes beside a prediction on their chips;
 - ``input``: an input-bound run (a loader decoding 224 px images in the training process) calibrated at one
   micro-batch and predicting two others on this CPU, measured (the loader's cost per batch and per sample timed
-  apart from the run).
+  apart from the run);
+- ``run``: a CPU ResNet-50 run priced on NVIDIA's published V100 and A100 results, the path a user takes;
+- ``scaling``: twice the micro-batch outside Lightning, measured only (the ratios the CPU rows are read against);
+- ``setup``: the convolutions' set-up on this CPU measured in a fresh process, after a warmed allocator and inside a
+  Lightning run, measured only.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
         base_run = with_loader_cost(_median_run(runs["calibration"]))
         calibration = ", ".join(f"{r.step_s * 1e3:.0f}" for r in sorted(runs["calibration"], key=lambda r: r.step_s))
         cal = calibrate(base_run, chip)
+        bare_cal = calibrate(base_run, without)  # the same run calibrated with the set-up left in
         for precision in sorted({t[3] for t in targets} - {base_run.precision}):
             with_counts_at(base_run, precision)  # as lit-compute whatif RUN --precision does for a CPU target
         for name, _, micro, precision in targets[1:]:
@@ -118,7 +124,7 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
             what = (f"calibrated on micro-batch {size}, 32-true (runs: {calibration} ms); predicts {name} (measured "
                     f"runs: {', '.join(f'{v:.0f}' for v in sorted(spread))} ms)")
             if base_run.conv_weights:
-                bare = predict(source, Scenario(without, precision, micro), calibrate(base_run, without))
+                bare = predict(source, Scenario(without, precision, micro), bare_cal)
                 what += (f"; without the convolutions' set-up {bare.step_time_s * 1e3:.1f} ms "
                          f"({_error(bare.step_time_s, measured.step_s)})")
             rows.append([family, what, f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}",
