@@ -532,7 +532,8 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     model = tiny_model()
     assert facts.conv_weights == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Conv2d))
     # on its own CPU at twice the micro-batch: the convolutions' set-up priced apart. This CPU's figures are given
-    # (measuring them all is minutes on a CPU without bf16 instructions; their measurements have their own tests)
+    # here and below, where a run's own hardware is resolved before a bad argument is refused (measuring them is
+    # tens of seconds on a CPU without bf16 instructions; the measurements have their own tests)
     here = Chip("this", {"float32": 50 * G, "bfloat16": 50 * G}, 10 * G, 16 * G, "loopback", "test", kind="cpu",
                 extras={"this": True})
     monkeypatch.setattr(this_machine, "this_machine", lambda device=None: here)
@@ -544,7 +545,6 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     weights = facts.conv_weights / 1e6
     assert own["hardware"] == "this" and any(f"{weights:.3g} MB of weights a batch at 1 ns a byte" in n
                                              for n in own["notes"])
-    monkeypatch.undo()
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
     assert main([run_dir, "--hardware", "h100-sxm,a100", "--nodes", "1,4", "--devices-per-node", "8",
