@@ -47,7 +47,7 @@ class RaiseOnRank1(DDPStrategy):
     def _check(self, name):
         ours = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(PACKAGE)]
         if ours and not any(f.name in ("_all_reduce_sum", "setup") for f in ours) and self.global_rank == 1:
-            raise StrayCollective(f"collective {name} from {ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})")
+            raise StrayCollective(f"STRAY COLLECTIVE {name} from {ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})")
 
     def broadcast(self, obj, src=0):
         self._check("broadcast")
