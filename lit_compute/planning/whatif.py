@@ -173,6 +173,9 @@ class Calibration:
     #: the SMs' own work around a tensor-core op: its FLOPs at this multiple of :func:`sm_rate`, on top of the
     #: tensor cores' time (None: not priced, as on a run's own hardware, where one measured factor holds it)
     sm: float | None = None
+    #: predictions add a CPU's convolution set-up apart (:func:`conv_setup_seconds`); False where the run's measured
+    #: compute was not more than that set-up, so calibration could not take it out and the one factor holds it
+    conv_setup: bool = True
 
     def efficiency(self, kind: str, tensor_cores: bool, tf32: bool = False) -> float:
         """The fraction of the FLOP peak an op class reaches: convolutions and matmuls each their own, on tensor
@@ -479,7 +482,8 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     measured = run.step_s - (run.wait_s or 0.0) - exposed
     # the convolutions' set-up on a CPU does not grow with the batch: measured apart, so the factor is of the rest
     setup = conv_setup_seconds(run, chip, run.precision) * max(1, run.accumulate)
-    if setup < measured:
+    apart = setup < measured
+    if apart:
         measured -= setup
     unit = Calibration(1.0, 1.0, 1.0, 0.0, DEFAULT_EFFICIENCY["network"], "")
     classes = dict(run.by_class)
@@ -489,8 +493,11 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
     factor = ideal / measured
-    return Calibration(factor, factor, factor, 0.0, DEFAULT_EFFICIENCY["network"],
-                       f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks")
+    source = f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks"
+    if not apart:
+        source += (f" (the convolutions' set-up measured on this CPU, {setup * 1e3:,.4g} ms, is not less than the run's "
+                   f"measured compute, {measured * 1e3:,.4g} ms: the one factor holds it, not priced apart)")
+    return Calibration(factor, factor, factor, 0.0, DEFAULT_EFFICIENCY["network"], source, conv_setup=apart)
 
 
 def default_calibration() -> Calibration:
@@ -609,7 +616,8 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     classes = _scaled_classes(run, scenario)
     compute, flops_bound, bytes_bound = _step_roofline(classes, chip, scenario.precision, cal, run.accumulate)
     samples_per_step = scenario.micro_batch * run.accumulate
-    if setup := conv_setup_seconds(run, chip, scenario.precision) * max(1, run.accumulate):
+    setup = conv_setup_seconds(run, chip, scenario.precision) * max(1, run.accumulate) if cal.conv_setup else 0.0
+    if setup:
         compute += setup
         rate = chip.extras["conv_setup"][compute_dtype(scenario.precision)]
         notes.append(f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "

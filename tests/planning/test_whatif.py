@@ -115,6 +115,23 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
                    Scenario(cpu, "32-true", 32), UNIT).compute_s == pytest.approx(2.0)
 
 
+def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
+    """Where this CPU's measured set-up is not less than the run's measured compute (a noisy measurement, a tiny
+    net), calibration cannot take it out: the one factor holds it, the calibration says so, and predictions do not
+    add it a second time (they say which way they lean instead)."""
+    cpu = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu",
+               extras={"this": True, "conv_setup": {"float32": 1.2e-8}})  # 2.4 s of set-up, a 2.2 s step
+    convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
+    cal = calibrate(convs, cpu)
+    assert not cal.conv_setup and cal.tensor == pytest.approx(1.2 / 2.2)
+    assert "the convolutions' set-up measured on this CPU, 2,400 ms, is not less than the run's measured compute, 2,200 ms" in cal.source
+    same = predict(convs, Scenario(cpu, "32-true", 16), cal)
+    assert same.step_time_s == pytest.approx(2.2)  # the run comes back as measured, the set-up not added twice
+    double = predict(convs, Scenario(cpu, "32-true", 32), cal)
+    assert not any("sets up the convolutions" in n for n in double.notes)
+    assert any("leans slow (an upper bound)" in n for n in double.notes)
+
+
 def test_a_record_without_the_convolutions_weights_reads_a_third_of_the_channels_first_ones():
     from lit_compute.planning.whatif import _conv_weights
 
