@@ -337,6 +337,24 @@ def suggests_channels_last(t: torch.Tensor) -> bool:
 
 
 # -- what lit-compute estimate reaches: fake tensors, Lightning's optimizer set-up, a strategy's settings ----------
+@contextlib.contextmanager
+def on_real_tensors() -> Iterator[None]:
+    """Run a measurement of this machine on real tensors whatever its caller runs under: no dispatch mode (an
+    estimate's ``FakeTensorMode`` and memory tracer, a FLOP counter) sees or fakes its ops, autocast is off and
+    gradients are on. A measurement first asked for inside a traced step would otherwise time fake tensors (and be
+    cached) and count its own tensors as the model's."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        yield
+
+
 def fake_tensor_mode() -> Any:
     """A ``FakeTensorMode`` (shapes, dtypes and devices; no memory, no arithmetic) that accepts real inputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lit_compute._compat import returns_only_views
+from lit_compute._compat import on_real_tensors, returns_only_views
 from lit_compute.hardware.dtypes import tf32_enabled
 
 __all__ = ["QUIET_CPU_SHARE", "ConvSetup", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth",
@@ -70,6 +70,7 @@ class PeakMeasurement:
     cpu_share: float | None
 
 
+@on_real_tensors()
 def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
                  seconds: float = 1.5, rounds: int = 5, tf32: bool | None = None) -> PeakMeasurement:
     """The dense GEMM peak of ``device`` in ``dtype``, with the machine's load sampled while measuring.
@@ -146,6 +147,7 @@ def _affordable_side(n: int, dtype: torch.dtype, per_round: float, probe: int = 
         kept, side = side, min(n, side * 2)
 
 
+@on_real_tensors()
 def measure_bandwidth(megabytes: int = 256, repeats: int = 5, device: torch.device | str = "cpu") -> float:
     """The memory bandwidth of ``device`` in bytes/s: the best of a few copies of a ``megabytes`` tensor (a read and a
     write of every byte), with torch's threads on a CPU, as training runs."""
@@ -182,6 +184,7 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
+@on_real_tensors()
 def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 20.0) -> MixedSpeedup:
     """How much faster each heavy op class of a training step runs under bf16 autocast than in float32 on this CPU,
     casts included, forward and backward: ``matmul`` on an MLP block, ``conv`` on a convolution block, ``attention``
@@ -261,6 +264,7 @@ def count_kernels(fn: Any) -> int:
     return _Count.n
 
 
+@on_real_tensors()
 def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
     """What eager PyTorch costs the host per op of a training step on this CPU: a three-layer MLP eight wide on two
     samples (its arithmetic is nothing) trained with autograd and SGD, the best round's time per step over the ops
@@ -307,6 +311,7 @@ class ConvSetup:
 CONV_SETUP_SHAPES = ((64, 64, 3), (128, 128, 3), (256, 256, 3), (512, 512, 3), (256, 1024, 1), (1024, 256, 1))
 
 
+@on_real_tensors()
 def measure_conv_setup(dtype: torch.dtype = torch.float32, repeats: int = 10, rounds: int = 3, seconds: float = 15.0,
                        size: int = 4) -> ConvSetup:
     """What a 2-D convolution's forward and backward cost on this CPU whatever the batch, per byte of its weight: on a

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lit_compute._compat import default_cache_dir
+from lit_compute._compat import default_cache_dir, on_real_tensors
 from lit_compute.files import write_whole
 from lit_compute.hardware import measure
 from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
@@ -168,7 +168,8 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
             cached = MeasuredPeak(**fields, cached=True)
     if cached is not None and not remeasure and (at_least is None or cached.flops >= at_least):
         return cached
-    measured = measure.measure_peak(dev, dtype, tf32=tf32)
+    with on_real_tensors():  # a FLOP counter or an estimate's fake tensors never see it
+        measured = measure.measure_peak(dev, dtype, tf32=tf32)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     peak = MeasuredPeak(flops=measured.flops, device=name, dtype=_dtype_name(dev, dtype, tf32),
                         threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
@@ -199,11 +200,12 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, 
         return entry, True
     quiet = fp32_quiet
     # measured again: what else the entry holds (the host's dispatch cost) stays
-    entry = {**(entry if isinstance(entry, dict) else {}), "bandwidth": measure.measure_bandwidth(device=device),
-             "mixed_speedup": {}}
-    if device.type == "cpu":
-        mixed = measure.measure_mixed_speedup()
-        entry["mixed_speedup"], quiet = mixed.ratios, quiet and mixed.quiet
+    with on_real_tensors():  # a FLOP counter or an estimate's fake tensors never see it
+        entry = {**(entry if isinstance(entry, dict) else {}), "bandwidth": measure.measure_bandwidth(device=device),
+                 "mixed_speedup": {}}
+        if device.type == "cpu":
+            mixed = measure.measure_mixed_speedup()
+            entry["mixed_speedup"], quiet = mixed.ratios, quiet and mixed.quiet
     if quiet:  # cached like the peak: only when measured on a quiet machine
         data["devices"][key] = entry
         _save(data)
@@ -276,7 +278,8 @@ def _cached_cpu_figure(path: tuple[str, ...], measure_it: Callable[[], tuple[flo
         value = value.get(part) if isinstance(value, dict) else None
     if isinstance(value, (int, float)) and value > 0:
         return float(value)
-    figure, quiet = measure_it()
+    with on_real_tensors():
+        figure, quiet = measure_it()
     if quiet and figure > 0:
         node = data["devices"].setdefault(key, {})
         for part in path[:-1]:

@@ -124,3 +124,25 @@ def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, m
                    wait_s=0.0)
     p = predict(run, Scenario(chip, "32-true", 8), Calibration(1.0, 1.0, 1.0, 0.0, 1.0, "t"))
     assert p.mfu is None and any("MFU is not given" in n for n in p.notes)
+
+
+def test_the_measurements_run_on_real_tensors_under_a_fake_tensor_mode_a_tracer_and_autocast():
+    """A measurement called inside a traced step (fake tensors, a dispatch-mode tracer, autocast, no_grad) times real
+    tensors: the tracer sees none of its ops (without that it timed fake ones: a bandwidth many times the real one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lit_compute._compat import fake_tensor_mode
+    from lit_compute.hardware import measure
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with fake_tensor_mode(), Seen(), torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        bandwidth = measure.measure_bandwidth(megabytes=4, repeats=1)
+        peak = measure.measure_peak("cpu", torch.float32, size=64, seconds=0.05, rounds=1)
+    assert Seen.ops == []
+    assert bandwidth > 0 and math.isfinite(bandwidth) and peak.flops > 0 and math.isfinite(peak.flops)

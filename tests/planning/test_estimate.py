@@ -303,3 +303,48 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
         assert line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device") and \
             phrase in line and line.endswith("stopped. Give the model a constructor that does not read tensor "
                                              "values, or estimate on a machine with more memory"), line
+
+
+def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tensors(tmp_path, monkeypatch):
+    """FP32BatchNormPrecision(slow_bf16='float32') asks this machine whether bf16 is fast at its first use, which in an
+    estimate is inside the step traced on fake tensors. On a machine without the cached answer, the measurement had
+    timed fake tensors (and cached what it found) and the estimate had counted its 512 MiB of matrices as the model's
+    (538 MB predicted against 28 MB for the GPT at micro-batch 4). Here each measurement allocates 64 MiB: it sees
+    no fake tensor, no tracer, no autocast, and the estimate is the one made with the answer cached."""
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from lit_compute.hardware import measure
+    from lit_compute.precision import fp32_batchnorm_precision
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fp32_batchnorm_precision, "slow_bf16_cpu", lambda: None)  # measured on any CPU
+    seen: list[tuple] = []
+
+    def measuring(result):
+        def measure_it(*args, **kwargs):
+            big = torch.ones(16 * 2**20)  # 64 MiB: the estimate would count it as the model's
+            seen.append((type(big).__name__, _get_current_dispatch_mode(), torch.is_autocast_enabled("cpu"),
+                         torch.is_grad_enabled()))
+            return result
+        return measure_it
+
+    monkeypatch.setattr(measure, "measure_peak", measuring(measure.PeakMeasurement(1e11, True, cpu_share=0.9)))
+    monkeypatch.setattr(measure, "measure_bandwidth", measuring(1e10))
+    monkeypatch.setattr(measure, "measure_mixed_speedup",
+                        measuring(measure.MixedSpeedup({"matmul": 2.0, "conv": 2.0, "attention": 2.0}, True)))
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 2,
+                          "plugins": [{"class_path": "lit_compute.FP32BatchNormPrecision",
+                                       "init_args": {"precision": "bf16-mixed", "slow_bf16": "float32"}}]},
+              "model": {"class_path": "tests.tuning.tune_models.SleepyRegression", "init_args": {"coef": 0.0}},
+              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}}}
+    path = tmp_path / "bf16.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = estimate(path, micro_batches=[4])
+        assert len(seen) == 3 and all(s == ("Tensor", None, False, True) for s in seen), seen
+        cached = estimate(path, micro_batches=[4])
+    assert len(seen) == 3  # the second estimate read the cache: nothing measured
+    assert fresh.rows[0].peak_bytes == cached.rows[0].peak_bytes < 2**26
