@@ -340,19 +340,40 @@ def suggests_channels_last(t: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def on_real_tensors() -> Iterator[None]:
     """Run a measurement of this machine on real tensors whatever its caller runs under: no dispatch mode (an
-    estimate's ``FakeTensorMode`` and memory tracer, a FLOP counter) sees or fakes its ops, autocast is off and
-    gradients are on. A measurement first asked for inside a traced step would otherwise time fake tensors (and be
-    cached) and count its own tensors as the model's."""
+    estimate's ``FakeTensorMode`` and memory tracer, a FLOP counter) sees or fakes its ops, no saved-tensors hook (the
+    tracer's activations) sees what its backward saves, autocast is off and gradients are on. A measurement first
+    asked for inside a traced step would otherwise time fake tensors (and be cached) and count its own tensors as
+    the model's."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_disable_current_modes())
+        stack.enter_context(_without_saved_tensors_hooks())
         stack.enter_context(torch.autocast("cpu", enabled=False))
         if torch.cuda.is_available():
             stack.enter_context(torch.autocast("cuda", enabled=False))
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         yield
+
+
+@contextlib.contextmanager
+def _without_saved_tensors_hooks() -> Iterator[None]:
+    """The saved-tensors default hooks taken off autograd's stack for the block and put back after, in order (torch
+    without ``_top_saved_tensors_default_hooks``: left as they are)."""
+    autograd = torch._C._autograd
+    top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+    taken: list[tuple[Any, Any]] = []
+    if top is not None:
+        with contextlib.suppress(TypeError, RuntimeError):
+            while (hooks := top(False)) is not None:
+                autograd._pop_saved_tensors_default_hooks()
+                taken.append(hooks)
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(taken):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
 def fake_tensor_mode() -> Any:

@@ -310,7 +310,8 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     estimate is inside the step traced on fake tensors. On a machine without the cached answer, the measurement had
     timed fake tensors (and cached what it found) and the estimate had counted its 512 MiB of matrices as the model's
     (538 MB predicted against 28 MB for the GPT at micro-batch 4). Here each measurement allocates 64 MiB: it sees
-    no fake tensor, no tracer, no autocast, and the estimate is the one made with the answer cached."""
+    no fake tensor, no tracer, no saved-tensors hook, no autocast, and the estimate is the one made with the answer
+    cached."""
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -324,9 +325,10 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
 
     def measuring(result):
         def measure_it(*args, **kwargs):
-            big = torch.ones(16 * 2**20)  # 64 MiB: the estimate would count it as the model's
+            big = torch.ones(16 * 2**20, requires_grad=True)  # 64 MiB: the estimate would count it as the model's
+            (big * big).sum().backward()  # saved for backward: the tracer's saved-tensors hook would see it
             seen.append((type(big).__name__, _get_current_dispatch_mode(), torch.is_autocast_enabled("cpu"),
-                         torch.is_grad_enabled()))
+                         torch.is_grad_enabled(), torch._C._autograd._top_saved_tensors_default_hooks(False)))
             return result
         return measure_it
 
@@ -344,7 +346,7 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fresh = estimate(path, micro_batches=[4])
-        assert len(seen) == 3 and all(s == ("Tensor", None, False, True) for s in seen), seen
+        assert len(seen) == 3 and all(s == ("Tensor", None, False, True, None) for s in seen), seen
         cached = estimate(path, micro_batches=[4])
     assert len(seen) == 3  # the second estimate read the cache: nothing measured
     assert fresh.rows[0].peak_bytes == cached.rows[0].peak_bytes < 2**26
