@@ -311,7 +311,7 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     timed fake tensors (and cached what it found) and the estimate had counted its 512 MiB of matrices as the model's
     (538 MB predicted against 28 MB for the GPT at micro-batch 4). Here each measurement allocates 64 MiB: it sees
     no fake tensor, no tracer, no saved-tensors hook, no autocast, and the estimate is the one made with the answer
-    cached."""
+    cached; ``whatif --config``'s FLOP count likewise."""
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -327,6 +327,7 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
         def measure_it(*args, **kwargs):
             big = torch.ones(16 * 2**20, requires_grad=True)  # 64 MiB: the estimate would count it as the model's
             (big * big).sum().backward()  # saved for backward: the tracer's saved-tensors hook would see it
+            torch.mm(big[:65536].view(256, 256), big[:65536].view(256, 256))  # FLOPs a counter would count
             seen.append((type(big).__name__, _get_current_dispatch_mode(), torch.is_autocast_enabled("cpu"),
                          torch.is_grad_enabled(), torch._C._autograd._top_saved_tensors_default_hooks(False)))
             return result
@@ -350,3 +351,14 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
         cached = estimate(path, micro_batches=[4])
     assert len(seen) == 3  # the second estimate read the cache: nothing measured
     assert fresh.rows[0].peak_bytes == cached.rows[0].peak_bytes < 2**26
+    # whatif --config counts the step under a FLOP counter on fake tensors: the measurement's matmul is not the model's
+    from lit_compute.planning.config_facts import config_facts
+
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path / "another_cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        counted_fresh = config_facts(path, time_the_loader=False)
+        assert len(seen) == 6
+        counted_cached = config_facts(path, time_the_loader=False)
+    assert len(seen) == 6 and counted_fresh.by_class == counted_cached.by_class
+    assert counted_fresh.model_flops == counted_cached.model_flops < 2 * 256**3
