@@ -14,9 +14,17 @@ class ThreeConvNet(pl.LightningModule):
     def __init__(self, num_classes: int = 10, image_size: int = 64, lr: float = 1e-3) -> None:
         super().__init__()
         self.lr = lr
-        self.net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
-                                 nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(8), nn.Flatten(),
-                                 nn.Linear(64 * 8 * 8, num_classes))
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(8),
+            nn.Flatten(),
+            nn.Linear(64 * 8 * 8, num_classes),
+        )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

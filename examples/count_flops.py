@@ -1,6 +1,6 @@
 """Count a model's FLOPs (forward and backward) and compare with a device's dense peak.
 
-    python examples/count_flops.py
+python examples/count_flops.py
 """
 
 import torch

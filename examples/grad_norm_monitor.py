@@ -49,7 +49,9 @@ class GradNormMonitor(MeasuringCallback):
     @guarded  # a hook the base does not route: guarded the same way
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         grads = [p.grad.detach() for p in pl_module.parameters() if p.grad is not None]
-        self._norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        self._norm = (
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        )
 
     @override
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, event: LogEvent) -> None:
@@ -66,10 +68,18 @@ class GradNormMonitor(MeasuringCallback):
 
 def main(root: str = "lightning_logs", max_steps: int = 20) -> GradNormMonitor:
     monitor = GradNormMonitor(log_every_n_steps=5)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, log_every_n_steps=5,
-                         default_root_dir=root, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0,
-                         callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(), monitor])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        log_every_n_steps=5,
+        default_root_dir=root,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(), monitor],
+    )
     trainer.fit(BoringModel())
     for step, norm in monitor.local.items():
         print(f"step {step}: train/grad_norm {norm:.4f}")

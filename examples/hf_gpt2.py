@@ -16,15 +16,23 @@ import torch
 class HFCausalLM(pl.LightningModule):
     """``transformers.GPT2LMHeadModel`` trained with its own loss; padding positions are ignored (label -100)."""
 
-    def __init__(self, vocab_size: int = 258, n_positions: int = 256, n_layer: int = 2, n_embd: int = 128,
-                 n_head: int = 4, lr: float = 1e-3) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 258,
+        n_positions: int = 256,
+        n_layer: int = 2,
+        n_embd: int = 128,
+        n_head: int = 4,
+        lr: float = 1e-3,
+    ) -> None:
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
         self.save_hyperparameters()
         self.lr = lr
-        self.model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_layer=n_layer,
-                                                n_embd=n_embd, n_head=n_head))
+        self.model = GPT2LMHeadModel(
+            GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+        )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         ids, mask = batch["input_ids"], batch.get("attention_mask")

@@ -27,8 +27,14 @@ class HFModel(pl.LightningModule):
     """A transformers model of ``model_type`` (``"llama"``, ``"bert"``, ``"t5"``, ...) built from ``config`` (the
     arguments of its config class), trained with its own loss; padding positions are ignored (label -100)."""
 
-    def __init__(self, model_type: str = "llama", kind: str = "causal", config: dict[str, Any] | None = None,
-                 gradient_checkpointing: bool = False, lr: float = 1e-3) -> None:
+    def __init__(
+        self,
+        model_type: str = "llama",
+        kind: str = "causal",
+        config: dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+        lr: float = 1e-3,
+    ) -> None:
         super().__init__()
         import transformers
 

@@ -1,6 +1,6 @@
 """Profile one inference of a model outside any trainer (CPU or GPU).
 
-    python examples/profile_one_inference.py
+python examples/profile_one_inference.py
 """
 
 import torchvision

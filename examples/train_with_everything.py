@@ -1,7 +1,7 @@
 """Train the demo model with every lit_compute callback on, in plain Python (no YAML).
 
-    python examples/train_with_everything.py
-    tensorboard --logdir lightning_logs
+python examples/train_with_everything.py
+tensorboard --logdir lightning_logs
 """
 
 import lightning.pytorch as pl

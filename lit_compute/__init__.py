@@ -94,7 +94,9 @@ def _one_line_warnings() -> None:
     if getattr(previous, "_lit_compute", False):
         return
 
-    def format_warning(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    def format_warning(
+        message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
         if os.path.abspath(filename).startswith(_PACKAGE_DIR):
             return f"{filename}:{lineno}: {category.__name__}: {message}\n"
         return previous(message, category, filename, lineno, line)

@@ -69,14 +69,19 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
 
 def signature(stage: str, batch: Any) -> tuple:
     """Shapes and dtypes of every tensor in the batch, with their paths, and the stage."""
-    return (stage, tuple((path, tuple(t.shape), str(t.dtype).replace("torch.", "")) for path, t in tensor_leaves(batch)))
+    return (
+        stage,
+        tuple((path, tuple(t.shape), str(t.dtype).replace("torch.", "")) for path, t in tensor_leaves(batch)),
+    )
 
 
 def batch_size(batch: Any) -> int | None:
     """The batch size as Lightning infers it (its first tensor's first dimension), or None."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Lightning warns about ambiguous collections; a measurement needs no warning
+            warnings.simplefilter(
+                "ignore"
+            )  # Lightning warns about ambiguous collections; a measurement needs no warning
             return int(extract_batch_size(batch))
     except Exception:  # noqa: BLE001 - dataclasses and custom objects: Lightning does not look inside them
         pass

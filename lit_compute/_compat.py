@@ -21,8 +21,11 @@ def returns_only_views(op: Any) -> bool:
     """Whether an aten op's results all alias an operand without writing it (``aten.view``, ``aten.t``): such an op
     launches no kernel and moves no data. Read from the op's schema; False when it has none."""
     schema = getattr(op, "_schema", None)
-    return bool(schema is not None and schema.returns
-                and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
+    return bool(
+        schema is not None
+        and schema.returns
+        and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    )
 
 
 def default_cache_dir() -> Path:
@@ -181,8 +184,12 @@ def is_last_training_step(trainer: Any) -> bool:
             return True
         epoch_loop = trainer.fit_loop.epoch_loop
         max_epochs = trainer.max_epochs
-        return bool(epoch_loop._num_ready_batches_reached() and max_epochs is not None and max_epochs >= 0
-                    and trainer.current_epoch + 1 >= max_epochs)
+        return bool(
+            epoch_loop._num_ready_batches_reached()
+            and max_epochs is not None
+            and max_epochs >= 0
+            and trainer.current_epoch + 1 >= max_epochs
+        )
     except Exception:  # noqa: BLE001 - another Lightning version's internals
         return False
 
@@ -241,8 +248,9 @@ def parallel_layout(trainer: Any) -> ParallelLayout:
             with contextlib.suppress(Exception):
                 tensor = max(1, int(mesh[dim].size()))
             break
-    return ParallelLayout(data_parallel=max(1, world // tensor), tensor_parallel=tensor, nodes=nodes,
-                          devices_per_node=devices)
+    return ParallelLayout(
+        data_parallel=max(1, world // tensor), tensor_parallel=tensor, nodes=nodes, devices_per_node=devices
+    )
 
 
 def claim_tensorboard_version(logger: Any) -> int | None:
@@ -425,7 +433,9 @@ def train_loader_workers(trainer: Any) -> str:
     """The training DataLoader's worker processes as the fit loop holds them (0: loading runs in the training
     process); ``n/a`` when unknown."""
     loader = getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None)
-    workers = [w for d in (getattr(loader, "flattened", None) or []) if isinstance(w := getattr(d, "num_workers", None), int)]
+    workers = [
+        w for d in (getattr(loader, "flattened", None) or []) if isinstance(w := getattr(d, "num_workers", None), int)
+    ]
     return str(max(workers)) if workers else "n/a"
 
 
@@ -434,11 +444,14 @@ def op_class_facts(trainer: Any) -> dict[str, Any]:
     ``compute/op_classes`` carries beside the counts for ``lit-compute whatif``."""
     module = trainer.lightning_module
     params = list(module.parameters()) if module is not None else []
-    return {"parameters": sum(p.numel() for p in params),
-            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-            "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            **communication_facts(trainer, module)}
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "precision": str(trainer.precision),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        **communication_facts(trainer, module),
+    }
 
 
 def communication_facts(trainer: Any, module: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def compact_parser_error(message: str) -> str:
         problem = re.match(r"- Problem with given class_path '([^']+)':?", line)
         if problem:
             detail = []
-            for follow in lines[i + 1:]:
+            for follow in lines[i + 1 :]:
                 if follow.startswith("- "):
                     break
                 detail.append(follow.rstrip(":"))
@@ -119,8 +119,11 @@ def _suggestion(message: str) -> str:
         class_path, key, kind = wrong.groups()
         param = _parameters(class_path).get(key)
         default = param.default if param is not None else None
-        example = (f", e.g. {key}: {default}" if isinstance(default, (int, float, str))
-                   and not isinstance(default, bool) and default != "" else "")
+        example = (
+            f", e.g. {key}: {default}"
+            if isinstance(default, (int, float, str)) and not isinstance(default, bool) and default != ""
+            else ""
+        )
         return f"; {class_path.rpartition('.')[2]}'s {key} takes {'an' if kind[0] in 'aeiou' else 'a'} {kind}{example}"
     missing = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if missing:
@@ -193,8 +196,9 @@ class _OneLineParser(LightningArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        sys.stderr.write(f"lit-compute: error: {compact_parser_error(message)}{_suggestion(message)} "
-                         f"(options: {prog} --help)\n")
+        sys.stderr.write(
+            f"lit-compute: error: {compact_parser_error(message)}{_suggestion(message)} (options: {prog} --help)\n"
+        )
         raise SystemExit(2)
 
 
@@ -207,7 +211,8 @@ def _configuration_error(err: BaseException) -> str | None:
         tb = tb.tb_next
     last = last.replace("\\", "/")
     if isinstance(err, (ValueError, TypeError)) and any(
-            part in last for part in ("/trainer/connectors/", "/accelerators/", "/lightning/pytorch/cli.py")):
+        part in last for part in ("/trainer/connectors/", "/accelerators/", "/lightning/pytorch/cli.py")
+    ):
         text = first_line(err, None)
         if "not a mapping" in text:
             text = f"a section of the config is not a mapping of arguments ({text})"
@@ -320,8 +325,9 @@ def _is_empty_run(folder: Path) -> bool:
     if any(not f.name.startswith("events.out.tfevents") for f in files):
         return False
     try:
-        return not any(e.WhichOneof("what") not in (None, "file_version") for f in files
-                       for e in EventFileLoader(str(f)).Load())
+        return not any(
+            e.WhichOneof("what") not in (None, "file_version") for f in files for e in EventFileLoader(str(f)).Load()
+        )
     except Exception:  # noqa: BLE001 - unreadable: keep it
         return False
 

@@ -43,8 +43,11 @@ class Check:
         parts = []
         if self.choices is not None:
             parts.append("one of " + ", ".join(repr(c) for c in self.choices))
-        bounds = [f"{op} {value:g}" if isinstance(value, float) else f"{op} {value}"
-                  for op, value in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt)) if value is not None]
+        bounds = [
+            f"{op} {value:g}" if isinstance(value, float) else f"{op} {value}"
+            for op, value in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+            if value is not None
+        ]
         if bounds:
             parts.append(" and ".join(bounds))
         text = " ".join(parts)
@@ -58,7 +61,12 @@ class _Invalid(Exception):
     pass
 
 
-_PLURAL = {"an integer": "integers", "a finite number": "finite numbers", "a string": "strings", "true/false": "true/false values"}
+_PLURAL = {
+    "an integer": "integers",
+    "a finite number": "finite numbers",
+    "a string": "strings",
+    "true/false": "true/false values",
+}
 
 
 def _type_name(tp: Any) -> str:

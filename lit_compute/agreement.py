@@ -40,10 +40,25 @@ if TYPE_CHECKING:
 
 __all__ = ["ConfigMismatchError", "check", "describe_mismatch", "register_config", "settings"]
 
-TRAINER_SETTINGS = ("log_every_n_steps", "max_steps", "max_epochs", "min_steps", "min_epochs",
-                    "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                    "val_check_interval", "check_val_every_n_epoch", "accumulate_grad_batches", "num_sanity_val_steps",
-                    "precision", "num_nodes", "num_devices", "world_size")
+TRAINER_SETTINGS = (
+    "log_every_n_steps",
+    "max_steps",
+    "max_epochs",
+    "min_steps",
+    "min_epochs",
+    "limit_train_batches",
+    "limit_val_batches",
+    "limit_test_batches",
+    "limit_predict_batches",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "accumulate_grad_batches",
+    "num_sanity_val_steps",
+    "precision",
+    "num_nodes",
+    "num_devices",
+    "world_size",
+)
 _LOCAL = re.compile(r"(dir|dirs|path|paths|file|files|root|port|host|addr|address|seed_everything)$", re.I)
 _CONFIGS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
@@ -105,8 +120,7 @@ def settings(trainer: pl.Trainer, pl_module: Any, participants: Sequence[Any]) -
     if callable(extra):
         out.update({f"strategy.{k}": _text(v) for k, v in extra().items()})
     for i, callback in enumerate(participants):
-        layout = {"reduce_keys": {k: list(v) for k, v in sorted(callback.reduce_keys.items())},
-                  **_arguments(callback)}
+        layout = {"reduce_keys": {k: list(v) for k, v in sorted(callback.reduce_keys.items())}, **_arguments(callback)}
         out[f"callbacks[{i}]"] = type(callback).__name__
         out.update({f"callbacks[{i}] {type(callback).__name__}.{k}": _text(v) for k, v in layout.items()})
     out[f"callbacks[{len(participants)}]"] = "(none)"  # a rank with fewer callbacks differs here
@@ -118,8 +132,13 @@ def settings(trainer: pl.Trainer, pl_module: Any, participants: Sequence[Any]) -
     # a strategy that says what it runs with is compared by its resolved settings: the config's way of writing it
     # (``ddp_tuned`` on one node, a class_path with init_args on the other) is not a difference
     resolved = callable(extra)
-    out.update({f"config.{k}": v for k, v in _CONFIGS.get(trainer, {}).items()
-                if not (resolved and k.startswith("trainer.strategy"))})
+    out.update(
+        {
+            f"config.{k}": v
+            for k, v in _CONFIGS.get(trainer, {}).items()
+            if not (resolved and k.startswith("trainer.strategy"))
+        }
+    )
     return out
 
 
@@ -153,9 +172,11 @@ def describe_mismatch(entries: Sequence[Mapping[str, Any]], most: int = 3) -> st
     if not found:
         return "the ranks of this job were started with different settings"
     more = f"; and {len(found) - most} more" if len(found) > most else ""
-    return (f"the ranks of this job were started with different settings: {'; '.join(found[:most])}{more}. Start every "
-            "node with the same config (lit_compute checks this once at set-up; different settings would make the "
-            "ranks wait for each other forever)")
+    return (
+        f"the ranks of this job were started with different settings: {'; '.join(found[:most])}{more}. Start every "
+        "node with the same config (lit_compute checks this once at set-up; different settings would make the "
+        "ranks wait for each other forever)"
+    )
 
 
 def _shown(value: str) -> str:

@@ -154,8 +154,9 @@ class MeasuringCallback(Callback):
 
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None: ...
 
-    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                   record: StepRecord | None) -> None: ...
+    def _batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, record: StepRecord | None
+    ) -> None: ...
 
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None: ...
 
@@ -163,11 +164,9 @@ class MeasuringCallback(Callback):
 
     def _eval_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None: ...
 
-    def _eval_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str,
-                          batch: Any) -> None: ...
+    def _eval_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any) -> None: ...
 
-    def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str,
-                        batch: Any) -> None: ...
+    def _eval_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str, batch: Any) -> None: ...
 
     def _teardown(self) -> None:
         """Remove hooks / stop profilers. Overridden by subclasses."""
@@ -199,8 +198,11 @@ class MeasuringCallback(Callback):
         try:
             values = agreement.settings(trainer, pl_module, measuring)
         except Exception as err:  # noqa: BLE001 - the collective still runs, with what every failing rank knows
-            self._warn_once("agreement", f"{type(self).__name__}: reading the settings the ranks must agree on failed "
-                            f"({type(err).__name__}: {err}); they are not compared.")
+            self._warn_once(
+                "agreement",
+                f"{type(self).__name__}: reading the settings the ranks must agree on failed "
+                f"({type(err).__name__}: {err}); they are not compared.",
+            )
             values = {"settings": "unknown"}
         agreement.check(trainer, values)
 
@@ -218,8 +220,9 @@ class MeasuringCallback(Callback):
         self._timeline(trainer).epoch_start()
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._timeline(trainer).batch_start(trainer, batch)
         self._guard(self._batch_start, trainer, pl_module, batch)
 
@@ -229,8 +232,9 @@ class MeasuringCallback(Callback):
             self._timeline(trainer).before_backward()
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         timeline = self._timeline(trainer)
         record = timeline.batch_end(trainer)
         self._guard(self._batch_end, trainer, pl_module, batch, record)
@@ -247,13 +251,21 @@ class MeasuringCallback(Callback):
         self._evaluation_start(trainer, pl_module, "validate")
 
     @override
-    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._guard(self._eval_batch_start, trainer, pl_module, "validate", batch)
 
     @override
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._timeline(trainer).exit_batch_modes()
         self._guard(self._eval_batch_end, trainer, pl_module, "validate", batch)
 
@@ -266,13 +278,21 @@ class MeasuringCallback(Callback):
         self._evaluation_start(trainer, pl_module, "test")
 
     @override
-    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                            batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._guard(self._eval_batch_start, trainer, pl_module, "test", batch)
 
     @override
-    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._timeline(trainer).exit_batch_modes()
         self._guard(self._eval_batch_end, trainer, pl_module, "test", batch)
 
@@ -359,7 +379,10 @@ def use_token_spec(owner: MeasuringCallback, trainer: pl.Trainer, spec: TokenSpe
         return
     timeline = timeline_for(trainer)
     if timeline.token_spec is not None and timeline.token_spec != spec:
-        owner._warn_once("tokens", f"{type(owner).__name__}(tokens={spec}) differs from {timeline.token_spec}, which "
-                         "another lit_compute callback set; the first one is used.")
+        owner._warn_once(
+            "tokens",
+            f"{type(owner).__name__}(tokens={spec}) differs from {timeline.token_spec}, which "
+            "another lit_compute callback set; the first one is used.",
+        )
         return
     timeline.token_spec = spec

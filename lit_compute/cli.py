@@ -21,14 +21,32 @@ LIGHTNING_COMMANDS = {
 }
 # Subcommands handled outside LightningCLI: name -> (module with a ``main(argv)`` function, summary).
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "init": ("lit_compute.packaged_configs:init_main", "copy a packaged config to edit (init quickstart; no name: list them)"),
-    "report": ("lit_compute.report", "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)"),
-    "estimate": ("lit_compute.planning.estimate_cli", "the peak memory per device of your config before any real step, "
-                 "the largest micro-batch that fits (--config my.yaml --device h100-sxm)"),
-    "whatif": ("lit_compute.planning.whatif_cli", "your run's step on other chips, node counts and networks: time, "
-               "MFU, bottleneck, memory, cost (RUN --hardware h100-sxm,a100 --nodes 1,8)"),
-    "tune": ("lit_compute.tuning", "the fastest configuration of your config, measured and written out (--config my.yaml --budget 15m)"),
-    "bench": ("lit_compute.bench", "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)"),
+    "init": (
+        "lit_compute.packaged_configs:init_main",
+        "copy a packaged config to edit (init quickstart; no name: list them)",
+    ),
+    "report": (
+        "lit_compute.report",
+        "a Markdown report with plots and advice over log dirs (LOG_DIR ... --out report.md)",
+    ),
+    "estimate": (
+        "lit_compute.planning.estimate_cli",
+        "the peak memory per device of your config before any real step, "
+        "the largest micro-batch that fits (--config my.yaml --device h100-sxm)",
+    ),
+    "whatif": (
+        "lit_compute.planning.whatif_cli",
+        "your run's step on other chips, node counts and networks: time, "
+        "MFU, bottleneck, memory, cost (RUN --hardware h100-sxm,a100 --nodes 1,8)",
+    ),
+    "tune": (
+        "lit_compute.tuning",
+        "the fastest configuration of your config, measured and written out (--config my.yaml --budget 15m)",
+    ),
+    "bench": (
+        "lit_compute.bench",
+        "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)",
+    ),
 }
 
 
@@ -74,8 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         module_name, _, func = EXTRA_COMMANDS[args[0]][0].partition(":")
         return int(getattr(importlib.import_module(module_name), func or "main")(args[1:]) or 0)
     if args[0] not in LIGHTNING_COMMANDS and not args[0].startswith("-"):
-        sys.stderr.write(_overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
-                         f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
+        sys.stderr.write(
+            _overview() + f"\nlit-compute: error: unknown command {args[0]!r}; choose one of "
+            f"{', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n"
+        )
         return 2
     from lit_compute.packaged_configs import first_unknown_config, resolve_config_args
 

@@ -16,10 +16,19 @@ def commit_description() -> str:
 
     try:
         here = os.path.dirname(os.path.abspath(__file__))  # the package folder
-        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                        cwd=here).stdout.strip() or "unknown"
-        changed = sp.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], capture_output=True,
-                         text=True, timeout=10, cwd=here).stdout.strip()
+        commit = (
+            sp.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=here
+            ).stdout.strip()
+            or "unknown"
+        )
+        changed = sp.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=here,
+        ).stdout.strip()
         if commit != "unknown" and changed:  # the package's own code differs from the commit: say so
             commit += " with uncommitted changes"
     except (OSError, sp.SubprocessError):
@@ -34,5 +43,7 @@ def figure_header(command: str, machine: str) -> str:
 
     commit = commit_description()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
-            f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n")
+    return (
+        f"<!-- written by `{command}` at commit {commit} on {date}; machine: {machine} -->\n\n"
+        f"*Written by `{command}` at commit `{commit}` on {date}; {machine}.*\n\n"
+    )

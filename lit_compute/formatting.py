@@ -18,7 +18,7 @@ def human(value: float | None, digits: int = 3) -> str:
     if v == 0:
         return "0"
     magnitude = abs(v)
-    if magnitude >= 10 ** digits:
+    if magnitude >= 10**digits:
         return f"{v:,.0f}"
     decimals = max(0, digits - 1 - math.floor(math.log10(magnitude)))
     text = f"{v:.{decimals}f}"
@@ -70,7 +70,9 @@ def markdown_table(header: list[str], rows: list[list[Any]], aligned: bool = Fal
         lines = ["| " + " | ".join(str(c) for c in header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
         return "\n".join(lines)
-    cells = [[str(c) for c in header]] + [[human(c, 4) if isinstance(c, float) else str(c) for c in row] for row in rows]
+    cells = [[str(c) for c in header]] + [
+        [human(c, 4) if isinstance(c, float) else str(c) for c in row] for row in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
     out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")

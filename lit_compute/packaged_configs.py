@@ -42,8 +42,10 @@ def unknown_config_message(value: str) -> str | None:
     if Path(value).exists() or "\n" in value or ":" in value or resolve_config(value) != value:
         return None
     names = ", ".join(packaged_configs())
-    return (f"--config {value}: no such file, and no packaged config of that name; give a path to a YAML file, or "
-            f"one of the packaged configs: {names} (lit-compute init NAME copies one to edit)")
+    return (
+        f"--config {value}: no such file, and no packaged config of that name; give a path to a YAML file, or "
+        f"one of the packaged configs: {names} (lit-compute init NAME copies one to edit)"
+    )
 
 
 def resolve_config_args(args: list[str]) -> list[str]:
@@ -60,8 +62,11 @@ def resolve_config_args(args: list[str]) -> list[str]:
 def first_unknown_config(args: list[str]) -> str | None:
     """The error for the first ``--config`` value that names nothing, or ``None``."""
     for i, arg in enumerate(args):
-        value = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else (
-            arg.split("=", 1)[1] if arg.startswith("--config=") else None)
+        value = (
+            args[i + 1]
+            if arg in ("--config", "-c") and i + 1 < len(args)
+            else (arg.split("=", 1)[1] if arg.startswith("--config=") else None)
+        )
         if value is not None and (message := unknown_config_message(value)):
             return message
     return None
@@ -69,8 +74,9 @@ def first_unknown_config(args: list[str]) -> str | None:
 
 def init_main(argv: list[str]) -> int:
     """``lit-compute init [NAME] [--out FILE]``: list the packaged configs, or copy one to FILE to edit."""
-    parser = argparse.ArgumentParser(prog="lit-compute init",
-                                     description="Copy a packaged config to edit (without NAME: list them).")
+    parser = argparse.ArgumentParser(
+        prog="lit-compute init", description="Copy a packaged config to edit (without NAME: list them)."
+    )
     parser.add_argument("name", nargs="?", help="a packaged config: " + ", ".join(packaged_configs()))
     parser.add_argument("--out", default=None, help="where to write it (default: NAME.yaml here)")
     parser.add_argument("--force", action="store_true", help="overwrite FILE when it exists")
@@ -82,8 +88,9 @@ def init_main(argv: list[str]) -> int:
         return 0
     name = args.name[:-5] if args.name.endswith(".yaml") else args.name
     if name not in configs:
-        sys.stderr.write(f"lit-compute init: error: no packaged config {args.name!r}; choose one of "
-                         f"{', '.join(configs)}\n")
+        sys.stderr.write(
+            f"lit-compute init: error: no packaged config {args.name!r}; choose one of {', '.join(configs)}\n"
+        )
         return 2
     out = Path(args.out or f"{name}.yaml")
     if out.exists() and not args.force:

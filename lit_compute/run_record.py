@@ -88,12 +88,22 @@ class RunRecord:
     def table(self) -> str:
         """The record for people: the run-info table TensorBoard shows as text ``lit_compute/run``."""
         device = self.device if not self.chip else f"{self.device} ({self.chip})"
-        rows = [("precision", self.precision), ("precision plugin", self.precision_plugin), ("device", device),
-                ("world size", self.world_size), ("nodes x devices", f"{self.nodes} x {self.devices_per_node}"),
-                ("parallel layout", self.layout()), ("strategy", self.strategy), ("data", self.data),
-                ("cpu cores", _text(self.cpu_cores)), ("torch", self.torch), ("lightning", self.lightning),
-                ("planned", self.planned()), ("loader workers", _text(self.loader_workers)),
-                ("torch threads", _text(self.torch_threads))]
+        rows = [
+            ("precision", self.precision),
+            ("precision plugin", self.precision_plugin),
+            ("device", device),
+            ("world size", self.world_size),
+            ("nodes x devices", f"{self.nodes} x {self.devices_per_node}"),
+            ("parallel layout", self.layout()),
+            ("strategy", self.strategy),
+            ("data", self.data),
+            ("cpu cores", _text(self.cpu_cores)),
+            ("torch", self.torch),
+            ("lightning", self.lightning),
+            ("planned", self.planned()),
+            ("loader workers", _text(self.loader_workers)),
+            ("torch threads", _text(self.torch_threads)),
+        ]
         return markdown_table(["key", "value"], [[k, v] for k, v in rows])
 
     def with_op_classes(self, table: dict[str, Any]) -> bool:
@@ -169,7 +179,7 @@ def legacy_op_classes(text: str) -> dict[str, Any] | None:
     if start < 0 or end < 0:
         return None
     try:
-        data = json.loads(text[start + len(_OP_CLASSES_MARK):end])
+        data = json.loads(text[start + len(_OP_CLASSES_MARK) : end])
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

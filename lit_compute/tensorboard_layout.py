@@ -44,9 +44,14 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
         "lit_compute's own instrument time (ms per step)": _tags("time/instrument_ms"),
     },
     "Memory": {
-        "step peak and its parts (GB per device)": _tags("memory/peak_gb", "memory/parameters_gb",
-                                                         "memory/gradients_gb", "memory/optimizer_gb",
-                                                         "memory/activations_gb", "memory/other_gb"),
+        "step peak and its parts (GB per device)": _tags(
+            "memory/peak_gb",
+            "memory/parameters_gb",
+            "memory/gradients_gb",
+            "memory/optimizer_gb",
+            "memory/activations_gb",
+            "memory/other_gb",
+        ),
         "headroom and capacity (GB)": _tags("memory/headroom_gb", "memory/capacity_gb"),
         "largest rank's peak vs rank 0's (GB)": _tags("memory/peak_gb_rank_max", "memory/peak_gb"),
     },
@@ -56,8 +61,7 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
         "skipped step fraction": _tags("amp/skipped_step_fraction"),
     },
     "Device": {
-        "utilisation (%)": _tags("device/gpu_utilization_percent", "device/cpu_percent",
-                                 "device/system_cpu_percent"),
+        "utilisation (%)": _tags("device/gpu_utilization_percent", "device/cpu_percent", "device/system_cpu_percent"),
         "memory (GB)": _tags("device/gpu_memory_used_gb", "device/torch_max_memory_allocated_gb", "device/rss_gb"),
         "power (W)": _tags("device/gpu_power_w"),
         "temperature (C)": _tags("device/gpu_temperature_c"),
@@ -70,9 +74,13 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
     },
     "Profiler windows": {
         "window step time (ms)": _tags("profiler/step_time_ms"),
-        "window shares (fraction)": _tags("profiler/dataloader_fraction", "profiler/top_op_fraction",
-                                          "profiler/gpu_idle_fraction", "profiler/comm_fraction",
-                                          "profiler/comm_overlap_fraction"),
+        "window shares (fraction)": _tags(
+            "profiler/dataloader_fraction",
+            "profiler/top_op_fraction",
+            "profiler/gpu_idle_fraction",
+            "profiler/comm_fraction",
+            "profiler/comm_overlap_fraction",
+        ),
         "window peak memory (MB)": _tags("profiler/peak_memory_mb"),
         "trace export time (ms)": _tags("profiler/export_ms"),
     },
@@ -80,8 +88,13 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
 
 
 #: The FLOP/s tags, logged in TFLOP/s; each has a twin in a smaller unit on a device slower than that.
-FLOP_RATE_TAGS = ("compute/tflops_per_sec", "compute/global_tflops_per_sec", "compute/val_tflops_per_sec",
-                  "compute/test_tflops_per_sec", "compute/peak_tflops")
+FLOP_RATE_TAGS = (
+    "compute/tflops_per_sec",
+    "compute/global_tflops_per_sec",
+    "compute/val_tflops_per_sec",
+    "compute/test_tflops_per_sec",
+    "compute/peak_tflops",
+)
 
 
 def flops_rate_tag(tag: str, unit: str) -> str:
@@ -98,10 +111,15 @@ def charts_in(flops_unit: str = "TFLOP/s") -> dict[str, dict[str, list[str]]]:
     """:data:`LAYOUT` with its FLOP/s charts in ``flops_unit``: their titles, and their tags' twins in that unit."""
     if flops_unit == "TFLOP/s":
         return LAYOUT
-    return {category: {(title.replace("TFLOP/s", flops_unit) if "TFLOP/s" in title else title):
-                       ([flops_rate_tag(p, flops_unit) for p in patterns] if "TFLOP/s" in title else patterns)
-                       for title, patterns in charts.items()}
-            for category, charts in LAYOUT.items()}
+    return {
+        category: {
+            (title.replace("TFLOP/s", flops_unit) if "TFLOP/s" in title else title): (
+                [flops_rate_tag(p, flops_unit) for p in patterns] if "TFLOP/s" in title else patterns
+            )
+            for title, patterns in charts.items()
+        }
+        for category, charts in LAYOUT.items()
+    }
 
 
 def layout_for(tags: Iterable[str], flops_unit: str = "TFLOP/s") -> dict[str, dict[str, list]]:

@@ -160,8 +160,9 @@ class LogEvent:
         """Add metrics to this event (written once, by rank 0, when the event is flushed)."""
         self.metrics.update({k: float(v) for k, v in metrics.items()})
 
-    def contribute(self, owner: Participant, values: Mapping[str, float],
-                   finish: Callable[[dict[str, float]], dict[str, float]]) -> None:
+    def contribute(
+        self, owner: Participant, values: Mapping[str, float], finish: Callable[[dict[str, float]], dict[str, float]]
+    ) -> None:
         """Put ``values`` into this event's all-reduce (sum over ranks; NaN where a rank knows nothing);
         ``finish(sums)`` returns the metrics to log once the sums are known. The keys must be in the owner's
         ``reduce_keys`` for this event's stage (the slots every rank reserves); others are never reduced."""
@@ -307,8 +308,9 @@ class Timeline:
         self._batch_taints.add(label)
 
     # -- dispatch modes over one batch -----------------------------------------------------------------
-    def enter_for_batch(self, mode: contextlib.AbstractContextManager[Any],
-                        on_error: Callable[[BaseException], None] | None = None) -> None:
+    def enter_for_batch(
+        self, mode: contextlib.AbstractContextManager[Any], on_error: Callable[[BaseException], None] | None = None
+    ) -> None:
         """Enter ``mode`` (a FLOP counter, a memory tracker, any context) until the batch's end mark. Every mode
         entered for a batch is exited there, in reverse order, before any callback reads its result: torch's
         dispatch-mode stack is last in, first out, so two callbacks must not exit their own modes in hook order.
@@ -327,8 +329,12 @@ class Timeline:
                 if on_error is not None:
                     on_error(err)
                 else:
-                    warnings.warn(f"lit_compute: leaving {type(mode).__name__} failed with {type(err).__name__}: "
-                                  f"{err}; training goes on.", UserWarning, stacklevel=2)
+                    warnings.warn(
+                        f"lit_compute: leaving {type(mode).__name__} failed with {type(err).__name__}: "
+                        f"{err}; training goes on.",
+                        UserWarning,
+                        stacklevel=2,
+                    )
 
     # -- the training loop ------------------------------------------------------------------------------
     def train_start(self, trainer: pl.Trainer) -> None:

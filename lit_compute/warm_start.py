@@ -66,8 +66,9 @@ class WarmStarter:
     """The helper interpreter and its pipes; started on the first :meth:`start`, ended by :meth:`close` (or when this
     process exits: the helper reads end-of-file, or the kernel kills it with its parent)."""
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD, cwd: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, preload: tuple[str, ...] = PRELOAD, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.preload, self.cwd, self.env = tuple(preload), cwd or os.getcwd(), dict(env or os.environ)
         self._proc: subprocess.Popen | None = None
         self._busy = False
@@ -78,15 +79,26 @@ class WarmStarter:
             env = {**self.env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # a CUDA check that leaves no state to fork
             # run as a file, not with -m: importing lit_compute before Lightning would leave its strategy names
             # unregistered in every child (it registers them when Lightning is already loaded)
-            self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *self.preload],
-                                          cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          start_new_session=True, preexec_fn=die_with_parent)
+            self._proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), *self.preload],
+                cwd=self.cwd,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
             self._buffer = b""
             self._busy = False
         return self._proc
 
-    def start(self, args: list[str], stdout: IO[Any] | int | None = None, env: dict[str, str] | None = None,
-              cwd: str | Path | None = None) -> WarmProcess:
+    def start(
+        self,
+        args: list[str],
+        stdout: IO[Any] | int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> WarmProcess:
         """Fork the helper into ``python ARGS`` (``-m MODULE ...`` or ``SCRIPT ...``), output to ``stdout`` (a file
         object or descriptor; None: this process's). Raises OSError when the helper is gone or answers nothing."""
         if self._busy:
@@ -95,8 +107,12 @@ class WarmStarter:
         out = 1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno()
         # the helper opens this process's descriptor before it forks and answers: closed here after start() returns,
         # the child's copy stays open
-        request = {"args": list(args), "env": dict(env if env is not None else os.environ),
-                   "cwd": str(cwd or os.getcwd()), "stdout": f"/proc/{os.getpid()}/fd/{out}"}
+        request = {
+            "args": list(args),
+            "env": dict(env if env is not None else os.environ),
+            "cwd": str(cwd or os.getcwd()),
+            "stdout": f"/proc/{os.getpid()}/fd/{out}",
+        }
         assert proc.stdin is not None
         try:
             proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -146,8 +162,13 @@ class WarmStarter:
 _STARTERS: dict[tuple[str, tuple[str, ...]], WarmStarter] = {}
 
 
-def start_process(args: list[str], stdout: IO[Any] | int | None = None, env: dict[str, str] | None = None,
-                  cwd: str | Path | None = None, preload: tuple[str, ...] = PRELOAD) -> WarmProcess | subprocess.Popen:
+def start_process(
+    args: list[str],
+    stdout: IO[Any] | int | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    preload: tuple[str, ...] = PRELOAD,
+) -> WarmProcess | subprocess.Popen:
     """``python ARGS`` in a new session, forked from a warm helper where possible (one helper per ``PYTHONPATH`` and
     preload list, kept for this process's life), else a new ``subprocess.Popen``. Either answers
     ``pid``, ``poll()``, ``wait(timeout)`` and ``returncode``; its process group is its pid."""
@@ -161,8 +182,15 @@ def start_process(args: list[str], stdout: IO[Any] | int | None = None, env: dic
         if not starter._busy:  # while its child runs, a second one starts as a new interpreter
             with contextlib.suppress(OSError):
                 return starter.start(args, stdout=stdout, env=env, cwd=where)
-    return subprocess.Popen([sys.executable, *args], stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            env=env, cwd=where, start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout else None,
+        env=env,
+        cwd=where,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
 
 
 def prestart(env: dict[str, str] | None = None, preload: tuple[str, ...] = PRELOAD) -> None:
@@ -237,8 +265,12 @@ def _exit(status: int) -> None:
     import atexit
     import threading
 
-    for step in (getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None), sys.stdout.flush,
-                 sys.stderr.flush):
+    for step in (
+        getattr(threading, "_shutdown", None),
+        getattr(atexit, "_run_exitfuncs", None),
+        sys.stdout.flush,
+        sys.stderr.flush,
+    ):
         with contextlib.suppress(BaseException):
             if step is not None:
                 step()

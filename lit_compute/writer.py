@@ -88,7 +88,9 @@ class Writer:
         dot (a profiler window's figures, a single validation run); with exactly two different values (a validation
         figure after two validation runs) its line chart scales the y axis to a fixed 0-1 ("ignore outliers", on by
         default), which leaves the line flat at the bottom or off the chart altogether."""
-        return frozenset(t for t in self.tags if self.points[t] >= 3 or (self.points[t] == 2 and t not in self.two_differ))
+        return frozenset(
+            t for t in self.tags if self.points[t] >= 3 or (self.points[t] == 2 and t not in self.two_differ)
+        )
 
 
 _WRITERS: weakref.WeakKeyDictionary[Any, Writer] = weakref.WeakKeyDictionary()
@@ -152,9 +154,11 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
             logger.log_metrics({**clean, **twins} if isinstance(logger, TensorBoardLogger) else clean, step=step)
         except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
             writer.failed_loggers.add(id(logger))
-            rank_zero_warn(f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
-                           "lit_compute's metrics are no longer sent to that logger; training goes on.",
-                           category=UserWarning)
+            rank_zero_warn(
+                f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
+                "lit_compute's metrics are no longer sent to that logger; training goes on.",
+                category=UserWarning,
+            )
     if first:
         write_run_record(trainer)
         log_text(trainer, "lit_compute/run", writer.record.table() if writer.record else run_info(trainer), step=0)
@@ -180,11 +184,14 @@ def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) 
     if tb is None:
         if trainer.loggers and trainer.is_global_zero and "no-tensorboard" not in writer.warned:
             writer.warned.add("no-tensorboard")
-            rank_zero_warn(f"lit_compute: no TensorBoard logger among this trainer's loggers "
-                           f"({', '.join(type(lg).__name__ for lg in trainer.loggers)}): TensorBoard-only output (the "
-                           "per-module FLOPs table, profiler op tables, advice and run-info text, the Custom Scalars "
-                           "layout) is not written; every scalar still goes to every logger, and profiler traces to "
-                           "disk.", category=UserWarning)
+            rank_zero_warn(
+                f"lit_compute: no TensorBoard logger among this trainer's loggers "
+                f"({', '.join(type(lg).__name__ for lg in trainer.loggers)}): TensorBoard-only output (the "
+                "per-module FLOPs table, profiler op tables, advice and run-info text, the Custom Scalars "
+                "layout) is not written; every scalar still goes to every logger, and profiler traces to "
+                "disk.",
+                category=UserWarning,
+            )
         return False
     if not trainer.is_global_zero:
         return False
@@ -194,8 +201,11 @@ def log_text(trainer: pl.Trainer, tag: str, text: str, step: int | None = None) 
         tb.experiment.add_text(tag, text, global_step=trainer.global_step if step is None else step)
     except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
         writer.failed_loggers.add(id(tb))
-        rank_zero_warn(f"lit_compute: writing text to TensorBoard failed with {_cause(err)}. "
-                       "lit_compute's output is no longer sent to it; training goes on.", category=UserWarning)
+        rank_zero_warn(
+            f"lit_compute: writing text to TensorBoard failed with {_cause(err)}. "
+            "lit_compute's output is no longer sent to it; training goes on.",
+            category=UserWarning,
+        )
         return False
     return True
 
@@ -216,8 +226,10 @@ def save_hparam(trainer: pl.Trainer, key: str, value: float) -> bool:
         hparams[key] = value
         save_hparams_to_yaml(f"{tb.log_dir}/{tb.NAME_HPARAMS_FILE}", hparams)
     except Exception as err:  # noqa: BLE001 - a hyperparameter file is not worth failing the run for
-        rank_zero_warn(f"lit_compute: adding {key} to hparams.yaml failed with {_cause(err)}; training goes on.",
-                       category=UserWarning)
+        rank_zero_warn(
+            f"lit_compute: adding {key} to hparams.yaml failed with {_cause(err)}; training goes on.",
+            category=UserWarning,
+        )
         return False
     return True
 
@@ -243,8 +255,11 @@ def write_layout(trainer: pl.Trainer, tags: Iterable[str]) -> bool:
         tb.experiment.flush()
     except Exception as err:  # noqa: BLE001 - a full disk or a deleted log folder must not stop training
         writer.failed_loggers.add(id(tb))
-        rank_zero_warn(f"lit_compute: writing the Custom Scalars layout to TensorBoard failed with {_cause(err)}. "
-                       "lit_compute's output is no longer sent to it; training goes on.", category=UserWarning)
+        rank_zero_warn(
+            f"lit_compute: writing the Custom Scalars layout to TensorBoard failed with {_cause(err)}. "
+            "lit_compute's output is no longer sent to it; training goes on.",
+            category=UserWarning,
+        )
         return False
     return True
 
@@ -262,15 +277,26 @@ def run_record(trainer: pl.Trainer) -> RunRecord:
     steps, epochs = getattr(trainer, "max_steps", -1), getattr(trainer, "max_epochs", None)
     workers = _compat.train_loader_workers(trainer)
     return RunRecord(
-        precision=str(trainer.precision), precision_plugin=type(trainer.precision_plugin).__name__, device=name,
-        chip=chip_for_name(name) if device.type == "cuda" else None, cpu=cpu_name(), nodes=layout.nodes,
-        devices_per_node=layout.devices_per_node, world_size=trainer.world_size, data_parallel=layout.data_parallel,
-        tensor_parallel=layout.tensor_parallel, strategy=type(trainer.strategy).__name__,
+        precision=str(trainer.precision),
+        precision_plugin=type(trainer.precision_plugin).__name__,
+        device=name,
+        chip=chip_for_name(name) if device.type == "cuda" else None,
+        cpu=cpu_name(),
+        nodes=layout.nodes,
+        devices_per_node=layout.devices_per_node,
+        world_size=trainer.world_size,
+        data_parallel=layout.data_parallel,
+        tensor_parallel=layout.tensor_parallel,
+        strategy=type(trainer.strategy).__name__,
         data=type(datamodule).__name__ if datamodule is not None else "dataloaders",
-        cpu_cores=_compat.available_cpu_cores(), torch_threads=torch.get_num_threads(),
-        loader_workers=int(workers) if workers.isdigit() else None, torch=torch.__version__,
-        lightning=lightning.__version__, planned_steps=steps if isinstance(steps, int) and steps > 0 else None,
-        planned_epochs=epochs if not (isinstance(steps, int) and steps > 0) and isinstance(epochs, int) else None)
+        cpu_cores=_compat.available_cpu_cores(),
+        torch_threads=torch.get_num_threads(),
+        loader_workers=int(workers) if workers.isdigit() else None,
+        torch=torch.__version__,
+        lightning=lightning.__version__,
+        planned_steps=steps if isinstance(steps, int) and steps > 0 else None,
+        planned_epochs=epochs if not (isinstance(steps, int) and steps > 0) and isinstance(epochs, int) else None,
+    )
 
 
 def run_info(trainer: pl.Trainer) -> str:
@@ -296,9 +322,11 @@ def write_run_record(trainer: pl.Trainer, op_classes: dict[str, Any] | None = No
     except OSError as err:
         if "run-record" not in writer.warned:
             writer.warned.add("run-record")
-            rank_zero_warn(f"lit_compute: writing the run record ({RECORD_FILE}) failed with {_cause(err)}; "
-                           "lit-compute whatif and report cannot read this run's facts. Training goes on.",
-                           category=UserWarning)
+            rank_zero_warn(
+                f"lit_compute: writing the run record ({RECORD_FILE}) failed with {_cause(err)}; "
+                "lit-compute whatif and report cannot read this run's facts. Training goes on.",
+                category=UserWarning,
+            )
 
 
 def link_loggers(trainer: pl.Trainer) -> None:

@@ -19,8 +19,12 @@ import sys
 from pathlib import Path
 
 # pip's setting -> uv's flag; each pip value may hold several entries separated by whitespace
-_FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-          "constraint": "--constraint"}
+_FLAGS = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
 
 
 def pip_settings() -> dict[str, list[str]]:
@@ -43,8 +47,17 @@ def pip_settings() -> dict[str, list[str]]:
 def uv_command(uv: str, requirements: list[str], settings: dict[str, list[str]]) -> list[str]:
     # --compile-bytecode: as pip does; without .pyc files (and with PYTHONDONTWRITEBYTECODE set, as on CI's machines)
     # every new interpreter compiles torch's and Lightning's sources again: importing Lightning took 11.8 s, not 6.3 s
-    command = [uv, "pip", "install", "--python", sys.executable, "--quiet", "--index-strategy", "unsafe-best-match",
-               "--compile-bytecode"]
+    command = [
+        uv,
+        "pip",
+        "install",
+        "--python",
+        sys.executable,
+        "--quiet",
+        "--index-strategy",
+        "unsafe-best-match",
+        "--compile-bytecode",
+    ]
     for name, flag in _FLAGS.items():
         for value in settings.get(name, []):
             command += [flag, value]

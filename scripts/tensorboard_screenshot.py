@@ -45,9 +45,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-ms", type=int, default=20000, help="virtual time the page gets to draw its charts")
     args = parser.parse_args(argv)
     port = _free_port()
-    board = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", args.log_dir, "--host",
-                              "127.0.0.1", "--port", str(port), "--load_fast=false"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    board = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            args.log_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _serving(port):
@@ -56,11 +69,24 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.5)
         with tempfile.TemporaryDirectory() as profile:
-            subprocess.run([args.browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                            f"--user-data-dir={profile}", f"--window-size={args.width},{args.height}",
-                            f"--virtual-time-budget={args.wait_ms}", f"--screenshot={args.out}",
-                            f"http://127.0.0.1:{port}/#custom_scalars"],
-                           check=True, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    args.browser,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--hide-scrollbars",
+                    f"--user-data-dir={profile}",
+                    f"--window-size={args.width},{args.height}",
+                    f"--virtual-time-budget={args.wait_ms}",
+                    f"--screenshot={args.out}",
+                    f"http://127.0.0.1:{port}/#custom_scalars",
+                ],
+                check=True,
+                timeout=300,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         print(args.out)
         return 0
     finally:

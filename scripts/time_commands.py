@@ -24,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     return f"{cpu}, {os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}"
 
 
@@ -47,7 +53,7 @@ def _write_readme_lines(readme: Path, lines: str) -> None:
     """Put ``lines`` between README.md's ``commands`` markers."""
     text = readme.read_text()
     start, end = "<!-- commands:start -->", "<!-- commands:end -->"
-    readme.write_text(text[:text.index(start) + len(start)] + "\n" + lines + text[text.index(end):])
+    readme.write_text(text[: text.index(start) + len(start)] + "\n" + lines + text[text.index(end) :])
 
 
 def slowest_table(out: str) -> str:
@@ -57,14 +63,20 @@ def slowest_table(out: str) -> str:
     rows = re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", block[1], flags=re.M)[:20] if len(block) > 1 else []
     if not rows:
         return "pytest printed no durations.\n"
-    lines = ["The 20 slowest tests of that run (pytest's `--durations=20`):", "", "| s | phase | test |", "|---:|---|---|"]
+    lines = [
+        "The 20 slowest tests of that run (pytest's `--durations=20`):",
+        "",
+        "| s | phase | test |",
+        "|---:|---|---|",
+    ]
     lines += [f"| {float(seconds):.1f} | {phase} | `{test}` |" for seconds, phase, test in rows]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     where = machine()
     with tempfile.TemporaryDirectory(prefix="lit_compute_clone_") as tmp:
         clone = Path(tmp) / "lit_compute"
@@ -78,7 +90,8 @@ def main() -> int:
         interim = f"`make demo` took {minutes(demo_s)}; `make test` is being timed.\n"
         (clone / "docs" / "figures" / "commands.md").write_text(
             f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} -->\n\n"
-            + interim)
+            + interim
+        )
         _write_readme_lines(clone / "README.md", interim)  # the README quotes only what that file holds
         status, test_s, out = timed(["make", "test"], clone)
         if status:
@@ -86,12 +99,16 @@ def main() -> int:
     summary = re.findall(r"^=* ?(\d+ passed.*?) in ([\d.]+)s", out, flags=re.M)  # -q prints it without the rule
     tests = f"{summary[-1][0]} in {float(summary[-1][1]):.0f} s of pytest" if summary else "pytest's summary not found"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = (f"*On a fresh clone at commit `{commit}`, {date}; {where}:* `make demo` took {minutes(demo_s)} "
-             f"(the install, 2 epochs of the demo, its report); `make test` took {minutes(test_s)} (the install, "
-             f"lint, type check and docs build, then {tests}).\n")
+    lines = (
+        f"*On a fresh clone at commit `{commit}`, {date}; {where}:* `make demo` took {minutes(demo_s)} "
+        f"(the install, 2 epochs of the demo, its report); `make test` took {minutes(test_s)} (the install, "
+        f"lint, type check and docs build, then {tests}).\n"
+    )
     figures = ROOT / "docs" / "figures" / "commands.md"
-    figures.write_text(f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
-                       f"-->\n\n{lines}\n{slowest_table(out)}")
+    figures.write_text(
+        f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
+        f"-->\n\n{lines}\n{slowest_table(out)}"
+    )
     _write_readme_lines(ROOT / "README.md", lines)
     sys.stdout.write(f"written: {figures} and README.md\n{lines}")
     return 0

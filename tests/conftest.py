@@ -67,7 +67,9 @@ class TwoOptimizerGAN(pl.LightningModule):
         (x,) = batch
         opt_g, opt_d = self.optimizers()
         fake = self.g(torch.randn_like(x))
-        d_loss = torch.nn.functional.softplus(-self.d(x)).mean() + torch.nn.functional.softplus(self.d(fake.detach())).mean()
+        d_loss = (
+            torch.nn.functional.softplus(-self.d(x)).mean() + torch.nn.functional.softplus(self.d(fake.detach())).mean()
+        )
         opt_d.zero_grad()
         self.manual_backward(d_loss)
         opt_d.step()
@@ -90,8 +92,13 @@ class SmallNet(torch.nn.Module):
         super().__init__()
         nn = torch.nn
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                                   nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+        self.block = nn.Sequential(
+            nn.Conv2d(16, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+        )
         self.head = nn.Linear(16, classes)
 
     def forward(self, x):
@@ -221,8 +228,13 @@ class TimedNet(pl.LightningModule):
     def __init__(self, clock: DrivenClock | None = None, compute_s: float = 0.01, slow: dict | None = None) -> None:
         super().__init__()
         self.clock, self.compute_s, self.slow = clock, compute_s, dict(slow or {})
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-                                       torch.nn.Flatten(), torch.nn.Linear(8, 4))
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 4),
+        )
 
     def training_step(self, batch, batch_idx):
         if self.clock is not None:
@@ -261,8 +273,11 @@ def run_script(tmp_path: Path, source: str, *args: str, timeout: float = 300) ->
 
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "NCCL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "NCCL_"))
+    }
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     # forked from a helper that has imported torch and Lightning (lit_compute.warm_start): the script starts in a
     # fraction of a second instead of paying the imports again; a new interpreter where that is not possible

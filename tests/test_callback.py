@@ -41,9 +41,17 @@ def test_a_failing_user_callback_turns_itself_off_and_training_goes_on(tmp_path)
     from lit_compute import StepTimeMonitor
 
     monitor = Fails(log_every_n_steps=2)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=6, log_every_n_steps=2, default_root_dir=str(tmp_path),
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=0, callbacks=[monitor, StepTimeMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        log_every_n_steps=2,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[monitor, StepTimeMonitor()],
+    )
     with pytest.warns(UserWarning, match="Fails: log_event failed with RuntimeError: bug in my callback.*disabled"):
         trainer.fit(BoringModel())
     assert trainer.global_step == 6 and monitor._disabled
@@ -55,5 +63,3 @@ def test_measuring_callback_is_public():
     import lit_compute
 
     assert "MeasuringCallback" in lit_compute.__all__ and MeasuringCallback.__module__ == "lit_compute.callback"
-
-

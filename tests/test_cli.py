@@ -79,7 +79,8 @@ def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
     cli = LitComputeCLI(
         args=[
             "fit",
-            "--config", str(ROOT / "configs" / "quickstart.yaml"),
+            "--config",
+            str(ROOT / "configs" / "quickstart.yaml"),
             "--trainer.max_steps=4",
             "--trainer.limit_val_batches=1",
             "--trainer.log_every_n_steps=1",
@@ -101,8 +102,12 @@ def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
 def test_any_lightning_module_class_path_works(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = LitComputeCLI(
-        args=["--model", "lightning.pytorch.demos.boring_classes.BoringModel",
-              "--data", "lightning.pytorch.demos.boring_classes.BoringDataModule"],
+        args=[
+            "--model",
+            "lightning.pytorch.demos.boring_classes.BoringModel",
+            "--data",
+            "lightning.pytorch.demos.boring_classes.BoringDataModule",
+        ],
         run=False,
     )
     assert type(cli.model).__name__ == "BoringModel"
@@ -112,11 +117,18 @@ def test_gpt_demo_trains_a_few_steps_with_token_metrics(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = LitComputeCLI(
         args=[
-            "fit", "--config", str(ROOT / "configs" / "gpt.yaml"),
-            "--trainer.max_steps=6", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2",
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "gpt.yaml"),
+            "--trainer.max_steps=6",
+            "--trainer.val_check_interval=3",
+            "--trainer.limit_val_batches=2",
             "--trainer.log_every_n_steps=2",
-            "--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
-            "--model.init_args.block_size=64", "--model.init_args.n_layer=1",
+            "--data.init_args.max_tokens=20000",
+            "--data.init_args.seq_len=64",
+            "--data.init_args.batch_size=4",
+            "--model.init_args.block_size=64",
+            "--model.init_args.n_layer=1",
         ]
     )
     for logger in cli.trainer.loggers:
@@ -124,15 +136,23 @@ def test_gpt_demo_trains_a_few_steps_with_token_metrics(tmp_path, monkeypatch):
             logger.close()
     acc = read_events(sorted(tmp_path.glob("lightning_logs/version_*"))[-1])
     tags = set(acc.Tags()["scalars"])
-    assert {"train/loss", "val/loss", "time/tokens_per_sec", "compute/padding_fraction", "compute/flops_per_step",
-            "compute/hardware_flops_per_step"} <= tags
+    assert {
+        "train/loss",
+        "val/loss",
+        "time/tokens_per_sec",
+        "compute/padding_fraction",
+        "compute/flops_per_step",
+        "compute/hardware_flops_per_step",
+    } <= tags
 
 
 def test_a_refused_argument_in_yaml_is_one_line_with_our_reason(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "bad.yaml"
-    config.write_text("trainer:\n  plugins:\n    - class_path: lit_compute.FP32BatchNormPrecision\n"
-                      "      init_args:\n        precision: 16-true\n")
+    config.write_text(
+        "trainer:\n  plugins:\n    - class_path: lit_compute.FP32BatchNormPrecision\n"
+        "      init_args:\n        precision: 16-true\n"
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(config)])
     assert exit_info.value.code == 2
@@ -149,8 +169,14 @@ def test_version_and_unknown_commands(capsys):
     assert "unknown command 'fitt'" in err and "report" in err and "bench" in err
 
 
-GPT_SMALL = ["--data.init_args.max_tokens=20000", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
-             "--model.init_args.block_size=64", "--model.init_args.n_layer=2", "--model.init_args.lr=0.0001"]
+GPT_SMALL = [
+    "--data.init_args.max_tokens=20000",
+    "--data.init_args.seq_len=64",
+    "--data.init_args.batch_size=4",
+    "--model.init_args.block_size=64",
+    "--model.init_args.n_layer=2",
+    "--model.init_args.lr=0.0001",
+]
 GPT_MODEL_PARALLEL = r"""
 import sys
 from lit_compute.cli import main
@@ -161,11 +187,13 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize(("data_parallel", "tensor_parallel"), [(1, 2), (2, 2)],
-                         ids=["tensor-parallel", "fsdp2-x-tensor-parallel"])
+@pytest.mark.parametrize(
+    ("data_parallel", "tensor_parallel"), [(1, 2), (2, 2)], ids=["tensor-parallel", "fsdp2-x-tensor-parallel"]
+)
 @pytest.mark.slow
-def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(tmp_path, data_parallel,
-                                                                                tensor_parallel):
+def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
+    tmp_path, data_parallel, tensor_parallel
+):
     """The config's default layout (tensor parallel 2) and both dimensions (FSDP2 x tensor parallel, 2 x 2 on four
     processes, with CommBenchmark over each mesh dimension), every component on; FSDP2 alone is
     tests/distributed/test_parallel_layouts.py's (20 s of the suite saved here). The GPT has an
@@ -178,24 +206,28 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     from .conftest import run_script, scalar_values, text_values
 
     config = yaml.safe_load((ROOT / "configs" / "gpt_model_parallel.yaml").read_text())
-    config["trainer"]["strategy"]["init_args"].update(data_parallel_size=data_parallel,
-                                                      tensor_parallel_size=tensor_parallel)
+    config["trainer"]["strategy"]["init_args"].update(
+        data_parallel_size=data_parallel, tensor_parallel_size=tensor_parallel
+    )
     config["trainer"]["callbacks"][3]["init_args"].update(start_step=6, warmup=1, active=2)  # the profiler window
     config["trainer"]["logger"][1]["init_args"]["port"] = 0  # PrometheusLogger on a free port
     config["data"]["init_args"]["mode"] = "packed"  # one shape: the memory prediction is of that shape
     world = data_parallel * tensor_parallel
     config["trainer"]["devices"] = world
     if world == 4:
-        config["trainer"]["callbacks"].append({"class_path": "lit_compute.CommBenchmark",
-                                               "init_args": {"max_mb": 0.05, "seconds": 2}})
+        config["trainer"]["callbacks"].append(
+            {"class_path": "lit_compute.CommBenchmark", "init_args": {"max_mb": 0.05, "seconds": 2}}
+        )
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = run_script(tmp_path, GPT_MODEL_PARALLEL, str(tmp_path / "config.yaml"), *GPT_SMALL, timeout=400)
     assert result.returncode == 0, result.stdout[-4000:]
     (version,) = tmp_path.glob("lightning_logs/version_*")
     acc = read_events(version)
     (run,) = text_values(acc, "lit_compute/run")
-    assert (f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
-            and "ModelParallelStrategy" in run)
+    assert (
+        f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
+        and "ModelParallelStrategy" in run
+    )
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
     hardware = scalar_values(acc, "compute/hardware_flops_per_step")[-1][1]
     assert total == pytest.approx(world * local, rel=1e-6)  # peers with the same count
@@ -210,8 +242,14 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     assert hardware >= local
     assert unsharded < total < tensor_parallel * unsharded
     tags = set(acc.Tags()["scalars"])
-    assert {"val/loss", "time/global_tokens_per_sec", "time/rank_skew", "rank/1/step_ms", "compute/mfu",
-            "memory/peak_gb_rank_max"} <= tags
+    assert {
+        "val/loss",
+        "time/global_tokens_per_sec",
+        "time/rank_skew",
+        "rank/1/step_ms",
+        "compute/mfu",
+        "memory/peak_gb_rank_max",
+    } <= tags
     assert all(math.isfinite(v) for _, v in scalar_values(acc, "train/loss"))
     traces = sorted(p.name for p in (version / "profiler").glob("*.pt.trace.json"))
     assert [t.split("_")[-1] for t in traces] == [f"rank{r}.pt.trace.json" for r in range(world)]
@@ -235,35 +273,50 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     capacity = 2 * max(r.peak_bytes for r in plan.rows)
     fitted = estimate(tmp_path / "config.yaml", micro_batches=[4], memory=capacity, overrides=GPT_SMALL)
     assert fitted.largest_fitting and fitted.largest_fitting > 4 and fitted.next_size.peak_bytes > capacity
-    assert any(n.startswith(f"largest micro-batch that fits: {fitted.largest_fitting} ") and "the largest)" in n
-               for n in fitted.notes), fitted.notes
+    assert any(
+        n.startswith(f"largest micro-batch that fits: {fitted.largest_fitting} ") and "the largest)" in n
+        for n in fitted.notes
+    ), fitted.notes
 
 
 BAD_CONFIGS = {
     "empty": ("", "the config file is empty"),
     "unknown_section": ("trainr:\n  max_steps: 2\n", "does not accept option 'trainr.max_steps'"),
     "unknown_trainer_argument": ("trainer:\n  max_stepz: 2\n", "does not accept option 'trainer.max_stepz'"),
-    "wrong_type": ("trainer:\n  max_steps: many\n", 'Parser key "trainer.max_steps": Expected a <class \'int\'>'),
+    "wrong_type": ("trainer:\n  max_steps: many\n", "Parser key \"trainer.max_steps\": Expected a <class 'int'>"),
     "yaml_syntax": ("trainer:\n  max_steps: [2\n", "Problems parsing config"),
     "tab_indent": ("trainer:\n\tmax_steps: 2\n", "Problems parsing config"),
-    "misspelt_callback": ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopLogger\n",
-                          "lit_compute.FlopLogger: module 'lit_compute' has no attribute 'FlopLogger'"),
-    "callback_option": ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
-                        "        windoww: 3\n", "lit_compute.StepTimeMonitor: Option 'windoww' is not accepted"),
-    "callback_type": ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
-                      "        window: abc\n", 'Parser key "window" Expected a <class \'int\'>. Got value: abc'),
-    "misspelt_model": ("model:\n  class_path: lit_compute.models.ImageClassifer\n",
-                       "module 'lit_compute.models' has no attribute 'ImageClassifer'"),
-    "data_type": ("data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    batch_size: big\n",
-                  'Parser key "batch_size" Expected a <class \'int\'>. Got value: big'),
+    "misspelt_callback": (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopLogger\n",
+        "lit_compute.FlopLogger: module 'lit_compute' has no attribute 'FlopLogger'",
+    ),
+    "callback_option": (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        windoww: 3\n",
+        "lit_compute.StepTimeMonitor: Option 'windoww' is not accepted",
+    ),
+    "callback_type": (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
+        "        window: abc\n",
+        "Parser key \"window\" Expected a <class 'int'>. Got value: abc",
+    ),
+    "misspelt_model": (
+        "model:\n  class_path: lit_compute.models.ImageClassifer\n",
+        "module 'lit_compute.models' has no attribute 'ImageClassifer'",
+    ),
+    "data_type": (
+        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    batch_size: big\n",
+        "Parser key \"batch_size\" Expected a <class 'int'>. Got value: big",
+    ),
     "precision": ("trainer:\n  precision: 17-mixed\n", "Given value: 17-mixed is none of"),
     "strategy_name": ("trainer:\n  strategy: ddp_tunned\n", "invalid strategy name: `strategy='ddp_tunned'`"),
     "accelerator": ("trainer:\n  accelerator: tpuu\n", "invalid accelerator name: `accelerator='tpuu'`"),
     "devices": ("trainer:\n  devices: zero\n", "`devices` selected with `CPUAccelerator` should be an int > 0"),
     "section_shape": ("trainer:\n  - max_steps: 2\n", "a section of the config is not a mapping"),
-    "data_dir": ("data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
-                 "    data_dir: /nonexistent/folder\n", "TorchvisionImageDataModule(data_dir='/nonexistent/folder'): the "
-                 "folder does not exist"),
+    "data_dir": (
+        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
+        "    data_dir: /nonexistent/folder\n",
+        "TorchvisionImageDataModule(data_dir='/nonexistent/folder'): the folder does not exist",
+    ),
 }
 
 
@@ -284,19 +337,31 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     assert not list(tmp_path.glob("lightning_logs/version_*"))  # no empty run for TensorBoard to list
 
 
-@pytest.mark.parametrize(("text", "suggestion"), [
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peek: measure\n",
-     "did you mean 'peak'?"),
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitr\n", "did you mean 'StepTimeMonitor'?"),
-    ("trainr:\n  max_steps: 2\n", "did you mean 'trainer'?"),
-    ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: twenty\n",
-     "StepTimeMonitor's window takes an int, e.g. window: "),  # its default
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: mesure\n",
-     "did you mean 'measure'?"),
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: fancy\n",
-     "peak takes one of table, measure, remeasure, none"),
-], ids=["option", "class", "section", "trainer-argument", "value-type", "choice", "choices"])
+@pytest.mark.parametrize(
+    ("text", "suggestion"),
+    [
+        (
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peek: measure\n",
+            "did you mean 'peak'?",
+        ),
+        ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitr\n", "did you mean 'StepTimeMonitor'?"),
+        ("trainr:\n  max_steps: 2\n", "did you mean 'trainer'?"),
+        ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
+        (
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: twenty\n",
+            "StepTimeMonitor's window takes an int, e.g. window: ",
+        ),  # its default
+        (
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: mesure\n",
+            "did you mean 'measure'?",
+        ),
+        (
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: fancy\n",
+            "peak takes one of table, measure, remeasure, none",
+        ),
+    ],
+    ids=["option", "class", "section", "trainer-argument", "value-type", "choice", "choices"],
+)
 def test_a_misspelt_key_or_class_gets_a_close_match(tmp_path, monkeypatch, capsys, text, suggestion):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "typo.yaml").write_text(text)
@@ -317,8 +382,10 @@ def test_a_config_path_that_does_not_exist_is_one_line(tmp_path, monkeypatch, ca
 @pytest.mark.timeout(120)
 def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "boring.yaml").write_text("model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\n"
-                                          "trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n")
+    (tmp_path / "boring.yaml").write_text(
+        "model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\n"
+        "trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n"
+    )
     (tmp_path / "config.yaml").write_text("# the user's own file\n")
     cli = LitComputeCLI(args=["fit", "--config", str(tmp_path / "boring.yaml")])
     assert cli.datamodule is None and cli.trainer.global_step == 2
@@ -327,7 +394,7 @@ def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypa
     assert (tmp_path / "config.yaml").read_text() == "# the user's own file\n"
 
 
-USER_CLASSES = '''
+USER_CLASSES = """
 import lightning.pytorch as pl
 import torch
 import yaml
@@ -358,7 +425,7 @@ class MyData(pl.LightningDataModule):
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(64, 4, generator=g), torch.randint(0, self.hparams.num_classes, (64,), generator=g)
         return DataLoader(TensorDataset(x, y), batch_size=self.hparams.batch_size)
-'''
+"""
 
 
 @pytest.mark.timeout(120)
@@ -368,9 +435,11 @@ def test_a_users_own_classes_keep_their_own_defaults(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     (tmp_path / "user_classes.py").write_text(USER_CLASSES)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "mine.yaml").write_text("trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n"
-                                        "model:\n  class_path: user_classes.MyModel\n"
-                                        "data:\n  class_path: user_classes.MyData\n")
+    (tmp_path / "mine.yaml").write_text(
+        "trainer:\n  max_steps: 2\n  logger: false\n  enable_checkpointing: false\n"
+        "model:\n  class_path: user_classes.MyModel\n"
+        "data:\n  class_path: user_classes.MyData\n"
+    )
     cli = LitComputeCLI(args=["fit", "--config", "mine.yaml"])
     assert (cli.model.hparams.num_classes, cli.model.hparams.lr) == (5, 0.5)
     assert (cli.datamodule.hparams.batch_size, cli.datamodule.hparams.num_classes) == (32, 5)

@@ -67,6 +67,7 @@ def test_a_watcher_that_raises_never_breaks_the_collective(gloo):
 def test_a_clock_that_raises_skips_its_watcher_never_the_collective(gloo):
     """A watcher's clock can be a CUDA event's record (the timeline's under NCCL): if it raises, that watcher misses
     the call, the collective and the other watchers do not."""
+
     def broken_clock() -> float:
         raise RuntimeError("CUDA error: an illegal memory access")
 

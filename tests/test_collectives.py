@@ -37,8 +37,9 @@ class CollectiveWatch(SingleDeviceStrategy):
             return  # Lightning's own
         if any(f.name in ("_all_reduce_sum", "setup") for f in ours):
             return
-        self.violations.append(f"{name} from {ours[-1].filename.split('/lit_compute/')[-1]}:{ours[-1].lineno} "
-                               f"({ours[-1].name})")
+        self.violations.append(
+            f"{name} from {ours[-1].filename.split('/lit_compute/')[-1]}:{ours[-1].lineno} ({ours[-1].name})"
+        )
 
     def broadcast(self, obj, src=0):
         self._check("broadcast")
@@ -59,12 +60,24 @@ class CollectiveWatch(SingleDeviceStrategy):
 
 def _run_everything(tmp_path) -> CollectiveWatch:
     watch = CollectiveWatch()
-    callbacks = [FlopsLogger(peak="none", log_every_n_steps=1), StepTimeMonitor(log_every_n_steps=1),
-                 DeviceMonitor(gpu=False, log_every_n_steps=1), LossScaleMonitor(log_every_n_steps=1),
-                 ProfilerWindow(start_step=1, warmup=0, active=2), CommBenchmark(max_mb=0.1, seconds=1)]
-    trainer = make_trainer(tmp_path, max_steps=5, limit_train_batches=5, limit_val_batches=2, val_check_interval=2,
-                           strategy=watch, callbacks=callbacks,
-                           logger=[pl.loggers.TensorBoardLogger(str(tmp_path), name="tb"), PrometheusLogger(port=0)])
+    callbacks = [
+        FlopsLogger(peak="none", log_every_n_steps=1),
+        StepTimeMonitor(log_every_n_steps=1),
+        DeviceMonitor(gpu=False, log_every_n_steps=1),
+        LossScaleMonitor(log_every_n_steps=1),
+        ProfilerWindow(start_step=1, warmup=0, active=2),
+        CommBenchmark(max_mb=0.1, seconds=1),
+    ]
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=5,
+        limit_train_batches=5,
+        limit_val_batches=2,
+        val_check_interval=2,
+        strategy=watch,
+        callbacks=callbacks,
+        logger=[pl.loggers.TensorBoardLogger(str(tmp_path), name="tb"), PrometheusLogger(port=0)],
+    )
     model, data = tiny_model(), tiny_data()
     trainer.fit(model, datamodule=data)
     trainer.validate(model, datamodule=data)

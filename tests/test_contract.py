@@ -16,16 +16,24 @@ import lit_compute
 from .conftest import make_trainer, small_model, tiny_data, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-LIGHTNING_BASES = (Callback, LightningDataModule, LightningModule, pl.plugins.Precision, pl.strategies.Strategy,
-                   pl.loggers.Logger)
+LIGHTNING_BASES = (
+    Callback,
+    LightningDataModule,
+    LightningModule,
+    pl.plugins.Precision,
+    pl.strategies.Strategy,
+    pl.loggers.Logger,
+)
 COMPONENTS = sorted(
-    name for name in lit_compute.__all__
+    name
+    for name in lit_compute.__all__
     if inspect.isclass(getattr(lit_compute, name)) and issubclass(getattr(lit_compute, name), LIGHTNING_BASES)
 )
 # Defaults that would make a component too slow for a unit test (the defaults still build in test_builds...).
 TEST_ARGS: dict[str, dict] = {
-    "TorchvisionImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4,
-                                       synthetic_images_per_class=8, num_workers=0),
+    "TorchvisionImageDataModule": dict(
+        batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8, num_workers=0
+    ),
     "ImageClassifier": dict(num_classes=4),
     "PrometheusLogger": dict(port=0),
     "FlopsLogger": dict(peak="none"),

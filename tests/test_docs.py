@@ -17,18 +17,25 @@ FIGURES = sorted((ROOT / "docs" / "figures").glob("*.md"))
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # What a measurement looks like in prose: a number with a unit of time, rate, size or share, or a ratio (2.02x).
-UNITS = (r"ms|us|s|sec|seconds|min|minutes|h|hours|[GMT]?FLOP/s|[KMG]i?B|samples/s|tokens/s|images/s|"
-         r"device-hours|%")
+UNITS = (
+    r"ms|us|s|sec|seconds|min|minutes|h|hours|[GMT]?FLOP/s|[KMG]i?B|samples/s|tokens/s|images/s|"
+    r"device-hours|%"
+)
 MEASURE = re.compile(r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?(?:\s?(?:" + UNITS + r")(?![\w/])|x(?![\w]))")
-HEADER = re.compile(r"<!-- written by `(lit-compute [^`]+|scripts/[^`]+)` at commit ([0-9a-f]{7,40})( with uncommitted "
-                    r"changes)? on (\d{4}-\d\d-\d\d \d\d:\d\d UTC); machine: (.+) -->")
+HEADER = re.compile(
+    r"<!-- written by `(lit-compute [^`]+|scripts/[^`]+)` at commit ([0-9a-f]{7,40})( with uncommitted "
+    r"changes)? on (\d{4}-\d\d-\d\d \d\d:\d\d UTC); machine: (.+) -->"
+)
 
 # Numbers that are not measurements (defaults, thresholds and tolerances the code or a test states), each excused
 # only where it stands: the page and a snippet of its prose around the number (an entry whose snippet is gone fails)
 NOT_MEASURED = {
     ("docs/tune.md", "95% interval is within +-3%"): "the trial's confidence interval and its target width "
-                                                     "(TrialRecorder)",
-    ("docs/tune.md", "the ratio's 95% interval"): "the confidence level of the tune's paired intervals (tuning/search.py)",
+    "(TrialRecorder)",
+    (
+        "docs/tune.md",
+        "the ratio's 95% interval",
+    ): "the confidence level of the tune's paired intervals (tuning/search.py)",
     ("docs/tune.md", "(3%), rejected"): "--min-gain's default (tuning/tune.py)",
     ("docs/tune.md", "3% until it has"): "the tune's prior run-to-run spread (tuning/search.py Options.run_noise)",
     ("docs/tune.md", "(+5% at most"): "the budget's allowance for the last trial (tuning/tune.py)",
@@ -45,7 +52,7 @@ NOT_MEASURED = {
     ("docs/memory.md", "all within 10%"): "the tolerance tests/planning/test_estimate.py asserts",
     ("docs/memory.md", "and 300 seconds"): "the CPU build's time limit (planning/estimate.py BUILD_SECONDS)",
     ("docs/memory.md", "pools, 2 MiB and 20 MiB segments"): "the CUDA caching allocator's segment sizes "
-                                                           "(memory/caching_allocator.py)",
+    "(memory/caching_allocator.py)",
     ("docs/whatif.md", "at 80% of the"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "links: 80%"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "bandwidth: 85%"): "the memory-bandwidth efficiency whatif assumes (DEFAULT_EFFICIENCY)",
@@ -77,10 +84,14 @@ def _prose(text: str) -> str:
 
 
 def test_the_measurement_pattern_finds_measurements_and_leaves_words_alone():
-    found = [m.group(0) for m in MEASURE.finditer("took 8.4 minutes (503 s), 1.016 ratio, 2.02x faster, +-2.9%, "
-                                                  "45.49 ms, 8,325 tokens/s, 2.14 GB, 777 GFLOP/s")]
-    assert found == ["8.4 minutes", "503 s", "2.02x", "-2.9%", "45.49 ms", "8,325 tokens/s", "2.14 GB",
-                     "777 GFLOP/s"]
+    found = [
+        m.group(0)
+        for m in MEASURE.finditer(
+            "took 8.4 minutes (503 s), 1.016 ratio, 2.02x faster, +-2.9%, "
+            "45.49 ms, 8,325 tokens/s, 2.14 GB, 777 GFLOP/s"
+        )
+    ]
+    assert found == ["8.4 minutes", "503 s", "2.02x", "-2.9%", "45.49 ms", "8,325 tokens/s", "2.14 GB", "777 GFLOP/s"]
     assert not MEASURE.findall("ResNet-50 v1.5, layer4, 2 x 1 nodes, bf16, x86, H100, step 20, batch 32")
 
 
@@ -109,9 +120,16 @@ def _unsourced(name: str, prose: str, cited: dict[str, str]) -> tuple[list[str],
     unsourced, used = [], set()
     for number in MEASURE.finditer(prose):
         text = number.group(0).lstrip("+-")
-        excuse = next(((page, snippet) for page, snippet in NOT_MEASURED if page == name
-                       for at in [m.start() for m in re.finditer(re.escape(snippet), prose)]
-                       if at <= number.start() and number.end() <= at + len(snippet)), None)
+        excuse = next(
+            (
+                (page, snippet)
+                for page, snippet in NOT_MEASURED
+                if page == name
+                for at in [m.start() for m in re.finditer(re.escape(snippet), prose)]
+                if at <= number.start() and number.end() <= at + len(snippet)
+            ),
+            None,
+        )
         if excuse:
             used.add(excuse)
         elif not any(_as_written(text).search(figure) for figure in cited.values()):
@@ -125,9 +143,11 @@ def test_every_measured_number_in_readme_and_docs_comes_from_a_figure_file_it_ci
         missing, excused = _unsourced(str(page.relative_to(ROOT)), _prose(page.read_text()), _cited(page))
         unsourced += missing
         used |= excused
-    assert not unsourced, ("numbers with their unit in none of the figure files their page cites (write them with the "
-                           "command's --markdown and include or link that file, or say in NOT_MEASURED what they "
-                           "are):\n" + "\n".join(unsourced))
+    assert not unsourced, (
+        "numbers with their unit in none of the figure files their page cites (write them with the "
+        "command's --markdown and include or link that file, or say in NOT_MEASURED what they "
+        "are):\n" + "\n".join(unsourced)
+    )
     stale = sorted(set(NOT_MEASURED) - used)
     assert not stale, f"NOT_MEASURED entries whose snippet no longer holds the number on its page: {stale}"
 
@@ -136,10 +156,14 @@ def test_a_number_is_checked_with_its_unit_against_the_file_its_page_cites():
     figures = {"a.md": "took 8.4 minutes (503 s); 2.02x faster", "b.md": "18.4 minutes; 777 GFLOP/s"}
     prose = "took 8.4 minutes, 503 s, 503 ms, 2.02x, 777 GFLOP/s; a tolerance of 5% (the test's)"
     missing, _ = _unsourced("p.md", prose, {"a.md": figures["a.md"]})
-    assert missing == ["p.md: 503 ms (cites ['a.md'])", "p.md: 777 GFLOP/s (cites ['a.md'])",
-                       "p.md: 5% (cites ['a.md'])"]
+    assert missing == [
+        "p.md: 503 ms (cites ['a.md'])",
+        "p.md: 777 GFLOP/s (cites ['a.md'])",
+        "p.md: 5% (cites ['a.md'])",
+    ]
     assert [m.split(": ")[1] for m in _unsourced("p.md", "8.4 minutes", {"b.md": figures["b.md"]})[0]] == [
-        "8.4 minutes (cites ['b.md'])"]  # "18.4 minutes" is another figure
+        "8.4 minutes (cites ['b.md'])"
+    ]  # "18.4 minutes" is another figure
 
 
 def test_every_snippet_a_page_includes_exists():
@@ -156,13 +180,20 @@ def test_the_readme_fits_on_a_screen_and_its_links_resolve():
             assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
 
 
-@pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
-                    reason="mkdocs is not installed: pip install -e '.[dev]'")
+@pytest.mark.skipif(
+    shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
+    reason="mkdocs is not installed: pip install -e '.[dev]'",
+)
 def test_the_docs_site_builds_strict(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
-    result = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1",
-                                                                              "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     page = (tmp_path / "site" / "flops" / "index.html").read_text()
     assert "lit_compute.flops.FlopsLogger" in page  # the API reference rendered from the docstrings

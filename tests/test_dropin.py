@@ -32,7 +32,7 @@ def _prefix(ours: type, upstream: type) -> None:
     up = [p for p in inspect.signature(upstream).parameters.values() if p.kind != p.VAR_KEYWORD]
     mine = list(inspect.signature(ours).parameters.values())
     assert [p.name for p in mine[: len(up)]] == [p.name for p in up]
-    extra = [p for p in mine[len(up):] if p.kind != p.VAR_KEYWORD]
+    extra = [p for p in mine[len(up) :] if p.kind != p.VAR_KEYWORD]
     assert all(p.kind == p.KEYWORD_ONLY for p in extra), [p.name for p in extra if p.kind != p.KEYWORD_ONLY]
     return {p.name: p.default for p in up}, {p.name: p.default for p in mine[: len(up)]}
 
@@ -64,8 +64,9 @@ def test_a_device_in_the_second_place_is_a_device_never_a_norm_list():
         FP32BatchNormHalfPrecision("16-true")
 
 
-@pytest.mark.parametrize("plugin", [FP32BatchNormPrecision("bf16-mixed", "cuda"), FP32BatchNormHalfPrecision()],
-                         ids=["mixed", "true"])
+@pytest.mark.parametrize(
+    "plugin", [FP32BatchNormPrecision("bf16-mixed", "cuda"), FP32BatchNormHalfPrecision()], ids=["mixed", "true"]
+)
 def test_lightnings_throughput_monitor_sees_the_bf16_peak(plugin, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "NVIDIA A100-SXM4-80GB")
     trainer = Mock(precision_plugin=plugin, world_size=1, enable_validation=False)
@@ -140,8 +141,13 @@ def test_tuned_ddp_is_a_ddp_strategy_with_its_constructor_and_defaults():
     up, ours = _prefix(TunedDDPStrategy, DDPStrategy)
     assert ours == up  # upstream defaults (timeout, start_method, ...)
     assert TunedDDPStrategy()._ddp_kwargs == DDPStrategy()._ddp_kwargs == {}  # nothing forced on DDP
-    strategy = TunedDDPStrategy(timeout=timedelta(seconds=77), process_group_backend="gloo", broadcast_buffers=False,
-                                start_method="spawn", bucket_cap_mb=10)
+    strategy = TunedDDPStrategy(
+        timeout=timedelta(seconds=77),
+        process_group_backend="gloo",
+        broadcast_buffers=False,
+        start_method="spawn",
+        bucket_cap_mb=10,
+    )
     assert strategy._timeout == timedelta(seconds=77) and strategy._process_group_backend == "gloo"
     assert strategy._ddp_kwargs == {"broadcast_buffers": False, "bucket_cap_mb": 10}
     assert strategy._start_method == "spawn"
@@ -165,8 +171,12 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(dist, "init_process_group", recording)
-    trainer = make_trainer(tmp_path, max_steps=1, devices=1,
-                           strategy=TunedDDPStrategy(timeout=timedelta(seconds=123), process_group_backend="gloo"))
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=1,
+        devices=1,
+        strategy=TunedDDPStrategy(timeout=timedelta(seconds=123), process_group_backend="gloo"),
+    )
     try:
         trainer.fit(tiny_model(), datamodule=tiny_data())
     finally:
@@ -178,10 +188,13 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_ddp_tuned_is_a_strategy_name_after_importing_lit_compute(tmp_path):
     """lit_compute imported first (the other order, Lightning first, is the fit-then-test script's below)."""
-    source = "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger" + """
+    source = (
+        "import lit_compute\nimport lightning.pytorch as pl\nfrom lit_compute import FlopsLogger"
+        + """
 trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="ddp_tuned", logger=False)
 print("STRATEGY", type(trainer.strategy).__name__)
 """
+    )
     result = run_script(tmp_path, source, timeout=120)
     assert result.returncode == 0 and "STRATEGY TunedDDPStrategy" in result.stdout, result.stdout[-2000:]
 
@@ -336,8 +349,12 @@ def test_custom_mapping_display_false_as_upstream():
 def test_flops_logger_still_logs_through_the_upstream_classes(tmp_path):
     from lit_compute import FlopsLogger
 
-    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-mixed")],
-                           callbacks=[FlopsLogger(peak_flops=1e12, log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        plugins=[FP32BatchNormPrecision("bf16-mixed")],
+        callbacks=[FlopsLogger(peak_flops=1e12, log_every_n_steps=1)],
+    )
     trainer.fit(small_model(), datamodule=tiny_data())  # bf16: small work for a CPU without bf16 instructions
     assert scalar_values(read_events(trainer.logger.log_dir), "compute/flops_per_step")
 

@@ -64,8 +64,14 @@ def test_flops_logger_mfu_against_the_dense_bf16_table_peak(tmp_path):
     table = peak_flops(torch.device("cuda", 0), torch.bfloat16)
     if table is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not in the peak table")
-    trainer = _gpu_trainer(tmp_path, max_steps=6, limit_train_batches=6, log_every_n_steps=2,
-                           callbacks=[FlopsLogger(peak="table")], plugins=[FP32BatchNormPrecision("bf16-mixed")])
+    trainer = _gpu_trainer(
+        tmp_path,
+        max_steps=6,
+        limit_train_batches=6,
+        log_every_n_steps=2,
+        callbacks=[FlopsLogger(peak="table")],
+        plugins=[FP32BatchNormPrecision("bf16-mixed")],
+    )
     trainer.fit(tiny_model(), train_dataloaders=_loader())
     acc = read_events(trainer.logger.log_dir)
     assert scalar_values(acc, "compute/peak_tflops")[-1][1] == pytest.approx(table / 1e12)
@@ -122,8 +128,13 @@ def test_profiler_window_on_cuda_counts_each_step_once_and_measures_gpu_idle(tmp
     traces = sorted((Path(trainer.log_dir) / "profiler").glob("*.pt.trace.json"))
     assert [t.name for t in traces] == ["window1_steps3-4.pt.trace.json"]
     events = json.loads(traces[0].read_text())["traceEvents"]
-    cpu_steps = sorted(int(m.group(1)) for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-                       and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
+    cpu_steps = sorted(
+        int(m.group(1))
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", ""))))
+    )
     assert cpu_steps == [3, 4]
     assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity was recorded
     acc = read_events(trainer.log_dir)
@@ -149,12 +160,18 @@ def test_fsdp_gpt_logs_mfu_hfu_tokens_and_keeps_layernorm_float32(tmp_path):
                 ln.register_forward_hook(lambda m, i, o: seen.setdefault("ln", m.weight.dtype) and None)
                 seen["hooked"] = True
 
-    trainer = _gpu_trainer(tmp_path, max_steps=6, devices=1, strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
-                           plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
-                           callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=2),
-                                      StepTimeMonitor(log_every_n_steps=2)])
-    trainer.fit(GPT(block_size=128, n_layer=2, n_head=2, n_embd=64),
-                datamodule=TokenDataModule(mode="padded", batch_size=8, seq_len=128, max_tokens=50_000))
+    trainer = _gpu_trainer(
+        tmp_path,
+        max_steps=6,
+        devices=1,
+        strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
+        plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
+        callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2)],
+    )
+    trainer.fit(
+        GPT(block_size=128, n_layer=2, n_head=2, n_embd=64),
+        datamodule=TokenDataModule(mode="padded", batch_size=8, seq_len=128, max_tokens=50_000),
+    )
     acc = read_events(trainer.logger.log_dir)
     tags = set(acc.Tags()["scalars"])
     assert {"compute/mfu", "compute/hfu", "time/tokens_per_sec", "compute/padding_fraction"} <= tags
@@ -189,8 +206,9 @@ def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
             super().__init__()
             self.net = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 4))
             # "and None": a forward hook that returns a value replaces the module's output
-            self.net[1].register_forward_hook(lambda m, i, o: seen.setdefault("ln", (i[0].dtype, m.weight.dtype))
-                                              and None)
+            self.net[1].register_forward_hook(
+                lambda m, i, o: seen.setdefault("ln", (i[0].dtype, m.weight.dtype)) and None
+            )
             self.net[2].register_forward_hook(lambda m, i, o: seen.setdefault("fc", m.weight.dtype) and None)
 
         def configure_model(self):
@@ -204,8 +222,13 @@ def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     data = DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 64)), batch_size=32)
-    trainer = _gpu_trainer(tmp_path, max_steps=6, devices=1, strategy=ModelParallelStrategy(),
-                           callbacks=[FlopsLogger(peak="table", log_every_n_steps=2)])
+    trainer = _gpu_trainer(
+        tmp_path,
+        max_steps=6,
+        devices=1,
+        strategy=ModelParallelStrategy(),
+        callbacks=[FlopsLogger(peak="table", log_every_n_steps=2)],
+    )
     trainer.fit(Net(), train_dataloaders=data)
     assert seen["ln"] == (torch.float32, torch.float32) and seen["fc"] == torch.bfloat16
     acc = read_events(trainer.logger.log_dir)
@@ -241,23 +264,41 @@ def test_estimate_on_cuda_is_within_10_percent_of_the_allocators_peak(tmp_path, 
     from lit_compute.planning import estimate
 
     monkeypatch.chdir(tmp_path)
-    config = {"trainer": {"accelerator": "gpu", "devices": 1, "logger": False, "enable_checkpointing": False},
-              "model": {"class_path": "lit_compute.models.ImageClassifier",
-                        "init_args": {"arch": "resnet50", "num_classes": 10}},
-              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
-                       "init_args": {"image_size": 128, "num_workers": 0, "batch_size": 16}}}
+    config = {
+        "trainer": {"accelerator": "gpu", "devices": 1, "logger": False, "enable_checkpointing": False},
+        "model": {
+            "class_path": "lit_compute.models.ImageClassifier",
+            "init_args": {"arch": "resnet50", "num_classes": 10},
+        },
+        "data": {
+            "class_path": "lit_compute.data.TorchvisionImageDataModule",
+            "init_args": {"image_size": 128, "num_workers": 0, "batch_size": 16},
+        },
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     plan = estimate(tmp_path / "c.yaml", micro_batches=[8, 16, 32])
     for row in plan.rows:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        LitComputeCLI(args=["fit", "--config", "c.yaml", f"--data.init_args.batch_size={row.micro_batch}",
-                            "--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
-                            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])
+        LitComputeCLI(
+            args=[
+                "fit",
+                "--config",
+                "c.yaml",
+                f"--data.init_args.batch_size={row.micro_batch}",
+                "--trainer.max_steps=3",
+                "--trainer.limit_val_batches=0",
+                "--trainer.num_sanity_val_steps=0",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.enable_model_summary=false",
+            ]
+        )
         measured, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-        print(f"estimate on CUDA, micro-batch {row.micro_batch}: allocated {row.peak_bytes / 1e6:.1f} MB predicted, "
-              f"{measured / 1e6:.1f} MB measured; reserved {row.reserved_bytes / 1e6:.1f} MB predicted, "
-              f"{reserved / 1e6:.1f} MB measured")
+        print(
+            f"estimate on CUDA, micro-batch {row.micro_batch}: allocated {row.peak_bytes / 1e6:.1f} MB predicted, "
+            f"{measured / 1e6:.1f} MB measured; reserved {row.reserved_bytes / 1e6:.1f} MB predicted, "
+            f"{reserved / 1e6:.1f} MB measured"
+        )
         assert row.reserved_bytes is not None and row.reserved_bytes >= row.peak_bytes
         assert row.peak_bytes == pytest.approx(measured, rel=0.10), (row.micro_batch, row.peak_bytes, measured)
 
@@ -269,8 +310,13 @@ def test_a_gpu_run_is_priced_against_its_own_chip(tmp_path, capsys):
     from lit_compute.planning.whatif_cli import main
     from lit_compute.run_record import read_record
 
-    trainer = _gpu_trainer(tmp_path, max_steps=12, limit_train_batches=12, log_every_n_steps=2,
-                           callbacks=[FlopsLogger(log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2)])
+    trainer = _gpu_trainer(
+        tmp_path,
+        max_steps=12,
+        limit_train_batches=12,
+        log_every_n_steps=2,
+        callbacks=[FlopsLogger(log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2)],
+    )
     trainer.fit(tiny_model(), train_dataloaders=_loader())
     run_dir = trainer.logger.log_dir
     record = read_record(run_dir)

@@ -48,7 +48,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt):], nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -68,23 +68,43 @@ def test_the_import_graph_has_no_cycle_even_counting_imports_inside_functions():
         graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
     # and the floors the architecture page states
-    assert graph["lit_compute.timeline"] <= {"lit_compute._batch", "lit_compute._compat", "lit_compute.collective_clock"}
+    assert graph["lit_compute.timeline"] <= {
+        "lit_compute._batch",
+        "lit_compute._compat",
+        "lit_compute.collective_clock",
+    }
     assert graph["lit_compute.collective_clock"] == set()
     assert graph["lit_compute._batch"] <= {"lit_compute._validate"}
-    for ground in ("lit_compute._compat", "lit_compute.formatting", "lit_compute.tensorboard_layout",
-                   "lit_compute.figures"):
+    for ground in (
+        "lit_compute._compat",
+        "lit_compute.formatting",
+        "lit_compute.tensorboard_layout",
+        "lit_compute.figures",
+    ):
         assert graph[ground] == set(), ground
     assert "lit_compute.monitoring.prometheus_logger" not in graph["lit_compute.writer"]
     report = set().union(*(graph[m] for m in MODULES if m.startswith("lit_compute.report")))
-    assert {m for m in report if not m.startswith("lit_compute.report")} == {"lit_compute.formatting",
-                                                                           "lit_compute.run_record"}
+    assert {m for m in report if not m.startswith("lit_compute.report")} == {
+        "lit_compute.formatting",
+        "lit_compute.run_record",
+    }
 
 
 #: The floors, lowest first: a module imports only from floors below its own (or from its own package). The
 #: components share floor 5 and never import each other; the commands are ordered among themselves.
 FLOORS = [
-    {"_compat", "_validate", "formatting", "files", "figures", "tensorboard_layout", "collective_clock", "cpu_load",
-     "packaged_configs", "warm_start"},
+    {
+        "_compat",
+        "_validate",
+        "formatting",
+        "files",
+        "figures",
+        "tensorboard_layout",
+        "collective_clock",
+        "cpu_load",
+        "packaged_configs",
+        "warm_start",
+    },
     {"hardware", "run_record", "_batch", "model_state", "agreement"},
     {"timeline"},
     {"writer"},
@@ -114,9 +134,12 @@ def test_every_import_runs_down_a_floor():
     headers come from the ground floor."""
     unplaced = sorted({_room(m) for m in MODULES if not any(_room(m) in rooms for rooms in FLOORS)})
     assert not unplaced, f"modules with no floor (add them to FLOORS and docs/architecture.md): {unplaced}"
-    upward = [f"{name} -> {target}" for name, path in MODULES.items() for target in _imports(name, path)
-              if _room(name) != _room(target) and _floor(target) >= _floor(name)
-              and not name.startswith(target + ".")]  # the package re-exporting its modules: by design
+    upward = [
+        f"{name} -> {target}"
+        for name, path in MODULES.items()
+        for target in _imports(name, path)
+        if _room(name) != _room(target) and _floor(target) >= _floor(name) and not name.startswith(target + ".")
+    ]  # the package re-exporting its modules: by design
     assert upward == []
     for name, path in MODULES.items():
         targets = {_room(t) for t in _imports(name, path)}

@@ -46,8 +46,11 @@ from .conftest import (
 )
 
 # -- every public constructor argument, with wrong types, NaN, inf and out-of-range values --------------------
-PUBLIC = sorted(n for n in lit_compute.__all__ if inspect.isclass(getattr(lit_compute, n))
-                and n not in ("Timeline", "SafeFlopCounterMode"))
+PUBLIC = sorted(
+    n
+    for n in lit_compute.__all__
+    if inspect.isclass(getattr(lit_compute, n)) and n not in ("Timeline", "SafeFlopCounterMode")
+)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -105,8 +108,13 @@ def _bad_values(tp: Any) -> list[Any]:
     return out
 
 
-CASES = [(name, arg, value) for name in PUBLIC for arg, tp in _hints(getattr(lit_compute, name)).items()
-         if arg != "return" for value in _bad_values(tp)]
+CASES = [
+    (name, arg, value)
+    for name in PUBLIC
+    for arg, tp in _hints(getattr(lit_compute, name)).items()
+    if arg != "return"
+    for value in _bad_values(tp)
+]
 
 
 @pytest.mark.parametrize(("name", "arg", "value"), CASES, ids=[f"{n}.{a}={v!r}" for n, a, v in CASES])
@@ -124,31 +132,54 @@ def test_the_sweep_is_wide():
 
 
 YAML_CASES = [
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak_flops: .nan\n",
-     "FlopsLogger(peak_flops=nan) must be a finite number > 0"),
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: 1\n",
-     "StepTimeMonitor(window=1) must be an integer >= 2"),
-    ("trainer:\n  callbacks:\n    - class_path: lit_compute.ProfilerWindow\n      init_args:\n        on_slow_step: .inf\n",
-     "ProfilerWindow(on_slow_step=inf) must be a finite number > 1"),
-    ("trainer:\n  plugins:\n    - class_path: lit_compute.FP32BatchNormPrecision\n      init_args:\n"
-     "        precision: 16-true\n", "FP32BatchNormPrecision(precision='16-true') is refused"),
-    ("trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n      benchmark_max_mb: 0\n",
-     "TunedDDPStrategy(benchmark_max_mb=0.0) must be a finite number > 0"),
-    ("trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n      nccl:\n"
-     "        socket_nthreads: 17\n", "NCCL_SOCKET_NTHREADS=17 is out of range; accepted: 1..16"),
-    ("model:\n  class_path: lit_compute.models.ImageClassifier\n  init_args:\n    label_smoothing: -1\n",
-     "ImageClassifier(label_smoothing=-1.0) must be a finite number >= 0 and < 1"),
-    ("data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    synthetic_num_classes: 0\n",
-     "TorchvisionImageDataModule(synthetic_num_classes=0) must be an integer >= 2"),
-    ("data:\n  class_path: lit_compute.data.TokenDataModule\n  init_args:\n    seq_len: 4\n",
-     "TokenDataModule(seq_len=4) must be an integer >= 16"),
-    ("trainer:\n  logger:\n    - class_path: lit_compute.PrometheusLogger\n      init_args:\n        port: 70000\n",
-     "PrometheusLogger(port=70000) must be an integer >= 0 and <= 65535"),
+    (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak_flops: .nan\n",
+        "FlopsLogger(peak_flops=nan) must be a finite number > 0",
+    ),
+    (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: 1\n",
+        "StepTimeMonitor(window=1) must be an integer >= 2",
+    ),
+    (
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.ProfilerWindow\n      init_args:\n        on_slow_step: .inf\n",
+        "ProfilerWindow(on_slow_step=inf) must be a finite number > 1",
+    ),
+    (
+        "trainer:\n  plugins:\n    - class_path: lit_compute.FP32BatchNormPrecision\n      init_args:\n"
+        "        precision: 16-true\n",
+        "FP32BatchNormPrecision(precision='16-true') is refused",
+    ),
+    (
+        "trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n      benchmark_max_mb: 0\n",
+        "TunedDDPStrategy(benchmark_max_mb=0.0) must be a finite number > 0",
+    ),
+    (
+        "trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n      nccl:\n"
+        "        socket_nthreads: 17\n",
+        "NCCL_SOCKET_NTHREADS=17 is out of range; accepted: 1..16",
+    ),
+    (
+        "model:\n  class_path: lit_compute.models.ImageClassifier\n  init_args:\n    label_smoothing: -1\n",
+        "ImageClassifier(label_smoothing=-1.0) must be a finite number >= 0 and < 1",
+    ),
+    (
+        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    synthetic_num_classes: 0\n",
+        "TorchvisionImageDataModule(synthetic_num_classes=0) must be an integer >= 2",
+    ),
+    (
+        "data:\n  class_path: lit_compute.data.TokenDataModule\n  init_args:\n    seq_len: 4\n",
+        "TokenDataModule(seq_len=4) must be an integer >= 16",
+    ),
+    (
+        "trainer:\n  logger:\n    - class_path: lit_compute.PrometheusLogger\n      init_args:\n        port: 70000\n",
+        "PrometheusLogger(port=70000) must be an integer >= 0 and <= 65535",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("yaml_text", "message"), YAML_CASES, ids=[m.split("(")[0] + str(i) for i, (_, m) in
-                                                                    enumerate(YAML_CASES)])
+@pytest.mark.parametrize(
+    ("yaml_text", "message"), YAML_CASES, ids=[m.split("(")[0] + str(i) for i, (_, m) in enumerate(YAML_CASES)]
+)
 def test_the_same_errors_through_lit_compute_fit(tmp_path, monkeypatch, capsys, yaml_text, message):
     from lit_compute.cli import main
 
@@ -214,10 +245,16 @@ def test_a_bad_image_is_named_before_the_first_step_or_skipped(tmp_path, cls, fa
 
 @pytest.mark.parametrize("cls", DATAMODULES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("mode", ["error", "skip"])
-@pytest.mark.parametrize(("fault", "match"), [
-    ("empty_class", r"the class folder '.*train/class_003' has no images"),
-    ("val_missing_class", r"'val/' must have exactly the classes of 'train/' \(3\); it has missing \['class_001'\]"),
-])
+@pytest.mark.parametrize(
+    ("fault", "match"),
+    [
+        ("empty_class", r"the class folder '.*train/class_003' has no images"),
+        (
+            "val_missing_class",
+            r"'val/' must have exactly the classes of 'train/' \(3\); it has missing \['class_001'\]",
+        ),
+    ],
+)
 def test_layout_faults_are_errors_in_both_modes(tmp_path, cls, mode, fault, match):
     root = _dataset(tmp_path, fault)
     trainer = make_trainer(tmp_path, max_steps=1)
@@ -274,10 +311,14 @@ def test_prometheus_logs_a_step_key_without_crashing(tmp_path):
         prom.close()
 
 
-@pytest.mark.parametrize(("errno_name", "expected"), [
-    ("EADDRINUSE", "the port is already in use"), ("EADDRNOTAVAIL", "Use an address of this machine"),
-    ("EACCES", "a port above 1023"),
-])
+@pytest.mark.parametrize(
+    ("errno_name", "expected"),
+    [
+        ("EADDRINUSE", "the port is already in use"),
+        ("EADDRNOTAVAIL", "Use an address of this machine"),
+        ("EACCES", "a port above 1023"),
+    ],
+)
 def test_bind_errors_name_host_port_and_the_fix(errno_name, expected):
     import errno
 
@@ -308,8 +349,10 @@ def test_the_endpoint_stops_when_the_run_ends_unless_kept_and_writes_file_sd(tmp
         assert prom.port_in_use is None and not (sd / "exp1_rank0.json").exists()
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=2)
-        assert b"lit_compute_train_loss" in urllib.request.urlopen(
-            f"http://127.0.0.1:{kept.port_in_use}/metrics", timeout=5).read()
+        assert (
+            b"lit_compute_train_loss"
+            in urllib.request.urlopen(f"http://127.0.0.1:{kept.port_in_use}/metrics", timeout=5).read()
+        )
     finally:
         kept.close()
 
@@ -337,9 +380,17 @@ def test_a_taken_port_does_not_end_the_demo(tmp_path, monkeypatch):
         taken.listen(1)
         root = Path(__file__).resolve().parents[1]
         with pytest.warns(UserWarning, match="port 9464 on 127.0.0.1 is in use; serving on port"):
-            cli = LitComputeCLI(args=["fit", "--config", str(root / "configs" / "quickstart.yaml"),
-                                      "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
-                                      "--data.init_args.num_workers=0", "--data.init_args.synthetic_images_per_class=8"])
+            cli = LitComputeCLI(
+                args=[
+                    "fit",
+                    "--config",
+                    str(root / "configs" / "quickstart.yaml"),
+                    "--trainer.max_steps=2",
+                    "--trainer.limit_val_batches=1",
+                    "--data.init_args.num_workers=0",
+                    "--data.init_args.synthetic_images_per_class=8",
+                ]
+            )
     assert cli.trainer.global_step == 2
 
 
@@ -364,8 +415,11 @@ def test_a_broken_logger_is_one_warning_for_all_callbacks(tmp_path):
                 raise OSError("disk full")
             super().log_metrics(metrics, step)
 
-    callbacks = [FlopsLogger(peak="none", log_every_n_steps=1), StepTimeMonitor(log_every_n_steps=1),
-                 LossScaleMonitor(log_every_n_steps=1)]
+    callbacks = [
+        FlopsLogger(peak="none", log_every_n_steps=1),
+        StepTimeMonitor(log_every_n_steps=1),
+        LossScaleMonitor(log_every_n_steps=1),
+    ]
     tb = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
     trainer = make_trainer(tmp_path, max_steps=4, callbacks=callbacks, logger=[Broken(str(tmp_path)), tb])
     with warnings.catch_warnings(record=True) as caught:
@@ -401,6 +455,7 @@ def test_a_failed_export_leaves_no_partial_trace(tmp_path, monkeypatch):
 def test_an_export_that_fails_without_raising_leaves_no_empty_or_tmp_trace(tmp_path, monkeypatch):
     """Kineto on a full disk: a 0-byte ``.tmp`` beside the trace, an error logged, nothing raised; the window's
     trace was then missing and the 0-byte ``*.pt.trace.json.tmp`` stayed beside the traces."""
+
     def silent_full_disk(self, path):
         Path(path + ".tmp").write_text("")
 
@@ -441,11 +496,20 @@ class _InfAt(TimedNet):
 
 def _fit_fp16(tmp_path, steps, callbacks, ckpt=None, every=None):
     extra = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
-    trainer = make_trainer(tmp_path, max_steps=steps, limit_train_batches=steps, callbacks=callbacks + extra,
-                           plugins=[FP32BatchNormPrecision("16-mixed", init_scale=1024.0, growth_interval=1000)],
-                           enable_checkpointing=bool(every), limit_val_batches=0)
-    trainer.fit(_InfAt(inf_at=(1, 3, 4, 6, 7)), train_dataloaders=DataLoader(TimedImages(DrivenClock(), n=64),
-                                                                                batch_size=4), ckpt_path=ckpt)
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=steps,
+        limit_train_batches=steps,
+        callbacks=callbacks + extra,
+        plugins=[FP32BatchNormPrecision("16-mixed", init_scale=1024.0, growth_interval=1000)],
+        enable_checkpointing=bool(every),
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        _InfAt(inf_at=(1, 3, 4, 6, 7)),
+        train_dataloaders=DataLoader(TimedImages(DrivenClock(), n=64), batch_size=4),
+        ckpt_path=ckpt,
+    )
     return trainer
 
 
@@ -463,14 +527,24 @@ def test_loss_scale_monitor_counts_every_skipped_step_across_resume(tmp_path):
     assert resumed.skipped_steps == whole.skipped_steps and resumed.optimizer_steps == whole.optimizer_steps
 
 
-def _windows_fit(root: Path, steps: int, ckpt: Path | None = None, every: int | None = None,
-                 window: ProfilerWindow | None = None) -> pl.Trainer:
+def _windows_fit(
+    root: Path, steps: int, ckpt: Path | None = None, every: int | None = None, window: ProfilerWindow | None = None
+) -> pl.Trainer:
     window = window or ProfilerWindow(start_step=4, warmup=1, active=4, every_n_steps=10, max_windows=2)
     extra = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
-    trainer = make_trainer(root, max_steps=steps, limit_train_batches=30, callbacks=[window, *extra],
-                           enable_checkpointing=bool(every), limit_val_batches=0)
-    trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock(), n=120), batch_size=4),
-                ckpt_path=str(ckpt) if ckpt else None)
+    trainer = make_trainer(
+        root,
+        max_steps=steps,
+        limit_train_batches=30,
+        callbacks=[window, *extra],
+        enable_checkpointing=bool(every),
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        TimedNet(),
+        train_dataloaders=DataLoader(TimedImages(DrivenClock(), n=120), batch_size=4),
+        ckpt_path=str(ckpt) if ckpt else None,
+    )
     return trainer
 
 
@@ -497,10 +571,16 @@ def test_a_window_wholly_before_the_resume_step_is_reported(tmp_path):
 
 
 def test_a_resumed_run_writes_the_flops_figures_again(tmp_path):
-    first = make_trainer(tmp_path / "a", max_steps=3, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1),
-                                                                 ModelCheckpoint(dirpath=tmp_path / "ckpt",
-                                                                                 every_n_train_steps=3)],
-                         enable_checkpointing=True, limit_val_batches=0)
+    first = make_trainer(
+        tmp_path / "a",
+        max_steps=3,
+        callbacks=[
+            FlopsLogger(peak="none", log_every_n_steps=1),
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3),
+        ],
+        enable_checkpointing=True,
+        limit_val_batches=0,
+    )
     loader = DataLoader(TimedImages(DrivenClock()), batch_size=4)
     first.fit(TimedNet(), train_dataloaders=loader)
     ckpt = sorted((tmp_path / "ckpt").glob("*.ckpt"))[-1]
@@ -532,8 +612,9 @@ def test_a_flops_logger_whose_counts_keep_failing_stops_counting(tmp_path, monke
             return torch.randn(3, side, side), i % 4
 
     flops = FlopsLogger(peak="none", log_every_n_steps=1, predict_shapes=False)
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=8, limit_train_batches=8, callbacks=[flops],
-                              limit_val_batches=0)
+    trainer = clocked_trainer(
+        tmp_path, DrivenClock(), max_steps=8, limit_train_batches=8, callbacks=[flops], limit_val_batches=0
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(TimedNet(), train_dataloaders=DataLoader(Shapes(), batch_size=4))

@@ -58,16 +58,26 @@ def _timed_figure(node: ast.AST, share_cap_is_one: bool = False) -> str | None:
     """The wall-clock figure ``node`` reads by name, if any: a variable, an attribute or a logged tag string (a share
     of time only when its bound is not 1, which every share meets by definition)."""
     for sub in ast.walk(node):
-        name = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
-                else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
+        name = (
+            sub.id
+            if isinstance(sub, ast.Name)
+            else sub.attr
+            if isinstance(sub, ast.Attribute)
+            else sub.value
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
+            else None
+        )
         if name and (TIMED_NAME.search(name) or (TIME_SHARE.search(name) and not share_cap_is_one)):
             return name
     return None
 
 
 def _is_number(node: ast.AST) -> bool:
-    return all(isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop)) and
-               (not isinstance(n, ast.Constant) or isinstance(n.value, (int, float))) for n in ast.walk(node))
+    return all(
+        isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop))
+        and (not isinstance(n, ast.Constant) or isinstance(n.value, (int, float)))
+        for n in ast.walk(node)
+    )
 
 
 def _is_one(node: ast.AST) -> bool:
@@ -102,8 +112,16 @@ def wall_clock_thresholds(source: str, filename: str = "<test>") -> list[str]:
                 if any(_is_clock_call(n) for n in ast.walk(compare)) or _names(compare) & tainted:
                     found.append(f"{filename}:{node.lineno}: compares a clock reading")
                     break
-                figure = next((name for a, bound in _upper_bounds(compare) if _is_number(bound)
-                               for name in [_timed_figure(a, _is_one(bound))] if name), None)
+                figure = next(
+                    (
+                        name
+                        for a, bound in _upper_bounds(compare)
+                        if _is_number(bound)
+                        for name in [_timed_figure(a, _is_one(bound))]
+                        if name
+                    ),
+                    None,
+                )
                 if figure:
                     found.append(f"{filename}:{node.lineno}: puts {figure!r} under a fixed upper bound")
                     break
@@ -114,13 +132,15 @@ def test_no_test_asserts_on_a_clock_reading_or_caps_a_wall_clock_figure():
     found = []
     for path in sorted(TESTS.rglob("*.py")):
         found += wall_clock_thresholds(path.read_text(), str(path.relative_to(TESTS.parent)))
-    assert not found, ("wall-clock thresholds in tests (drive the clock with DrivenClock, or compare two figures of "
-                       "one run):\n" + "\n".join(found))
+    assert not found, (
+        "wall-clock thresholds in tests (drive the clock with DrivenClock, or compare two figures of "
+        "one run):\n" + "\n".join(found)
+    )
 
 
 def test_the_search_finds_each_kind_of_threshold():
     """The finder itself: each shape a wall-clock threshold takes is found, and honest assertions are not."""
-    caught = '''
+    caught = """
 import time
 def test_a():
     start = time.perf_counter()
@@ -136,11 +156,15 @@ def test_d(result):
     assert 0 < result.wall_s <= 30
 def test_f(acc):
     assert last(acc, "profiler/dataloader_fraction") <= 0.3
-'''
+"""
     assert [line.split(": ", 1)[1] for line in wall_clock_thresholds(caught)] == [
-        "compares a clock reading", "compares a clock reading", "puts 'time/step_ms' under a fixed upper bound",
-        "puts 'wall_s' under a fixed upper bound", "puts 'profiler/dataloader_fraction' under a fixed upper bound"]
-    honest = '''
+        "compares a clock reading",
+        "compares a clock reading",
+        "puts 'time/step_ms' under a fixed upper bound",
+        "puts 'wall_s' under a fixed upper bound",
+        "puts 'profiler/dataloader_fraction' under a fixed upper bound",
+    ]
+    honest = """
 import time
 def test_e(acc, clock, result):
     deadline = time.monotonic() + 60
@@ -152,5 +176,5 @@ def test_e(acc, clock, result):
     assert last(acc, "rank/0/comm_wait_ms") < last(acc, "rank/1/step_ms")
     assert 0 < fraction <= 1
     assert 0 < last(acc, "profiler/comm_fraction") <= 1
-'''
+"""
     assert wall_clock_thresholds(honest) == []

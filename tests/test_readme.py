@@ -12,10 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # each distinct block once; a block that only includes a file (``--8<--``) is that file, run by its own tests
-BLOCKS = list(dict.fromkeys(block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
-                            if "--8<--" not in block))
+BLOCKS = list(
+    dict.fromkeys(
+        block
+        for page in PAGES
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+        if "--8<--" not in block
+    )
+)
 
-PRELUDE = '''
+PRELUDE = """
 import inspect, sys, traceback
 import lightning.pytorch as pl
 _init = pl.Trainer.__init__
@@ -44,7 +50,7 @@ for i, block in enumerate(BLOCKS):
         failed.append(f"block {i + 1}:\\n{block}\\n{traceback.format_exc()}")
 print("FAILED BLOCKS:", len(failed))
 print("\\n".join(failed))
-'''
+"""
 
 
 def test_the_readme_has_python_blocks():

@@ -24,8 +24,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lit_compute"
 def test_a_run_writes_its_record_beside_the_events(tmp_path):
     from lit_compute import FlopsLogger, StepTimeMonitor
 
-    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=3, log_every_n_steps=1,
-                           callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=3,
+        limit_train_batches=3,
+        log_every_n_steps=1,
+        callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=1)],
+    )
     trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=8))
     record = read_record(trainer.logger.log_dir)
     assert record is not None and record.format == 1
@@ -102,8 +107,17 @@ def test_a_gpu_run_is_priced_against_its_own_chip_by_default(tmp_path, capsys):
 def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
     from lit_compute.hardware.chips import CHIPS, Chip
 
-    here = Chip("this", {"float32": 1e11}, 1e10, 1e10, "loopback", "measured", measured=True, kind="cpu",
-                extras={"device_name": "AMD EPYC", "this": True})
+    here = Chip(
+        "this",
+        {"float32": 1e11},
+        1e10,
+        1e10,
+        "loopback",
+        "measured",
+        measured=True,
+        kind="cpu",
+        extras={"device_name": "AMD EPYC", "this": True},
+    )
     run = RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, device="cpu", cpu="AMD EPYC")
     assert run.runs_on(here) and not run.runs_on(CHIPS["xeon-6248"]) and not run.runs_on(CHIPS["h100-sxm"])
     assert not RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, cpu="Intel Xeon").runs_on(here)
@@ -112,13 +126,17 @@ def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
 def test_no_module_reads_a_runs_facts_with_a_regular_expression():
     """The readers of runs (report, whatif, the tune's summaries) read the record and the scalars, never the text this
     project wrote: no ``re`` in them, and nobody looks a run fact up by its table label."""
-    readers = [*(PACKAGE / "report" / f for f in ("runs.py", "advice.py", "document.py")), PACKAGE / "planning" / "whatif.py",
-               PACKAGE / "planning" / "whatif_cli.py", PACKAGE / "run_record.py"]
+    readers = [
+        *(PACKAGE / "report" / f for f in ("runs.py", "advice.py", "document.py")),
+        PACKAGE / "planning" / "whatif.py",
+        PACKAGE / "planning" / "whatif_cli.py",
+        PACKAGE / "run_record.py",
+    ]
     for path in readers:
         text = path.read_text()
         assert not re.search(r"^\s*(import re\b|from re import)", text, re.M), path
     for path in PACKAGE.rglob("*.py"):
-        assert ".info(\"" not in path.read_text().replace("logging.info(\"", ""), path
+        assert '.info("' not in path.read_text().replace('logging.info("', ""), path
 
 
 def test_a_log_folder_of_many_runs_is_priced_by_its_newest_version_and_says_so(tmp_path, capsys):

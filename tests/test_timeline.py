@@ -56,8 +56,9 @@ def test_labelled_intervals_pause_the_clock_once_even_when_nested():
         clock.advance(1.0)
     clock.advance(0.5)
     assert timeline.now() - start == pytest.approx(1.5)
-    assert timeline.totals == pytest.approx({"validation": 8.0, "validation:validate": 8.0, "instrument": 2.0,
-                                             "instrument:profiler_export": 2.0})
+    assert timeline.totals == pytest.approx(
+        {"validation": 8.0, "validation:validate": 8.0, "instrument": 2.0, "instrument:profiler_export": 2.0}
+    )
     timeline.begin("instrument", "open")
     clock.advance(3.0)
     assert timeline.now() - start == pytest.approx(1.5)  # an open interval is already left out
@@ -298,14 +299,19 @@ def test_profiler_export_never_lands_in_data_wait_or_tflops(tmp_path, monkeypatc
         return original(self, path)
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", slow_export)
-    callbacks = [ProfilerWindow(start_step=4, warmup=1, active=2), StepTimeMonitor(log_every_n_steps=1, window=4),
-                 FlopsLogger(peak_flops=1e12, log_every_n_steps=1)]
-    trainer = clocked_trainer(tmp_path, clock, max_steps=10, limit_train_batches=10, callbacks=callbacks,
-                              limit_val_batches=0)
+    callbacks = [
+        ProfilerWindow(start_step=4, warmup=1, active=2),
+        StepTimeMonitor(log_every_n_steps=1, window=4),
+        FlopsLogger(peak_flops=1e12, log_every_n_steps=1),
+    ]
+    trainer = clocked_trainer(
+        tmp_path, clock, max_steps=10, limit_train_batches=10, callbacks=callbacks, limit_val_batches=0
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(TimedNet(clock, compute_s=0.05), train_dataloaders=DataLoader(TimedImages(clock, 0.0005),
-                                                                                     batch_size=4))
+        trainer.fit(
+            TimedNet(clock, compute_s=0.05), train_dataloaders=DataLoader(TimedImages(clock, 0.0005), batch_size=4)
+        )
     assert not [w for w in caught if "input-bound" in str(w.message)]
     acc = read_events(trainer.logger.log_dir)
     assert "time/advice" not in {t.removesuffix("/text_summary") for t in acc.Tags()["tensors"]}
@@ -330,12 +336,19 @@ def test_checkpoint_saving_is_left_out_of_data_wait(tmp_path, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(pl.Trainer, "save_checkpoint", slow_save)
-    trainer = clocked_trainer(tmp_path, clock, max_steps=6, limit_train_batches=6, limit_val_batches=0,
-                              enable_checkpointing=True,
-                              callbacks=[StepTimeMonitor(log_every_n_steps=1),
-                                         ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2)])
-    trainer.fit(TimedNet(clock, compute_s=0.02), train_dataloaders=DataLoader(TimedImages(clock, 0.001),
-                                                                               batch_size=4))
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=6,
+        limit_train_batches=6,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[
+            StepTimeMonitor(log_every_n_steps=1),
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2),
+        ],
+    )
+    trainer.fit(TimedNet(clock, compute_s=0.02), train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
     assert list((tmp_path / "ckpt").glob("*.ckpt"))
     wait = _values(read_events(trainer.logger.log_dir), "time/data_wait_ms")
     assert sorted(wait) == [1, 2, 3, 4, 5]
@@ -346,10 +359,20 @@ def test_checkpoint_saving_is_left_out_of_data_wait(tmp_path, monkeypatch):
 # -- one definition of a step -------------------------------------------------------------------------------
 def test_gradient_accumulation_logs_one_point_per_optimizer_step(tmp_path):
     clock = DrivenClock()
-    callbacks = [StepTimeMonitor(log_every_n_steps=1), DeviceMonitor(log_every_n_steps=1, gpu=False),
-                 FlopsLogger(peak_flops=1e12, log_every_n_steps=1)]
-    trainer = clocked_trainer(tmp_path, clock, max_steps=4, limit_train_batches=16, accumulate_grad_batches=4,
-                              callbacks=callbacks, limit_val_batches=0)
+    callbacks = [
+        StepTimeMonitor(log_every_n_steps=1),
+        DeviceMonitor(log_every_n_steps=1, gpu=False),
+        FlopsLogger(peak_flops=1e12, log_every_n_steps=1),
+    ]
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=4,
+        limit_train_batches=16,
+        accumulate_grad_batches=4,
+        callbacks=callbacks,
+        limit_val_batches=0,
+    )
     model = TimedNet(clock, compute_s=0.01)
     trainer.fit(model, train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
     acc = read_events(trainer.logger.log_dir)
@@ -368,17 +391,29 @@ def test_gradient_accumulation_logs_one_point_per_optimizer_step(tmp_path):
 
 def _profiler_steps(path) -> list[int]:
     events = json.loads(path.read_text())["traceEvents"]
-    return sorted(int(m.group(1)) for e in events if e.get("ph") == "X"
-                  and not str(e.get("cat", "")).startswith("gpu_")
-                  and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
+    return sorted(
+        int(m.group(1))
+        for e in events
+        if e.get("ph") == "X"
+        and not str(e.get("cat", "")).startswith("gpu_")
+        and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", ""))))
+    )
 
 
 def test_manual_optimization_with_two_optimizers_is_one_step_per_batch(tmp_path):
     gan = TwoOptimizerGAN()
     window = ProfilerWindow(start_step=2, warmup=1, active=2)
     flops = FlopsLogger(peak="none", log_every_n_steps=2)
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_epochs=1, max_steps=-1, limit_train_batches=8, limit_val_batches=0,
-                              log_every_n_steps=2, callbacks=[window, flops, StepTimeMonitor(log_every_n_steps=2)])
+    trainer = clocked_trainer(
+        tmp_path,
+        DrivenClock(),
+        max_epochs=1,
+        max_steps=-1,
+        limit_train_batches=8,
+        limit_val_batches=0,
+        log_every_n_steps=2,
+        callbacks=[window, flops, StepTimeMonitor(log_every_n_steps=2)],
+    )
     data = torch.utils.data.TensorDataset(torch.randn(32, 8))
     trainer.fit(gan, train_dataloaders=DataLoader(data, batch_size=4))
     assert trainer.global_step == 16  # two optimizer steps per batch
@@ -399,8 +434,9 @@ def test_manual_optimization_with_two_optimizers_is_one_step_per_batch(tmp_path)
 
 def test_a_window_cut_short_is_named_after_the_steps_it_holds(tmp_path):
     window = ProfilerWindow(start_step=2, warmup=1, active=100)
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=5, limit_train_batches=10, limit_val_batches=0,
-                              callbacks=[window])
+    trainer = clocked_trainer(
+        tmp_path, DrivenClock(), max_steps=5, limit_train_batches=10, limit_val_batches=0, callbacks=[window]
+    )
     trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
     traces = sorted((tmp_path / "logs" / "version_0" / "profiler").glob("*.pt.trace.json"))
     assert [t.name for t in traces] == ["window1_steps2-4.pt.trace.json"]
@@ -410,10 +446,13 @@ def test_a_window_cut_short_is_named_after_the_steps_it_holds(tmp_path):
 def test_slow_step_triggers_a_window_on_a_driven_clock(tmp_path):
     clock = DrivenClock()
     window = ProfilerWindow(start_step=1000, warmup=1, active=2, on_slow_step=20.0)
-    trainer = clocked_trainer(tmp_path, clock, max_steps=16, limit_train_batches=16, callbacks=[window],
-                              limit_val_batches=0)
-    trainer.fit(TimedNet(clock, compute_s=0.01, slow={9: 0.5}),
-                train_dataloaders=DataLoader(TimedImages(clock, 0.0), batch_size=4))
+    trainer = clocked_trainer(
+        tmp_path, clock, max_steps=16, limit_train_batches=16, callbacks=[window], limit_val_batches=0
+    )
+    trainer.fit(
+        TimedNet(clock, compute_s=0.01, slow={9: 0.5}),
+        train_dataloaders=DataLoader(TimedImages(clock, 0.0), batch_size=4),
+    )
     traces = sorted((tmp_path / "logs" / "version_0" / "profiler").glob("*.pt.trace.json"))
     assert [t.name for t in traces] == ["window1_steps11-12.pt.trace.json"]  # 9 is slow, 10 warms up
     assert _profiler_steps(traces[0]) == [11, 12]
@@ -423,12 +462,14 @@ def test_input_bound_and_compute_bound_runs_on_a_driven_clock(tmp_path):
     def fit(name, load_s):
         clock = DrivenClock()
         monitor = StepTimeMonitor(log_every_n_steps=2, window=6, stall_fraction=0.3)
-        trainer = clocked_trainer(tmp_path / name, clock, max_steps=12, limit_train_batches=12, limit_val_batches=0,
-                                  callbacks=[monitor])
+        trainer = clocked_trainer(
+            tmp_path / name, clock, max_steps=12, limit_train_batches=12, limit_val_batches=0, callbacks=[monitor]
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer.fit(TimedNet(clock, compute_s=0.01), train_dataloaders=DataLoader(TimedImages(clock, load_s),
-                                                                                       batch_size=4))
+            trainer.fit(
+                TimedNet(clock, compute_s=0.01), train_dataloaders=DataLoader(TimedImages(clock, load_s), batch_size=4)
+            )
         stalls = [str(w.message) for w in caught if "input-bound" in str(w.message)]
         return read_events(trainer.logger.log_dir), stalls
 
@@ -444,17 +485,37 @@ def test_input_bound_and_compute_bound_runs_on_a_driven_clock(tmp_path):
 
 
 def test_every_lit_compute_metric_of_an_event_shares_lightnings_step_number(tmp_path):
-    callbacks = [FlopsLogger(peak_flops=1e12), StepTimeMonitor(), DeviceMonitor(gpu=False), LossScaleMonitor(),
-                 ProfilerWindow(start_step=4, warmup=0, active=1)]
+    callbacks = [
+        FlopsLogger(peak_flops=1e12),
+        StepTimeMonitor(),
+        DeviceMonitor(gpu=False),
+        LossScaleMonitor(),
+        ProfilerWindow(start_step=4, warmup=0, active=1),
+    ]
     clock = DrivenClock()
-    trainer = clocked_trainer(tmp_path, clock, max_steps=9, limit_train_batches=9, log_every_n_steps=3,
-                              callbacks=callbacks, plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=9,
+        limit_train_batches=9,
+        log_every_n_steps=3,
+        callbacks=callbacks,
+        plugins=[FP32BatchNormPrecision("16-mixed")],
+        limit_val_batches=0,
+    )
     trainer.fit(TimedNet(clock), train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
     acc = read_events(trainer.logger.log_dir)
     expected = _steps(acc, "train/loss")
     assert expected == [2, 5, 8]
-    for tag in ("compute/flops_per_step", "compute/tflops_per_sec", "time/step_ms", "time/data_wait_ms",
-                "device/cpu_percent", "amp/loss_scale", "amp/skipped_steps"):
+    for tag in (
+        "compute/flops_per_step",
+        "compute/tflops_per_sec",
+        "time/step_ms",
+        "time/data_wait_ms",
+        "device/cpu_percent",
+        "amp/loss_scale",
+        "amp/skipped_steps",
+    ):
         assert _steps(acc, tag) == expected, tag
     assert _steps(acc, "profiler/step_time_ms") == [4]  # a window's scalars come at its own last step
 
@@ -580,8 +641,11 @@ def test_ddp_ranks_with_different_shapes_never_hang_and_sum_their_tflops(tmp_pat
     assert result.returncode == 0, result.stdout[-4000:]
     assert "FIT DONE" in result.stdout
     acc = read_events(tmp_path / "tb" / "version_0")
-    summed = _values(acc, "compute/global_tflops_per_sec") if "compute/global_tflops_per_sec" in acc.Tags()[
-        "scalars"] else {}
+    summed = (
+        _values(acc, "compute/global_tflops_per_sec")
+        if "compute/global_tflops_per_sec" in acc.Tags()["scalars"]
+        else {}
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     if mode == "ok":
         assert sorted(summed) and set(summed) <= {1, 3, 5, 7, 9, 11}
@@ -614,15 +678,30 @@ def test_a_run_that_raised_mid_validation_leaves_no_stale_interval(tmp_path):
 
     model = Fails(clock, compute_s=0.01)
     model.fail = True
-    trainer = clocked_trainer(tmp_path, clock, max_steps=6, limit_train_batches=6, val_check_interval=2,
-                              limit_val_batches=1, callbacks=[StepTimeMonitor(log_every_n_steps=1)])
-    loaders = dict(train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-                   val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=6,
+        limit_train_batches=6,
+        val_check_interval=2,
+        limit_val_batches=1,
+        callbacks=[StepTimeMonitor(log_every_n_steps=1)],
+    )
+    loaders = dict(
+        train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
+        val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
+    )
     with pytest.raises(RuntimeError, match="boom in validation"):
         trainer.fit(model, **loaders)
     model.fail = False
-    again = clocked_trainer(tmp_path / "again", clock, max_steps=4, limit_train_batches=4, limit_val_batches=0,
-                            callbacks=[StepTimeMonitor(log_every_n_steps=1)])
+    again = clocked_trainer(
+        tmp_path / "again",
+        clock,
+        max_steps=4,
+        limit_train_batches=4,
+        limit_val_batches=0,
+        callbacks=[StepTimeMonitor(log_every_n_steps=1)],
+    )
     timeline_for(again).clock = clock
     again.fit(model, **loaders)
     wait = _values(read_events(again.logger.log_dir), "time/data_wait_ms")
@@ -646,10 +725,16 @@ def test_writing_the_loggers_is_not_the_writing_ranks_work(tmp_path, monkeypatch
         return original(self, metrics, step)
 
     monkeypatch.setattr(TensorBoardLogger, "log_metrics", slow_write)
-    trainer = clocked_trainer(tmp_path, clock, max_steps=6, limit_train_batches=6, limit_val_batches=0,
-                              log_every_n_steps=1, callbacks=[StepTimeMonitor(log_every_n_steps=1, window=2)])
-    trainer.fit(TimedNet(clock, compute_s=0.05), train_dataloaders=DataLoader(TimedImages(clock, 0.0005),
-                                                                                 batch_size=4))
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=6,
+        limit_train_batches=6,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+        callbacks=[StepTimeMonitor(log_every_n_steps=1, window=2)],
+    )
+    trainer.fit(TimedNet(clock, compute_s=0.05), train_dataloaders=DataLoader(TimedImages(clock, 0.0005), batch_size=4))
     acc = read_events(trainer.logger.log_dir)
     wait = _values(acc, "time/data_wait_ms")
     assert len(wait) >= 4 and all(v == pytest.approx(2.0) for v in wait.values())  # 4 items x 0.5 ms

@@ -51,8 +51,14 @@ def test_a_forked_script_gets_its_arguments_directory_environment_session_and_ex
     code, out = _run(starter, tmp_path, "3", env={"WARM_FLAG": "on"})
     seen = json.loads(out.splitlines()[0])
     assert code == 3
-    assert seen == {"argv": ["3"], "cwd": str(tmp_path), "flag": "on", "session": True, "path0": str(tmp_path),
-                    "main": "__main__"}
+    assert seen == {
+        "argv": ["3"],
+        "cwd": str(tmp_path),
+        "flag": "on",
+        "session": True,
+        "path0": str(tmp_path),
+        "main": "__main__",
+    }
     code, out = _run(starter, tmp_path, "0")  # the same helper again, one child after the other
     assert code == 0 and json.loads(out.splitlines()[0])["argv"] == ["0"]
 

@@ -45,10 +45,14 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, 120)
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-          str(wheel)], tmp_path, 300)
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, 60)
-                .strip())
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        tmp_path,
+        300,
+    )
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, 60).strip()
+    )
     (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     user = tmp_path / "user"  # a folder of the user's, far from the repository
@@ -68,9 +72,23 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
     listed = _run([str(console), "init"], user, 60, env)
     assert "quickstart" in listed and "gpt" in listed
 
-    _run([str(console), "fit", "--config", "quickstart", "--trainer.max_steps=3", "--trainer.log_every_n_steps=1",
-          "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-          "--data.init_args.synthetic_images_per_class=8", "--data.init_args.image_size=32"], user, 400, env)
+    _run(
+        [
+            str(console),
+            "fit",
+            "--config",
+            "quickstart",
+            "--trainer.max_steps=3",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.synthetic_images_per_class=8",
+            "--data.init_args.image_size=32",
+        ],
+        user,
+        400,
+        env,
+    )
     (events,) = (user / "lightning_logs").glob("version_0/events.out.tfevents.*")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -79,6 +97,14 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
     assert {"compute/flops_per_step", "memory/peak_gb"} <= set(acc.Tags()["scalars"])
     assert (user / "lightning_logs" / "version_0" / "config.yaml").is_file()  # the resolved config beside the run
     # the installed whatif quotes the published check rows it ships with (package data) beside a GPU target
-    checked = _run([str(python), "-c", "from lit_compute.planning.whatif import checked_on; "
-                    "print(checked_on('h100-sxm', 'bf16-mixed'))"], user, 60, env)
+    checked = _run(
+        [
+            str(python),
+            "-c",
+            "from lit_compute.planning.whatif import checked_on; print(checked_on('h100-sxm', 'bf16-mixed'))",
+        ],
+        user,
+        60,
+        env,
+    )
     assert "published result(s) of this chip they were not fitted on" in checked, checked

@@ -46,11 +46,20 @@ class RecordingLogger(Logger):
 def test_each_logging_event_is_exactly_one_log_metrics_call(tmp_path):
     clock, recording = DrivenClock(), RecordingLogger()
     trainer = clocked_trainer(
-        tmp_path, clock, max_steps=6, limit_train_batches=6, log_every_n_steps=2, val_check_interval=3,
-        limit_val_batches=2, logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
-        callbacks=[FlopsLogger(peak_flops=1e11), StepTimeMonitor(), DeviceMonitor(gpu=False)])
-    loaders = dict(train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-                   val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
+        tmp_path,
+        clock,
+        max_steps=6,
+        limit_train_batches=6,
+        log_every_n_steps=2,
+        val_check_interval=3,
+        limit_val_batches=2,
+        logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
+        callbacks=[FlopsLogger(peak_flops=1e11), StepTimeMonitor(), DeviceMonitor(gpu=False)],
+    )
+    loaders = dict(
+        train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
+        val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
+    )
     trainer.fit(TimedNet(clock, compute_s=0.01), **loaders)
     ours = [(step, m) for step, m in recording.calls if any(k.startswith(OUR_PREFIXES) for k in m)]
     by_step: dict[int, list[dict]] = {}
@@ -59,15 +68,21 @@ def test_each_logging_event_is_exactly_one_log_metrics_call(tmp_path):
     for step in (1, 3, 5):  # the training logging steps: everything of the step in one call
         assert len(by_step[step]) == 1 + (step in (2, 5)), by_step[step]
         train = next(m for m in by_step[step] if "time/step_ms" in m)
-        assert {"compute/flops_per_step", "compute/tflops_per_sec", "compute/mfu", "time/step_ms",
-                "device/rss_gb"} <= set(train)
+        assert {
+            "compute/flops_per_step",
+            "compute/tflops_per_sec",
+            "compute/mfu",
+            "time/step_ms",
+            "device/rss_gb",
+        } <= set(train)
     # each validation run is one event too (its own call, at the step Lightning's self.log uses)
     val_calls = [(s, m) for s, m in ours if any(k.startswith("compute/val_") for k in m)]
     assert [s for s, _ in val_calls] == [2, 5] and all(len(by_step[s]) == 1 + (s == 5) for s, _ in val_calls)
     assert all(not any(k.startswith("compute/val_") for k in m) for s, m in ours if s not in (2, 5))
     # the only call outside an event: the forward GFLOPs per sample, once, at step 0
-    assert by_step[0] == [{"compute/forward_gflops_per_sample": pytest.approx(by_step[0][0][
-        "compute/forward_gflops_per_sample"])}]
+    assert by_step[0] == [
+        {"compute/forward_gflops_per_sample": pytest.approx(by_step[0][0]["compute/forward_gflops_per_sample"])}
+    ]
 
 
 class _Broken(RecordingLogger):
@@ -82,10 +97,17 @@ class _Stub(SimpleNamespace):
 
 
 def _stub_trainer(loggers) -> _Stub:
-    return _Stub(loggers=loggers, is_global_zero=True, global_step=0, precision="32-true",
-                           precision_plugin=SimpleNamespace(), world_size=1, datamodule=None,
-                           strategy=SimpleNamespace(root_device=torch.device("cpu")),
-                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)))
+    return _Stub(
+        loggers=loggers,
+        is_global_zero=True,
+        global_step=0,
+        precision="32-true",
+        precision_plugin=SimpleNamespace(),
+        world_size=1,
+        datamodule=None,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
+    )
 
 
 def test_write_event_is_one_call_per_logger_and_a_broken_logger_is_skipped_after_one_warning():
@@ -116,8 +138,21 @@ def test_the_run_info_table_renders_the_run_record():
     assert table["precision"] == "32-true" and table["device"] == "cpu" and table["world size"] == "1"
     # the table is the record for people: the 0.3.0 reader gets the same facts back from it
     record, back = run_record(trainer), from_legacy([text], [])
-    for name in ("precision", "device", "world_size", "nodes", "devices_per_node", "data_parallel", "tensor_parallel",
-                 "strategy", "data", "cpu_cores", "torch_threads", "planned_steps", "planned_epochs"):
+    for name in (
+        "precision",
+        "device",
+        "world_size",
+        "nodes",
+        "devices_per_node",
+        "data_parallel",
+        "tensor_parallel",
+        "strategy",
+        "data",
+        "cpu_cores",
+        "torch_threads",
+        "planned_steps",
+        "planned_epochs",
+    ):
         assert getattr(back, name) == getattr(record, name), name
 
 
@@ -127,10 +162,17 @@ def _only_lit_compute(tmp_path, callbacks, max_steps=8):
     import lightning.pytorch as pl
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, log_every_n_steps=1, limit_val_batches=0,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         logger=TensorBoardLogger(str(tmp_path), name="tb"),
-                         callbacks=[StepTimeMonitor(log_every_n_steps=1), *callbacks])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        log_every_n_steps=1,
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=TensorBoardLogger(str(tmp_path), name="tb"),
+        callbacks=[StepTimeMonitor(log_every_n_steps=1), *callbacks],
+    )
     return trainer, BoringModel()
 
 
@@ -142,8 +184,11 @@ def test_a_failing_custom_scalars_write_warns_with_the_real_cause_and_training_g
 
     monkeypatch.setattr(SummaryWriter, "add_custom_scalars", full_disk)
     trainer, model = _only_lit_compute(tmp_path, [])
-    with pytest.warns(UserWarning, match=r"Custom Scalars layout to TensorBoard failed with OSError: \[Errno 28\] "
-                                         r"No space left on device.*training goes on"):
+    with pytest.warns(
+        UserWarning,
+        match=r"Custom Scalars layout to TensorBoard failed with OSError: \[Errno 28\] "
+        r"No space left on device.*training goes on",
+    ):
         trainer.fit(model)
     assert trainer.global_step == 8
 
@@ -156,8 +201,11 @@ def test_a_failing_scalar_write_names_the_cause_beneath_lightnings_message(tmp_p
 
     monkeypatch.setattr(SummaryWriter, "add_scalar", gone)
     trainer, model = _only_lit_compute(tmp_path, [])
-    with pytest.warns(UserWarning, match=r"writing metrics to TensorBoardLogger failed with FileNotFoundError: "
-                                         r"\[Errno 2\] No such file or directory"):
+    with pytest.warns(
+        UserWarning,
+        match=r"writing metrics to TensorBoardLogger failed with FileNotFoundError: "
+        r"\[Errno 2\] No such file or directory",
+    ):
         trainer.fit(model)
     assert trainer.global_step == 8
 
@@ -172,8 +220,9 @@ def test_deleting_the_log_folder_mid_run_does_not_kill_the_run(tmp_path):
             if trainer.global_step == 4:
                 shutil.rmtree(trainer.logger.log_dir)
 
-    trainer, model = _only_lit_compute(tmp_path, [DeleteLogs(), FlopsLogger(peak="none"), DeviceMonitor(gpu=False)],
-                                       max_steps=12)
+    trainer, model = _only_lit_compute(
+        tmp_path, [DeleteLogs(), FlopsLogger(peak="none"), DeviceMonitor(gpu=False)], max_steps=12
+    )
     with warnings.catch_warnings(record=True) as caught, pytest.raises(FileNotFoundError) as raised:
         warnings.simplefilter("always")
         trainer.fit(model)
@@ -265,16 +314,28 @@ def test_flops_rate_charts_are_drawn_in_the_unit_that_fits_the_device(tmp_path, 
 
     clock, recording = DrivenClock(), RecordingLogger()
     trainer = clocked_trainer(
-        tmp_path, clock, max_steps=6, limit_train_batches=6, log_every_n_steps=2, val_check_interval=2,
-        limit_val_batches=2, logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
-        callbacks=[FlopsLogger(peak_flops=peak)])  # a peak above what the driven clock makes it achieve
-    loaders = dict(train_dataloaders=DataLoader(TimedImages(clock), batch_size=4),
-                   val_dataloaders=DataLoader(TimedImages(clock, compute_s), batch_size=4))
+        tmp_path,
+        clock,
+        max_steps=6,
+        limit_train_batches=6,
+        log_every_n_steps=2,
+        val_check_interval=2,
+        limit_val_batches=2,
+        logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
+        callbacks=[FlopsLogger(peak_flops=peak)],
+    )  # a peak above what the driven clock makes it achieve
+    loaders = dict(
+        train_dataloaders=DataLoader(TimedImages(clock), batch_size=4),
+        val_dataloaders=DataLoader(TimedImages(clock, compute_s), batch_size=4),
+    )
     trainer.fit(TimedNet(clock, compute_s=compute_s), **loaders)
     acc = read_events(trainer.loggers[0].log_dir)
-    twins = {"compute/gflops_per_sec": "compute/tflops_per_sec", "compute/global_gflops_per_sec":
-             "compute/global_tflops_per_sec", "compute/val_gflops_per_sec": "compute/val_tflops_per_sec",
-             "compute/peak_gflops": "compute/peak_tflops"}
+    twins = {
+        "compute/gflops_per_sec": "compute/tflops_per_sec",
+        "compute/global_gflops_per_sec": "compute/global_tflops_per_sec",
+        "compute/val_gflops_per_sec": "compute/val_tflops_per_sec",
+        "compute/peak_gflops": "compute/peak_tflops",
+    }
     charts = _charts(trainer.loggers[0].log_dir)
     assert f"model {unit} (this device, all ranks)" in charts and f"validation {unit}" in charts
     assert f"peak {unit} used for MFU" in charts

@@ -10,17 +10,29 @@ import sys
 from pathlib import Path
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "flops": ("lit_compute.bench.flops_table", "our FLOP counts vs torchvision's published figures and plain FlopCounterMode"),
+    "flops": (
+        "lit_compute.bench.flops_table",
+        "our FLOP counts vs torchvision's published figures and plain FlopCounterMode",
+    ),
     "overhead": ("lit_compute.bench.overhead", "step time with and without a measuring callback, as a ratio"),
     "loaders": ("lit_compute.bench.loaders", "images/s of the DALI pipeline vs the torchvision DataLoader"),
-    "allreduce": ("lit_compute.bench.distributed_bench:allreduce_main", "all-reduce bandwidth table (nccl-tests style)"),
+    "allreduce": (
+        "lit_compute.bench.distributed_bench:allreduce_main",
+        "all-reduce bandwidth table (nccl-tests style)",
+    ),
     "ddp": ("lit_compute.bench.distributed_bench:ddp_main", "DDP step time under bucket sizes and comm hooks"),
     "recipe": ("lit_compute.bench.recipe", "baseline vs optimised training, one change at a time"),
     "gpu": ("lit_compute.bench.gpu_checks", "every GPU-only check in one command (exits 0 without a GPU)"),
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
     "whatif": ("lit_compute.bench.whatif_bench", "lit-compute whatif's predictions beside measured and published runs"),
-    "memory": ("lit_compute.bench.memory_bench", "peak memory predicted by lit-compute estimate vs measured, per device"),
-    "configs": ("lit_compute.bench.configs_bench", "whole lit-compute fit configs measured side by side in rounds, as ratios to the first"),
+    "memory": (
+        "lit_compute.bench.memory_bench",
+        "peak memory predicted by lit-compute estimate vs measured, per device",
+    ),
+    "configs": (
+        "lit_compute.bench.configs_bench",
+        "whole lit-compute fit configs measured side by side in rounds, as ratios to the first",
+    ),
 }
 
 
@@ -49,14 +61,16 @@ def main(argv: list[str]) -> int:
         if i + 1 >= len(argv):
             sys.stderr.write("lit-compute bench: error: --markdown needs a file name\n")
             return 2
-        markdown, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+        markdown, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
     if markdown is not None:
         return _to_markdown(argv, markdown)
     if argv and argv[0] in BENCHMARKS:
         quiet()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
         parser = argparse.ArgumentParser(prog="lit-compute bench")
-        parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
+        parser.add_argument(
+            "benchmark", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items())
+        )
         parser.parse_args(argv[:1])
     target = BENCHMARKS[argv[0]][0]
     module_name, _, func = target.partition(":")
@@ -85,7 +99,11 @@ def _to_markdown(argv: list[str], path: str) -> int:
         status = main(argv)
     if status == 0:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(figure_header("lit-compute bench " + " ".join(argv), machine_line()) + "```\n"
-                              + tee.buffer_text.getvalue() + "```\n")
+        Path(path).write_text(
+            figure_header("lit-compute bench " + " ".join(argv), machine_line())
+            + "```\n"
+            + tee.buffer_text.getvalue()
+            + "```\n"
+        )
         sys.stdout.write(f"written: {path}\n")
     return status

@@ -16,8 +16,17 @@ from lit_compute.figures import figure_header
 from lit_compute.formatting import markdown_table
 from lit_compute.hardware.this_machine import bf16_fast, machine_line
 
-__all__ = ["StepTimer", "cumulative_rows", "emit", "figure_header", "low_precision", "machine_line", "markdown", "median",
-           "random_image_loader"]
+__all__ = [
+    "StepTimer",
+    "cumulative_rows",
+    "emit",
+    "figure_header",
+    "low_precision",
+    "machine_line",
+    "markdown",
+    "median",
+    "random_image_loader",
+]
 
 
 def markdown(header: list[str], rows: list[list[Any]]) -> str:

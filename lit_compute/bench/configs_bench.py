@@ -76,27 +76,42 @@ def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[A
             to_fastest = "1 (fastest)"
         else:
             to_fastest = _ratio_to(mine, runs[fastest])
-        rows.append([name, " / ".join(rate_text(r) for r in rates) or "n/a",
-                     rate_text(statistics.median(rates)) if rates else "n/a", ratio, to_fastest,
-                     "n/a" if busy is None else f"{busy:.2f}",
-                     "; ".join(f"{r.status}: {r.reason}" for r in failed) or "ok"])
+        rows.append(
+            [
+                name,
+                " / ".join(rate_text(r) for r in rates) or "n/a",
+                rate_text(statistics.median(rates)) if rates else "n/a",
+                ratio,
+                to_fastest,
+                "n/a" if busy is None else f"{busy:.2f}",
+                "; ".join(f"{r.status}: {r.reason}" for r in failed) or "ok",
+            ]
+        )
     return rows
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench configs", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("configs", nargs="+", help="two or more lit-compute fit YAMLs (or packaged config names); "
-                        "the first is the reference")
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench configs", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "configs",
+        nargs="+",
+        help="two or more lit-compute fit YAMLs (or packaged config names); the first is the reference",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds: each config runs once per round")
     parser.add_argument("--seconds", type=float, default=30.0, help="timed seconds of each run")
     parser.add_argument("--warmup-steps", type=int, default=3, help="steps before timing starts")
     parser.add_argument("--log-dir", default="bench_logs/configs", help="each run's TensorBoard run, config and log")
     args = parser.parse_args(argv)
     if len(args.configs) < 2:
-        parser.error(f"configs: {len(args.configs)} given; give at least two YAMLs to compare (the first is the reference)")
+        parser.error(
+            f"configs: {len(args.configs)} given; give at least two YAMLs to compare (the first is the reference)"
+        )
     if args.rounds < 1 or args.seconds <= 0:
-        parser.error(f"--rounds {args.rounds} / --seconds {args.seconds}: both must be positive (e.g. --rounds 3 --seconds 30)")
+        parser.error(
+            f"--rounds {args.rounds} / --seconds {args.seconds}: both must be positive (e.g. --rounds 3 --seconds 30)"
+        )
     if args.warmup_steps < 0:
         parser.error(f"--warmup-steps {args.warmup_steps}: give 0 or more steps to run before timing (default 3)")
     configs: list[tuple[str, dict[str, Any]]] = []
@@ -111,17 +126,34 @@ def main(argv: list[str]) -> int:
     recorder = {"warmup_steps": args.warmup_steps, "loss_steps": args.warmup_steps}
     timeout = 10 * args.seconds + 600  # a hang, not a slow config, is what stops a run
     runs: dict[str, list[TrialResult]] = {n: [] for n in names}
-    emit(f"{len(names)} configs x {args.rounds} round(s), {args.seconds:g} s timed each, order reversed every other "
-         f"round; logs under {args.log_dir}/")
+    emit(
+        f"{len(names)} configs x {args.rounds} round(s), {args.seconds:g} s timed each, order reversed every other "
+        f"round; logs under {args.log_dir}/"
+    )
     for index, (r, i) in enumerate(order(args.rounds, len(configs))):
         name, config = configs[i]
-        result = run_trial(config, TrialSpec({}, "final", r, args.seconds), index, Path(args.log_dir) / name,
-                           timeout, recorder)
+        result = run_trial(
+            config, TrialSpec({}, "final", r, args.seconds), index, Path(args.log_dir) / name, timeout, recorder
+        )
         runs[name].append(result)
-        emit(f"  round {r + 1}, {name}: " + (rate_text(result.rate) + f" {result.unit}" if result.ok else
-                                             f"{result.status}: {result.reason}"))
+        emit(
+            f"  round {r + 1}, {name}: "
+            + (rate_text(result.rate) + f" {result.unit}" if result.ok else f"{result.status}: {result.reason}")
+        )
     unit = next((r.unit for rs in runs.values() for r in rs if r.ok), "samples/s")
     emit("")
-    emit(markdown(["config", f"{unit} per device, each round", "median", f"vs {names[0]} (same-round pairs)",
-                   "vs the fastest (same-round pairs)", "others' CPUs (max)", "runs"], compare(names, runs)))
+    emit(
+        markdown(
+            [
+                "config",
+                f"{unit} per device, each round",
+                "median",
+                f"vs {names[0]} (same-round pairs)",
+                "vs the fastest (same-round pairs)",
+                "others' CPUs (max)",
+                "runs",
+            ],
+            compare(names, runs),
+        )
+    )
     return 0 if all(r.ok for rs in runs.values() for r in rs) else 1

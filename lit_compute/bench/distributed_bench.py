@@ -34,8 +34,9 @@ def _sweep(fabric: Fabric, max_mb: float, seconds: float) -> list[Any]:
 
 
 def allreduce_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench allreduce", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench allreduce", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--nprocs", type=int, default=2, help="processes (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--max-mb", type=float, default=64.0, help="largest message (MiB)")
     parser.add_argument("--seconds", type=float, default=30.0, help="time budget of the sweep")
@@ -44,8 +45,10 @@ def allreduce_main(argv: list[str]) -> int:
     backend = "nccl" if accelerator == "cuda" else "gloo"
     fabric = Fabric(accelerator=accelerator, devices=args.nprocs, strategy="ddp_spawn")
     results = fabric.launch(functools.partial(_sweep, max_mb=args.max_mb, seconds=args.seconds))
-    emit(f"# bench allreduce: {args.nprocs} processes, backend {backend}, float32 sum, busbw = algbw x 2(n-1)/n\n"
-         f"# {machine_line()}\n")
+    emit(
+        f"# bench allreduce: {args.nprocs} processes, backend {backend}, float32 sum, busbw = algbw x 2(n-1)/n\n"
+        f"# {machine_line()}\n"
+    )
     emit(results_table(results))
     return 0
 
@@ -56,8 +59,10 @@ class _ManySmall(pl.LightningModule):
     def __init__(self, blocks: int = 48, width: int = 64) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
-                                   for _ in range(blocks)], nn.Linear(width, 10))
+        self.net = nn.Sequential(
+            *[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()) for _ in range(blocks)],
+            nn.Linear(width, 10),
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -89,8 +94,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def ddp_main(argv: list[str]) -> int:
     from lit_compute.distributed import TunedDDPStrategy
 
-    parser = argparse.ArgumentParser(prog="lit-compute bench ddp", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench ddp", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--nprocs", type=int, default=2, help="processes (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--steps", type=int, default=40, help="training steps per configuration and round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, configurations alternating")
@@ -109,17 +115,25 @@ def ddp_main(argv: list[str]) -> int:
                 path = os.path.join(tmp, f"{r}_{i}.json")
                 os.environ.pop("MASTER_PORT", None)
                 trainer = pl.Trainer(
-                    accelerator=accelerator, devices=args.nprocs, max_steps=args.steps, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                    strategy=TunedDDPStrategy(start_method="spawn", **CONFIGS[name]), callbacks=[_DumpTimes(path)],
+                    accelerator=accelerator,
+                    devices=args.nprocs,
+                    max_steps=args.steps,
+                    logger=False,
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                    strategy=TunedDDPStrategy(start_method="spawn", **CONFIGS[name]),
+                    callbacks=[_DumpTimes(path)],
                 )
                 trainer.fit(_ManySmall(), train_dataloaders=loader)
                 times[name] += json.loads(Path(path).read_text())
     base = median(times["default (bucket 25 MiB, no hook)"])
     n_params = sum(1 for _ in _ManySmall().parameters())
-    emit(f"# bench ddp: {n_params} parameter tensors, {args.nprocs} processes on {accelerator} "
-         f"({'nccl' if accelerator == 'cuda' else 'gloo'}), batch {args.batch_size} per process, {args.rounds} "
-         f"interleaved rounds x {args.steps} steps\n# {machine_line()}\n")
+    emit(
+        f"# bench ddp: {n_params} parameter tensors, {args.nprocs} processes on {accelerator} "
+        f"({'nccl' if accelerator == 'cuda' else 'gloo'}), batch {args.batch_size} per process, {args.rounds} "
+        f"interleaved rounds x {args.steps} steps\n# {machine_line()}\n"
+    )
     rows = [[name, len(v), round(median(v) * 1e3, 2), f"{median(v) / base:.3f}"] for name, v in times.items()]
     emit(markdown(["configuration", "steps timed", "median step ms", "ratio to default"], rows))
     return 0

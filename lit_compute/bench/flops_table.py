@@ -36,10 +36,12 @@ def zoo_main(args: argparse.Namespace) -> int:
 
     from lit_compute.bench.zoo import output_loss, transformers_zoo
 
-    emit("# bench flops --zoo transformers: forward + backward FLOPs of one training batch (batch 2 x 16 tokens; "
-         f"T5: 16 encoder + 8 decoder tokens)\n# {machine_line()}\n"
-         "# ours = model FLOPs on the real CPU kernels; plain = torch's FlopCounterMode on the same kernels; "
-         "lightning = lightning's measure_flops on a meta-device model; analytic = 3 x the architecture's forward\n")
+    emit(
+        "# bench flops --zoo transformers: forward + backward FLOPs of one training batch (batch 2 x 16 tokens; "
+        f"T5: 16 encoder + 8 decoder tokens)\n# {machine_line()}\n"
+        "# ours = model FLOPs on the real CPU kernels; plain = torch's FlopCounterMode on the same kernels; "
+        "lightning = lightning's measure_flops on a meta-device model; analytic = 3 x the architecture's forward\n"
+    )
     rows, worst = [], 0.0
     for entry in transformers_zoo():
         for attention in ("sdpa", "eager"):
@@ -54,35 +56,70 @@ def zoo_main(args: argparse.Namespace) -> int:
             meta_model = entry.build(attention, device="meta")
             meta_inputs = entry.inputs("meta")
             try:
-                lightning = float(measure_flops(meta_model, functools.partial(_forward, meta_model, meta_inputs),
-                                                output_loss))
+                lightning = float(
+                    measure_flops(meta_model, functools.partial(_forward, meta_model, meta_inputs), output_loss)
+                )
             except Exception:  # noqa: BLE001 - a meta kernel that refuses (grouped mm in float32)
                 lightning = float("nan")
             worst = max(worst, abs(ours.total / analytic - 1))
-            rows.append([entry.name, attention, round(analytic / 1e6, 4), round(ours.total / 1e6, 4),
-                         f"{ours.total / analytic:.4f}", round(ours.hardware / 1e6, 4),
-                         round(plain.get_total_flops() / 1e6, 4), f"{plain.get_total_flops() / analytic:.4f}",
-                         round(lightning / 1e6, 4) if lightning == lightning else "n/a",
-                         f"{lightning / analytic:.4f}" if lightning == lightning else "n/a", round(seconds, 3)])
+            rows.append(
+                [
+                    entry.name,
+                    attention,
+                    round(analytic / 1e6, 4),
+                    round(ours.total / 1e6, 4),
+                    f"{ours.total / analytic:.4f}",
+                    round(ours.hardware / 1e6, 4),
+                    round(plain.get_total_flops() / 1e6, 4),
+                    f"{plain.get_total_flops() / analytic:.4f}",
+                    round(lightning / 1e6, 4) if lightning == lightning else "n/a",
+                    f"{lightning / analytic:.4f}" if lightning == lightning else "n/a",
+                    round(seconds, 3),
+                ]
+            )
             emit(f"  {entry.name} ({attention}): ours {ours.total / 1e6:.4f} MFLOPs, analytic {analytic / 1e6:.4f}")
     emit("")
-    emit(markdown(["model", "attention", "analytic MFLOPs", "ours MFLOPs", "ours / analytic", "ours hardware",
-                   "plain FlopCounterMode", "plain / analytic", "lightning measure_flops", "lightning / analytic",
-                   "count s"], rows))
+    emit(
+        markdown(
+            [
+                "model",
+                "attention",
+                "analytic MFLOPs",
+                "ours MFLOPs",
+                "ours / analytic",
+                "ours hardware",
+                "plain FlopCounterMode",
+                "plain / analytic",
+                "lightning measure_flops",
+                "lightning / analytic",
+                "count s",
+            ],
+            rows,
+        )
+    )
     ok = worst <= 1e-3
     emit(f"\n{len(rows)} counts; ours within 0.1% of the analytic figure everywhere: {'yes' if ok else 'NO'}")
     return 0 if ok else 1
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench flops", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--zoo", choices=["torchvision", "transformers"], default="torchvision",
-                        help="torchvision: forward GFLOPs of every classification model vs the published figures; "
-                             "transformers: forward + backward of small transformers configs vs analytic counts")
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench flops", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--zoo",
+        choices=["torchvision", "transformers"],
+        default="torchvision",
+        help="torchvision: forward GFLOPs of every classification model vs the published figures; "
+        "transformers: forward + backward of small transformers configs vs analytic counts",
+    )
     parser.add_argument("--models", nargs="*", help="torchvision model names (default: every classification model)")
-    parser.add_argument("--plain-on", choices=["cpu", "meta", "skip"], default="cpu",
-                        help="run plain FlopCounterMode on real CPU tensors (the kernel path users hit), on meta, or skip")
+    parser.add_argument(
+        "--plain-on",
+        choices=["cpu", "meta", "skip"],
+        default="cpu",
+        help="run plain FlopCounterMode on real CPU tensors (the kernel path users hit), on meta, or skip",
+    )
     args = parser.parse_args(argv)
     if args.zoo == "transformers":
         return zoo_main(args)
@@ -105,12 +142,35 @@ def main(argv: list[str]) -> int:
                 real(x)
             plain = counter.get_total_flops() / 1e9
             del real
-        rows.append([name, crop, round(ours / 1e9, 4), round(published, 4), f"{ratio:.4f}",
-                     plain, f"{plain / (ours / 1e9):.4f}" if plain == plain else "n/a", round(t_ours, 3)])
+        rows.append(
+            [
+                name,
+                crop,
+                round(ours / 1e9, 4),
+                round(published, 4),
+                f"{ratio:.4f}",
+                plain,
+                f"{plain / (ours / 1e9):.4f}" if plain == plain else "n/a",
+                round(t_ours, 3),
+            ]
+        )
         emit(f"  {name}: ours {ours / 1e9:.4f}, published {published:.4f}, plain {plain:.4f}")
     emit("")
-    emit(markdown(["model", "crop", "ours GFLOPs", "2 x torchvision _ops", "ours / published",
-                   f"plain FlopCounterMode ({args.plain_on})", "plain / ours", "count s"], rows))
+    emit(
+        markdown(
+            [
+                "model",
+                "crop",
+                "ours GFLOPs",
+                "2 x torchvision _ops",
+                "ours / published",
+                f"plain FlopCounterMode ({args.plain_on})",
+                "plain / ours",
+                "count s",
+            ],
+            rows,
+        )
+    )
     ok = worst <= 1.0
     emit(f"\n{len(rows)} models; every count within 1% (or the published rounding): {'yes' if ok else 'NO'}")
     return 0 if ok else 1

@@ -38,9 +38,18 @@ def _fit(tmp: str, name: str, model: Any, data: Any, steps: int, **kwargs: Any) 
     import lightning.pytorch as pl
 
     logger = pl.loggers.TensorBoardLogger(tmp, name=name, version=0)
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, limit_val_batches=0, logger=logger,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         log_every_n_steps=5, **kwargs)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+        **kwargs,
+    )
     trainer.fit(model, datamodule=data)
     return trainer, logger.log_dir
 
@@ -60,9 +69,15 @@ def check_mfu(tmp: str) -> str:
     for arch in ("resnet50", "vit_b_16"):
         for peak in ("table", "measure"):
             data = TorchvisionImageDataModule(batch_size=128, image_size=224, synthetic_images_per_class=128)
-            _, log_dir = _fit(tmp, f"mfu_{arch}_{peak}", ImageClassifier(arch, num_classes=10, channels_last=arch == "resnet50"),
-                              data, 30, callbacks=[FlopsLogger(peak=peak, log_every_n_steps=5)],
-                              plugins=[FP32BatchNormPrecision("bf16-mixed")])
+            _, log_dir = _fit(
+                tmp,
+                f"mfu_{arch}_{peak}",
+                ImageClassifier(arch, num_classes=10, channels_last=arch == "resnet50"),
+                data,
+                30,
+                callbacks=[FlopsLogger(peak=peak, log_every_n_steps=5)],
+                plugins=[FP32BatchNormPrecision("bf16-mixed")],
+            )
             mfu, pk = _scalars(log_dir, "compute/mfu"), _scalars(log_dir, "compute/peak_tflops")
             if not mfu:
                 raise RuntimeError(f"{arch} peak={peak}: no compute/mfu logged")
@@ -76,8 +91,18 @@ NO_DALI = "NVIDIA DALI is not installed (pip install 'lit-compute[dali]')"
 def check_recipe(tmp: str) -> str:
     from lit_compute.bench import recipe
 
-    argv = ["--image-size", "224", "--batch-size", "128", "--steps", "30", "--images-per-class", "128",
-            "--log-dir", str(Path(tmp) / "recipe")]
+    argv = [
+        "--image-size",
+        "224",
+        "--batch-size",
+        "128",
+        "--steps",
+        "30",
+        "--images-per-class",
+        "128",
+        "--log-dir",
+        str(Path(tmp) / "recipe"),
+    ]
     if not dali_available():  # the rows that need no DALI still run and print their table
         recipe.main([*argv, "--no-dali"])
         raise RuntimeError(f"{NO_DALI}: the recipe ran with --no-dali (table above), its GPU DALI row did not")
@@ -109,8 +134,10 @@ def check_fp16(tmp: str) -> str:
     data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
     _, log_dir = _fit(tmp, "fp16", model, data, 20, plugins=[plugin], callbacks=[LossScaleMonitor(log_every_n_steps=5)])
     norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
-    if any(m.weight.dtype != torch.float32 or (m.running_var is not None and m.running_var.dtype != torch.float32)
-           for m in norms):
+    if any(
+        m.weight.dtype != torch.float32 or (m.running_var is not None and m.running_var.dtype != torch.float32)
+        for m in norms
+    ):
         raise RuntimeError("a BatchNorm is not float32")
     scale = _scalars(log_dir, "amp/loss_scale")
     if plugin.scaler is None or not scale:
@@ -122,8 +149,14 @@ def check_profiler(tmp: str) -> str:
     from lit_compute import ImageClassifier, ProfilerWindow, TorchvisionImageDataModule
 
     data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
-    _, log_dir = _fit(tmp, "profiler", ImageClassifier("resnet50", num_classes=10), data, 12,
-                      callbacks=[ProfilerWindow(start_step=5, warmup=2, active=3)])
+    _, log_dir = _fit(
+        tmp,
+        "profiler",
+        ImageClassifier("resnet50", num_classes=10),
+        data,
+        12,
+        callbacks=[ProfilerWindow(start_step=5, warmup=2, active=3)],
+    )
     idle = _scalars(log_dir, "profiler/gpu_idle_fraction")
     if not idle or not 0.0 <= idle[-1] <= 1.0:
         raise RuntimeError(f"profiler/gpu_idle_fraction missing or out of range: {idle}")
@@ -145,9 +178,13 @@ def check_nccl(tmp: str) -> str:
 
     nccl_log = Path(tmp) / "nccl.log"
     strategy = TunedDDPStrategy(
-        nccl=NCCLSettings(algo="Ring", proto="Simple", debug="INFO", debug_subsys="INIT,ENV",
-                          extra={"NCCL_DEBUG_FILE": str(nccl_log)}),
-        process_group_backend="nccl", bucket_cap_mb=50, comm_hook="bf16")
+        nccl=NCCLSettings(
+            algo="Ring", proto="Simple", debug="INFO", debug_subsys="INIT,ENV", extra={"NCCL_DEBUG_FILE": str(nccl_log)}
+        ),
+        process_group_backend="nccl",
+        bucket_cap_mb=50,
+        comm_hook="bf16",
+    )
     seen = Seen()
     data = TorchvisionImageDataModule(batch_size=32, image_size=64, synthetic_images_per_class=32)
     _fit(tmp, "nccl", ImageClassifier("resnet18", num_classes=10), data, 5, strategy=strategy, callbacks=[seen])
@@ -158,11 +195,16 @@ def check_nccl(tmp: str) -> str:
     config = strategy.effective_config("nccl")
     # NCCL reads its variables when its first communicator starts; its own log says what it saw
     logged = nccl_log.read_text(errors="replace") if nccl_log.exists() else ""
-    confirmed = [line.split("NCCL INFO", 1)[-1].strip() for line in logged.splitlines()
-                 if "NCCL_ALGO" in line or "NCCL_PROTO" in line]
-    return (f"backend {seen.backend}, NCCL {config['nccl_version']}, NCCL_ALGO=Ring NCCL_PROTO=Simple set before "
-            f"init, bucket {config['bucket_cap_mb']:.0f} MiB, bf16 hook; NCCL's log: "
-            f"{'; '.join(confirmed[:2]) if confirmed else 'no line naming NCCL_ALGO/NCCL_PROTO'}")
+    confirmed = [
+        line.split("NCCL INFO", 1)[-1].strip()
+        for line in logged.splitlines()
+        if "NCCL_ALGO" in line or "NCCL_PROTO" in line
+    ]
+    return (
+        f"backend {seen.backend}, NCCL {config['nccl_version']}, NCCL_ALGO=Ring NCCL_PROTO=Simple set before "
+        f"init, bucket {config['bucket_cap_mb']:.0f} MiB, bf16 hook; NCCL's log: "
+        f"{'; '.join(confirmed[:2]) if confirmed else 'no line naming NCCL_ALGO/NCCL_PROTO'}"
+    )
 
 
 def check_fsdp(tmp: str) -> str:
@@ -191,18 +233,25 @@ def check_fsdp(tmp: str) -> str:
 
     model = GPT(block_size=1024, n_layer=12, n_head=12, n_embd=768)
     data = TokenDataModule(mode="packed", batch_size=8, seq_len=1024, max_tokens=1_000_000)
-    _, log_dir = _fit(tmp, "fsdp_gpt", model, data, 30,
-                      strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
-                      plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
-                      callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=5),
-                                 StepTimeMonitor(log_every_n_steps=5)])
+    _, log_dir = _fit(
+        tmp,
+        "fsdp_gpt",
+        model,
+        data,
+        30,
+        strategy=FSDPStrategy(auto_wrap_policy={GPTBlock}),
+        plugins=[FP32BatchNormFSDPPrecision("bf16-mixed", fp32_norms=["LayerNorm"])],
+        callbacks=[Look(), FlopsLogger(peak="table", log_every_n_steps=5), StepTimeMonitor(log_every_n_steps=5)],
+    )
     mfu, hfu, tokens = (_scalars(log_dir, t) for t in ("compute/mfu", "compute/hfu", "time/tokens_per_sec"))
     if not (mfu and hfu and tokens):
         raise RuntimeError(f"FSDP run logged mfu={mfu[-1:]}, hfu={hfu[-1:]}, tokens/s={tokens[-1:]}")
     if seen.get("ln") != "torch.float32" or seen.get("qkv") != "torch.bfloat16":
         raise RuntimeError(f"LayerNorm weight {seen.get('ln')}, qkv output {seen.get('qkv')} (want float32, bfloat16)")
-    return (f"GPT 124M-class, FSDP 1 GPU, bf16 with float32 LayerNorms: MFU {100 * mfu[-1]:.1f}%, HFU "
-            f"{100 * hfu[-1]:.1f}%, {tokens[-1]:,.0f} tokens/s")
+    return (
+        f"GPT 124M-class, FSDP 1 GPU, bf16 with float32 LayerNorms: MFU {100 * mfu[-1]:.1f}%, HFU "
+        f"{100 * hfu[-1]:.1f}%, {tokens[-1]:,.0f} tokens/s"
+    )
 
 
 #: tables a check adds below the checks' table in --markdown's file
@@ -211,10 +260,16 @@ SECTIONS: list[str] = []
 #: the whatif check fails when any prediction misses the measured rate by more than this (percent)
 WHATIF_GOAL = 30.0
 #: what the whatif check trains here: (model as whatif_bench traces it, micro-batch, precision)
-WHATIF_RUNS = [("resnet50", 256, "bf16-mixed"), ("resnet50", 256, "tf32"), ("gpt", 16, "bf16-mixed"),
-               ("gpt", 16, "tf32")]
-WHATIF_NAMES = {"resnet50": "torchvision ResNet-50 (224 px, SGD)",
-                "gpt": "lit_compute GPT (12 layers, 768 wide, 1,024 tokens, AdamW)"}
+WHATIF_RUNS = [
+    ("resnet50", 256, "bf16-mixed"),
+    ("resnet50", 256, "tf32"),
+    ("gpt", 16, "bf16-mixed"),
+    ("gpt", 16, "tf32"),
+]
+WHATIF_NAMES = {
+    "resnet50": "torchvision ResNet-50 (224 px, SGD)",
+    "gpt": "lit_compute GPT (12 layers, 768 wide, 1,024 tokens, AdamW)",
+}
 
 
 class _StepOnDevice(pl.LightningModule):
@@ -253,8 +308,15 @@ class _RateClock(pl.Callback):
             self.rate = self.batch * (batch_idx + 1 - self.warmup) / (self._now() - self.start)
 
 
-def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup: int = 10,
-                 accelerator: str = "gpu", layout: str | None = None) -> float:
+def measure_rate(
+    model: str,
+    batch: int,
+    precision: str,
+    steps: int = 40,
+    warmup: int = 10,
+    accelerator: str = "gpu",
+    layout: str | None = None,
+) -> float:
     """Samples/s of ``model`` (as ``lit-compute bench whatif`` traces it) trained by Lightning at ``batch`` and
     ``precision`` ("tf32": float32 with TF32 matmuls and convolutions), cuDNN autotuned, the convolutional nets
     channels-last (``layout`` "contiguous" or "channels_last" to choose), each with the optimizer its source trains
@@ -271,9 +333,18 @@ def measure_rate(model: str, batch: int, precision: str, steps: int = 40, warmup
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     try:
-        trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, logger=False, benchmark=True,
-                             precision="32-true" if tf32 else precision, callbacks=[clock],  # type: ignore[arg-type]
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = pl.Trainer(
+            accelerator=accelerator,
+            devices=1,
+            max_steps=steps,
+            logger=False,
+            benchmark=True,
+            precision="32-true" if tf32 else precision,
+            callbacks=[clock],  # type: ignore[arg-type]
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(_StepOnDevice(net, step, batch, model), DataLoader(cast(Any, range(steps))))
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
@@ -300,17 +371,26 @@ def check_whatif(tmp: str) -> str:
     rows, errors = [], []
     for model, batch, precision in WHATIF_RUNS:
         facts = traced_facts(model, batch, memory_format(model) or "contiguous")
-        predicted = predict(facts, Scenario(chip, precision, batch, host_dispatch_s=dispatch),
-                            default_calibration()).samples_per_s
+        predicted = predict(
+            facts, Scenario(chip, precision, batch, host_dispatch_s=dispatch), default_calibration()
+        ).samples_per_s
         measured = measure_rate(model, batch, precision)
         errors.append(100 * (predicted / measured - 1))
-        rows.append([f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}", f"{predicted:,.0f}",
-                     f"{measured:,.0f}", f"{errors[-1]:+.1f}%"])
+        rows.append(
+            [
+                f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}",
+                f"{predicted:,.0f}",
+                f"{measured:,.0f}",
+                f"{errors[-1]:+.1f}%",
+            ]
+        )
         emit(f"  {rows[-1]}")
     table = markdown(["workload", "predicted samples/s", "measured samples/s", "error"], rows)
     emit(table)
-    SECTIONS.append(f"\n### lit-compute whatif on {chip.name}: predicted from the step counted on fake tensors, at "
-                    f"the default efficiencies, vs measured here\n\n{table}\n")
+    SECTIONS.append(
+        f"\n### lit-compute whatif on {chip.name}: predicted from the step counted on fake tensors, at "
+        f"the default efficiencies, vs measured here\n\n{table}\n"
+    )
     within = sum(abs(e) <= WHATIF_GOAL for e in errors)
     result = f"table above: {within} of {len(errors)} within {WHATIF_GOAL:.0f}%, worst {max(errors, key=abs):+.1f}%"
     if within < len(errors):  # a miss is a failed check, never a pass with a number in it
@@ -338,20 +418,29 @@ def check_transposes(tmp: str) -> str:
     model, batch, precision = TRANSPOSES_RUN
     chip = find_chip(torch.cuda.get_device_name(0))
     scenario = Scenario(chip, precision, batch, host_dispatch_s=host_dispatch_seconds())
-    predicted = {layout: predict(traced_facts(model, batch, layout), scenario, default_calibration()).samples_per_s
-                 for layout in ("contiguous", "channels_last")}
+    predicted = {
+        layout: predict(traced_facts(model, batch, layout), scenario, default_calibration()).samples_per_s
+        for layout in ("contiguous", "channels_last")
+    }
     measured = {layout: measure_rate(model, batch, precision, layout=layout) for layout in predicted}
     ratio_p, ratio_m = (d["channels_last"] / d["contiguous"] for d in (predicted, measured))
     error = 100 * (ratio_p / ratio_m - 1)
-    rows = [[f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}, {layout}", f"{predicted[layout]:,.0f}",
-             f"{measured[layout]:,.0f}"] for layout in predicted]
+    rows = [
+        [
+            f"{WHATIF_NAMES[model]} on {chip.name}, {precision}, batch {batch}, {layout}",
+            f"{predicted[layout]:,.0f}",
+            f"{measured[layout]:,.0f}",
+        ]
+        for layout in predicted
+    ]
     rows.append(["channels-last over channels-first", f"{ratio_p:.2f}x", f"{ratio_m:.2f}x"])
     table = markdown(["workload", "predicted samples/s", "measured samples/s"], rows)
     emit(table)
-    SECTIONS.append(f"\n### cuDNN's transposes on {chip.name}: channels-first against channels-last, predicted and "
-                    f"measured\n\n{table}\n")
-    result = (f"channels-last over channels-first: predicted {ratio_p:.2f}x, measured {ratio_m:.2f}x "
-              f"({error:+.1f}%)")
+    SECTIONS.append(
+        f"\n### cuDNN's transposes on {chip.name}: channels-first against channels-last, predicted and "
+        f"measured\n\n{table}\n"
+    )
+    result = f"channels-last over channels-first: predicted {ratio_p:.2f}x, measured {ratio_m:.2f}x ({error:+.1f}%)"
     if abs(error) > TRANSPOSES_GOAL:  # a miss is a failed check, never a pass with a number in it
         raise AssertionError(f"{result}: the predicted ratio missed by more than {TRANSPOSES_GOAL:.0f}%")
     return result
@@ -376,8 +465,15 @@ def _whatif_json(args: list[str]) -> dict[str, Any]:
     return rows[0]
 
 
-def check_whatif_runs(tmp: str, accelerator: str = "gpu", micro_batch: int = 64, cpu_batch: int = 4,
-                      steps: tuple[int, int] = (40, 10), arch: str = "resnet50", image_size: int = 112) -> str:
+def check_whatif_runs(
+    tmp: str,
+    accelerator: str = "gpu",
+    micro_batch: int = 64,
+    cpu_batch: int = 4,
+    steps: tuple[int, int] = (40, 10),
+    arch: str = "resnet50",
+    image_size: int = 112,
+) -> str:
     """#50 item 4 the way a user takes it: configs/baseline.yaml (a torchvision ResNet-50 at 112 px, its loader in the
     process) trained with ``lit-compute fit`` on this GPU in bf16-mixed at ``micro_batch``, and on this machine's
     CPU in float32 at ``cpu_batch``, each with FlopsLogger and StepTimeMonitor. ``lit-compute whatif CPU_RUN
@@ -388,29 +484,55 @@ def check_whatif_runs(tmp: str, accelerator: str = "gpu", micro_batch: int = 64,
     from lit_compute.bench.whatif_bench import _fit as fit_cli
     from lit_compute.planning.whatif import read_run
 
-    base = ["--config", "configs/baseline.yaml", "--trainer.max_epochs=null", "--trainer.log_every_n_steps=5",
-            "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
-            f"--model.init_args.arch={arch}", f"--data.init_args.image_size={image_size}", _CALLBACKS]
-    device_run = fit_cli([*base, f"--trainer.accelerator={accelerator}", "--trainer.precision=bf16-mixed",
-                          f"--data.init_args.batch_size={micro_batch}", f"--trainer.max_steps={steps[0]}"],
-                         str(Path(tmp, "whatif_device")))
-    cpu_run = fit_cli([*base, "--trainer.accelerator=cpu", "--trainer.precision=32-true",
-                       f"--data.init_args.batch_size={cpu_batch}", f"--trainer.max_steps={steps[1]}"],
-                      str(Path(tmp, "whatif_cpu")))
+    base = [
+        "--config",
+        "configs/baseline.yaml",
+        "--trainer.max_epochs=null",
+        "--trainer.log_every_n_steps=5",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        f"--model.init_args.arch={arch}",
+        f"--data.init_args.image_size={image_size}",
+        _CALLBACKS,
+    ]
+    device_run = fit_cli(
+        [
+            *base,
+            f"--trainer.accelerator={accelerator}",
+            "--trainer.precision=bf16-mixed",
+            f"--data.init_args.batch_size={micro_batch}",
+            f"--trainer.max_steps={steps[0]}",
+        ],
+        str(Path(tmp, "whatif_device")),
+    )
+    cpu_run = fit_cli(
+        [
+            *base,
+            "--trainer.accelerator=cpu",
+            "--trainer.precision=32-true",
+            f"--data.init_args.batch_size={cpu_batch}",
+            f"--trainer.max_steps={steps[1]}",
+        ],
+        str(Path(tmp, "whatif_cpu")),
+    )
     measured = read_run(device_run).step_s
     if not measured:
         raise RuntimeError(f"{device_run}: no measured step (time/step_ms)")
     own = _whatif_json([str(device_run)])
     chip = own["hardware"]
-    predicted = _whatif_json([str(cpu_run), "--hardware", chip, "--precision", "bf16-mixed", "--micro-batch",
-                              str(micro_batch)])
+    predicted = _whatif_json(
+        [str(cpu_run), "--hardware", chip, "--precision", "bf16-mixed", "--micro-batch", str(micro_batch)]
+    )
     h100 = _whatif_json([str(device_run), "--hardware", "h100-sxm"])
     error = 100 * (predicted["step_time_s"] / measured - 1)
-    result = (f"{arch} {image_size} px, loader in the process: the CPU run (micro-batch {cpu_batch}, 32-true) priced "
-              f"on {chip} at bf16-mixed, micro-batch {micro_batch}: {predicted['step_time_s'] * 1e3:.1f} ms a step "
-              f"({predicted['bottleneck']}-bound) against the {chip} run's measured {measured * 1e3:.1f} ms, "
-              f"{error:+.1f}%; the {chip} run on its own chip {own['step_time_s'] * 1e3:.1f} ms (calibrated), on "
-              f"h100-sxm {h100['step_time_s'] * 1e3:.1f} ms")
+    result = (
+        f"{arch} {image_size} px, loader in the process: the CPU run (micro-batch {cpu_batch}, 32-true) priced "
+        f"on {chip} at bf16-mixed, micro-batch {micro_batch}: {predicted['step_time_s'] * 1e3:.1f} ms a step "
+        f"({predicted['bottleneck']}-bound) against the {chip} run's measured {measured * 1e3:.1f} ms, "
+        f"{error:+.1f}%; the {chip} run on its own chip {own['step_time_s'] * 1e3:.1f} ms (calibrated), on "
+        f"h100-sxm {h100['step_time_s'] * 1e3:.1f} ms"
+    )
     emit(f"  {result}")
     if abs(error) > WHATIF_GOAL:
         raise AssertionError(f"{result}: the CPU run's prediction missed by more than {WHATIF_GOAL:.0f}%")
@@ -421,9 +543,14 @@ def check_whatif_runs(tmp: str, accelerator: str = "gpu", micro_batch: int = 64,
 #: (whose rows on this chip are check rows, as are the GPT's), at the batch sizes their A100 rows ran at. Chosen before
 #: any was measured, so that a chip generation the published fit rows lack (Hopper) has fit rows of its own; never
 #: compared with as validation. (model as whatif_bench traces it, micro-batch, precision)
-FIT_RUNS = [("resnext101-32x4d", 128, "bf16-mixed"), ("resnext101-32x4d", 128, "tf32"),
-            ("efficientnet-b0", 256, "bf16-mixed"), ("efficientnet-b0", 256, "tf32"), ("bert-large", 256, "bf16-mixed"),
-            ("bert-large", 128, "tf32")]
+FIT_RUNS = [
+    ("resnext101-32x4d", 128, "bf16-mixed"),
+    ("resnext101-32x4d", 128, "tf32"),
+    ("efficientnet-b0", 256, "bf16-mixed"),
+    ("efficientnet-b0", 256, "tf32"),
+    ("bert-large", 256, "bf16-mixed"),
+    ("bert-large", 128, "tf32"),
+]
 #: where check_fit_rows writes its rows (published_gpu.csv's columns); scripts/gpu_checks.sh sets it under $OUT
 FIT_ROWS_ENV = "LIT_COMPUTE_FIT_ROWS"
 
@@ -450,8 +577,10 @@ def check_fit_rows(tmp: str) -> str:
 
     name = torch.cuda.get_device_name(0)
     chip = find_chip(name).name
-    source = (f"this project: lit-compute bench gpu --only fit (commit {commit_description()}, "
-              f"{time.strftime('%Y-%m-%d')}), 1x {name}, eager, torch {torch.__version__.split('+')[0]}")
+    source = (
+        f"this project: lit-compute bench gpu --only fit (commit {commit_description()}, "
+        f"{time.strftime('%Y-%m-%d')}), 1x {name}, eager, torch {torch.__version__.split('+')[0]}"
+    )
     rates, failed = [], []
     for model, batch, precision in FIT_RUNS:
         try:
@@ -465,8 +594,10 @@ def check_fit_rows(tmp: str) -> str:
     lines = fit_rows(rates, chip, source)
     path = Path(os.environ.get(FIT_ROWS_ENV) or "fit_rows.csv")
     write_whole(path, lines)
-    SECTIONS.append(f"\n### Fit rows measured on {chip} (published_gpu.csv's columns; data to fit on, not a check)"
-                    f"\n\n```\n{lines}```\n")
+    SECTIONS.append(
+        f"\n### Fit rows measured on {chip} (published_gpu.csv's columns; data to fit on, not a check)"
+        f"\n\n```\n{lines}```\n"
+    )
     result = f"{len(rates)} of {len(FIT_RUNS)} fit rows written to {path}"
     if failed:
         raise RuntimeError(f"{result}; failed: {'; '.join(failed)}")
@@ -490,13 +621,21 @@ ON_REQUEST: list[tuple[str, Callable[[str], str]]] = [("fit rows of published_gp
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench gpu", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--only", nargs="*", help="run only the checks whose names contain these words (the fit "
-                        "rows' measurement runs only when named: --only 'fit rows')")
-    parser.add_argument("--markdown", default=None,
-                        help="also write the checks' table, with the figure header, to this file (rewritten after "
-                             "each check: a run stopped part-way leaves the checks it finished)")
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench gpu", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="run only the checks whose names contain these words (the fit "
+        "rows' measurement runs only when named: --only 'fit rows')",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="also write the checks' table, with the figure header, to this file (rewritten after "
+        "each check: a run stopped part-way leaves the checks it finished)",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         emit("lit-compute bench gpu: no NVIDIA GPU on this machine (torch.cuda.is_available() is False); nothing run.")
@@ -517,7 +656,12 @@ def main(argv: list[str]) -> int:
             rows.append([name, ok, result, f"{time.perf_counter() - start:.0f}s"])
             emit(f"{name}: {ok} ({rows[-1][-1]}): {result}")
             if args.markdown:
-                write_whole(args.markdown, figure_header("lit-compute bench gpu", machine_line())
-                           + markdown(["check", "status", "result", "time"], rows) + "\n" + "".join(SECTIONS))
+                write_whole(
+                    args.markdown,
+                    figure_header("lit-compute bench gpu", machine_line())
+                    + markdown(["check", "status", "result", "time"], rows)
+                    + "\n"
+                    + "".join(SECTIONS),
+                )
     emit(markdown(["check", "status", "result", "time"], rows))
     return 1 if failed else 0

@@ -26,20 +26,27 @@ def _epoch_rate(loader, device: torch.device | None) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench loaders", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench loaders", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--data-dir", default=None, help="ImageNet-style folder (default: the synthetic dataset)")
     parser.add_argument("--image-size", type=int, default=224, help="crop side (px)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch")
     parser.add_argument("--images-per-class", type=int, default=60, help="synthetic dataset size (10 classes)")
     parser.add_argument("--rounds", type=int, default=3, help="passes per loader, alternating")
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers = DALI threads (default: the cores)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="DataLoader workers = DALI threads (default: the cores)"
+    )
     args = parser.parse_args(argv)
     if not dali_available():
         parser.error("NVIDIA DALI is not installed, so there is nothing to compare: pip install 'lit-compute[dali]'")
     cores = args.workers or available_cpu_cores()
-    common = dict(data_dir=args.data_dir, batch_size=args.batch_size, image_size=args.image_size,
-                  synthetic_images_per_class=args.images_per_class)
+    common = dict(
+        data_dir=args.data_dir,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        synthetic_images_per_class=args.images_per_class,
+    )
     loaders: dict[str, tuple[Any, torch.device | None]] = {}
     tv = TorchvisionImageDataModule(num_workers=cores, persistent_workers=True, **common)
     tv.setup("fit")
@@ -53,9 +60,11 @@ def main(argv: list[str]) -> int:
         loaders["DALI GPU pipeline (mixed decode)"] = (gpu.train_dataloader(), torch.device("cuda"))
         loaders["torchvision DataLoader (PIL decode)"] = (tv.train_dataloader(), torch.device("cuda"))
     n = len(tv.train_set) if tv.train_set is not None else 0
-    emit(f"# bench loaders: {n} training images at {args.image_size}px (decode, random-resized crop, flip, "
-         f"normalise), batch {args.batch_size}, {cores} workers/threads, {args.rounds} interleaved rounds\n"
-         f"# {machine_line()}\n")
+    emit(
+        f"# bench loaders: {n} training images at {args.image_size}px (decode, random-resized crop, flip, "
+        f"normalise), batch {args.batch_size}, {cores} workers/threads, {args.rounds} interleaved rounds\n"
+        f"# {machine_line()}\n"
+    )
     rates: dict[str, list[float]] = {name: [] for name in loaders}
     for loader, device in loaders.values():  # warm-up: worker start, pipeline build, page cache
         _epoch_rate(loader, device)
@@ -70,5 +79,7 @@ def main(argv: list[str]) -> int:
     ratio = median(rates["DALI CPU pipeline"]) / base
     emit(f"\nDALI CPU / torchvision images per second: {ratio:.2f}")
     if "DALI GPU pipeline (mixed decode)" in rates:
-        emit(f"DALI GPU / torchvision images per second: {median(rates['DALI GPU pipeline (mixed decode)']) / base:.2f}")
+        emit(
+            f"DALI GPU / torchvision images per second: {median(rates['DALI GPU pipeline (mixed decode)']) / base:.2f}"
+        )
     return 0

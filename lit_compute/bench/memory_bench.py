@@ -24,29 +24,61 @@ from lit_compute.bench._common import emit, figure_header, machine_line, markdow
 from lit_compute.warm_start import start_process, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARDED = ["--data.init_args.max_tokens=200000", "--data.init_args.seq_len=64", "--model.init_args.block_size=64",
-           "--model.init_args.n_layer=2", "--data.init_args.mode=packed"]
+SHARDED = [
+    "--data.init_args.max_tokens=200000",
+    "--data.init_args.seq_len=64",
+    "--model.init_args.block_size=64",
+    "--model.init_args.n_layer=2",
+    "--data.init_args.mode=packed",
+]
 # name, config, arguments keeping it small on 2 cores, micro-batch sizes, processes
 CASES: list[tuple[str, str, list[str], list[int], int]] = [
-    ("demo: ResNet-18, bf16-mixed (quickstart.yaml)", "configs/quickstart.yaml", ["--data.init_args.num_workers=0"],
-     [4, 32], 1),
+    (
+        "demo: ResNet-18, bf16-mixed (quickstart.yaml)",
+        "configs/quickstart.yaml",
+        ["--data.init_args.num_workers=0"],
+        [4, 32],
+        1,
+    ),
     ("RegNet-Y 400MF, constructor computes with tensors", "examples/memory/regnet.yaml", [], [2, 8], 1),
     ("3-conv CNN, 64 px (convolution workspaces)", "examples/memory/cnn.yaml", [], [2, 16], 1),
     ("ViT-B/16, 64 px", "examples/memory/vit.yaml", [], [2, 8], 1),
     ("BERT encoder, 4 layers", "examples/memory/bert.yaml", [], [2, 8], 1),
     ("Llama decoder, grouped-query attention, bf16-mixed", "examples/memory/llama_gqa.yaml", [], [2, 8], 1),
-    ("Llama decoder, GQA, activation checkpointing", "examples/memory/llama_gqa.yaml",
-     ["--model.init_args.gradient_checkpointing=true"], [2, 8], 1),
+    (
+        "Llama decoder, GQA, activation checkpointing",
+        "examples/memory/llama_gqa.yaml",
+        ["--model.init_args.gradient_checkpointing=true"],
+        [2, 8],
+        1,
+    ),
     ("T5 encoder-decoder, bf16-mixed", "examples/memory/t5.yaml", [], [2, 8], 1),
-    ("GPT, 2 layers, packed (gpt.yaml)", "configs/gpt.yaml",
-     ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000", "--data.init_args.mode=packed"], [4, 16], 1),
-    ("Hugging Face GPT-2, 2 layers (examples/hf_gpt2.yaml)", "examples/hf_gpt2.yaml",
-     ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"], [2, 8], 1),
-    ("GPT sharded: tensor parallel 2 (gpt_model_parallel.yaml)", "configs/gpt_model_parallel.yaml", SHARDED,
-     [2, 8], 2),
-    ("GPT sharded: FSDP2 over 2 (gpt_model_parallel.yaml)", "configs/gpt_model_parallel.yaml",
-     [*SHARDED, "--trainer.strategy.init_args.data_parallel_size=2",
-      "--trainer.strategy.init_args.tensor_parallel_size=1"], [2, 8], 2),
+    (
+        "GPT, 2 layers, packed (gpt.yaml)",
+        "configs/gpt.yaml",
+        ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000", "--data.init_args.mode=packed"],
+        [4, 16],
+        1,
+    ),
+    (
+        "Hugging Face GPT-2, 2 layers (examples/hf_gpt2.yaml)",
+        "examples/hf_gpt2.yaml",
+        ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"],
+        [2, 8],
+        1,
+    ),
+    ("GPT sharded: tensor parallel 2 (gpt_model_parallel.yaml)", "configs/gpt_model_parallel.yaml", SHARDED, [2, 8], 2),
+    (
+        "GPT sharded: FSDP2 over 2 (gpt_model_parallel.yaml)",
+        "configs/gpt_model_parallel.yaml",
+        [
+            *SHARDED,
+            "--trainer.strategy.init_args.data_parallel_size=2",
+            "--trainer.strategy.init_args.tensor_parallel_size=1",
+        ],
+        [2, 8],
+        2,
+    ),
 ]
 
 
@@ -55,15 +87,35 @@ def measured(config: str, overrides: list[str], micro_batch: int, processes: int
     tracked peak of its steps 0 and 1 (a fresh process: sharded runs launch their second rank by re-running the
     command)."""
     with tempfile.TemporaryDirectory() as out:
-        logger = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: "
-                  f"{out}, name: runs" "}}]")
-        callbacks = ("--trainer.callbacks=[{class_path: lit_compute.MemoryMonitor, init_args: {log_every_n_steps: 1}}, "
-                     "{class_path: lit_compute.bench.memory_reference.ProfiledStep, init_args: {out: "
-                     f"{out}/reference, step: 2" "}}]")
-        command = [sys.executable, "-m", "lit_compute.cli", "fit", "--config", config, *overrides,
-                   f"--data.init_args.batch_size={micro_batch}", "--trainer.max_steps=3", "--trainer.limit_val_batches=0",
-                   "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
-                   "--trainer.enable_model_summary=false", logger, callbacks]
+        logger = (
+            "--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: "
+            f"{out}, name: runs"
+            "}}]"
+        )
+        callbacks = (
+            "--trainer.callbacks=[{class_path: lit_compute.MemoryMonitor, init_args: {log_every_n_steps: 1}}, "
+            "{class_path: lit_compute.bench.memory_reference.ProfiledStep, init_args: {out: "
+            f"{out}/reference, step: 2"
+            "}}]"
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "lit_compute.cli",
+            "fit",
+            "--config",
+            config,
+            *overrides,
+            f"--data.init_args.batch_size={micro_batch}",
+            "--trainer.max_steps=3",
+            "--trainer.limit_val_batches=0",
+            "--trainer.num_sanity_val_steps=0",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            logger,
+            callbacks,
+        ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         log = Path(out, "fit.log")
         with open(log, "w") as stream:  # forked from a helper that imported torch and Lightning once
@@ -125,27 +177,53 @@ def main(argv: list[str]) -> int:
             cuda = cuda or bool(found["cuda"])
             reference = found["max_memory_allocated"] if found["cuda"] else found["allocator_peak"]
             errors.append(abs(predicted / reference - 1))
-            beside = (f"{_mb(found['max_memory_reserved'])} (predicted {_mb(reserved)})" if found["cuda"]
-                      else f"{_mb(found['timeline_peak'])} ({_pct(predicted, found['timeline_peak'])})")
+            beside = (
+                f"{_mb(found['max_memory_reserved'])} (predicted {_mb(reserved)})"
+                if found["cuda"]
+                else f"{_mb(found['timeline_peak'])} ({_pct(predicted, found['timeline_peak'])})"
+            )
             if not found["cuda"]:
                 timeline.append(abs(predicted / found["timeline_peak"] - 1))
-            rows.append([name, size, _mb(predicted), _mb(reference), _pct(predicted, reference), beside,
-                         _mb(found["monitor_peak"])])
+            rows.append(
+                [
+                    name,
+                    size,
+                    _mb(predicted),
+                    _mb(reference),
+                    _pct(predicted, reference),
+                    beside,
+                    _mb(found["monitor_peak"]),
+                ]
+            )
     reference_name = "max_memory_allocated MB" if cuda else "allocator peak MB"
     beside_name = "max_memory_reserved MB" if cuda else "profiler timeline MB"
-    table = markdown(["workload", "micro-batch", "predicted peak MB", reference_name, "error", beside_name,
-                      "MemoryMonitor MB (tracing check)"], rows)
+    table = markdown(
+        [
+            "workload",
+            "micro-batch",
+            "predicted peak MB",
+            reference_name,
+            "error",
+            beside_name,
+            "MemoryMonitor MB (tracing check)",
+        ],
+        rows,
+    )
     summary = ""
     if errors:
-        summary = (f"Largest error against the {'caching allocator' if cuda else 'allocator'}: "
-                   f"{100 * max(errors):.1f}% over {len(errors)} predictions.")
+        summary = (
+            f"Largest error against the {'caching allocator' if cuda else 'allocator'}: "
+            f"{100 * max(errors):.1f}% over {len(errors)} predictions."
+        )
         if timeline:
             summary += f" Against torch's memory profiler timeline: up to {100 * max(timeline):.1f}%."
     text = f"{table}\n\n{summary}\n"
     emit(text)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(figure_header(f"lit-compute bench memory{' --only ' + args.only if args.only else ''}",
-                                                     machine_line()) + text)
+        Path(args.markdown).write_text(
+            figure_header(f"lit-compute bench memory{' --only ' + args.only if args.only else ''}", machine_line())
+            + text
+        )
         emit(f"written: {args.markdown}")
     return 0

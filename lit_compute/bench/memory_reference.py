@@ -94,7 +94,7 @@ def allocator_peak(prof: Any, device: torch.device, before: int) -> int:
                 if fields.device.type == device.type:
                     changes.append((event.start_time_ns, int(fields.alloc_size), int(fields.ptr)))
             elif event.name.startswith(FREED):
-                changes.append((event.start_time_ns, -int(event.name[len(FREED):]), None))
+                changes.append((event.start_time_ns, -int(event.name[len(FREED) :]), None))
     return allocator_walk(changes, before)
 
 
@@ -134,9 +134,14 @@ class ProfiledStep(pl.Callback):
         self._before = 0
         self._refs: list[Any] = []
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        if trainer.global_step != self.step or self._prof is not None or (self.out / f"rank{trainer.global_rank}.json").exists():
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if (
+            trainer.global_step != self.step
+            or self._prof is not None
+            or (self.out / f"rank{trainer.global_rank}.json").exists()
+        ):
             return
         from torch.profiler import ProfilerActivity, profile
 
@@ -151,8 +156,9 @@ class ProfiledStep(pl.Callback):
         self._prof = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
         self._prof.__enter__()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._prof is None or trainer.global_step == self.step:  # still accumulating: the step goes on
             return
         prof, self._prof = self._prof, None
@@ -170,4 +176,3 @@ class ProfiledStep(pl.Callback):
         self._refs = []
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(found))
-

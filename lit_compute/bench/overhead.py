@@ -93,7 +93,10 @@ def _profiler() -> pl.Callback:
 
 
 CALLBACKS: dict[str, Callable[[], pl.Callback]] = {
-    "flops": _flops, "step_time": _step_time, "device": _device, "profiler": _profiler,
+    "flops": _flops,
+    "step_time": _step_time,
+    "device": _device,
+    "profiler": _profiler,
 }
 
 
@@ -112,8 +115,9 @@ def variable_length_loader(n_batches: int, batch_size: int, lengths: tuple[int, 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench overhead", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench overhead", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--callback", choices=sorted(CALLBACKS), required=True, help="the callback to measure")
     parser.add_argument("--model", default="resnet18", help="torchvision model (image batches)")
     parser.add_argument("--image-size", type=int, default=64, help="image side")
@@ -121,11 +125,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps per round and configuration")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per configuration, alternating")
     parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
-    parser.add_argument("--variable-length", action="store_true",
-                        help="a small GPT (lit_compute.models.GPT) on token batches of 64..256 tokens, padded per batch")
-    parser.add_argument("--sharded", choices=["fsdp2", "tp"], default=None,
-                        help="a small GPT sharded on 2 processes by Lightning's ModelParallelStrategy: FSDP2 "
-                             "(data parallel 2) or tensor parallel 2; fixed-length token batches; rank 0's steps timed")
+    parser.add_argument(
+        "--variable-length",
+        action="store_true",
+        help="a small GPT (lit_compute.models.GPT) on token batches of 64..256 tokens, padded per batch",
+    )
+    parser.add_argument(
+        "--sharded",
+        choices=["fsdp2", "tp"],
+        default=None,
+        help="a small GPT sharded on 2 processes by Lightning's ModelParallelStrategy: FSDP2 "
+        "(data parallel 2) or tensor parallel 2; fixed-length token batches; rank 0's steps timed",
+    )
     args = parser.parse_args(argv)
 
     pl.seed_everything(0, verbose=False)
@@ -137,30 +148,42 @@ def main(argv: list[str]) -> int:
         from lit_compute.models import GPT
 
         data_parallel = 2 if args.sharded == "fsdp2" else 1
-        strategy = functools.partial(ModelParallelStrategy, data_parallel_size=data_parallel,
-                                     tensor_parallel_size=2 // data_parallel)
+        strategy = functools.partial(
+            ModelParallelStrategy, data_parallel_size=data_parallel, tensor_parallel_size=2 // data_parallel
+        )
         devices = 2
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
         model: pl.LightningModule = GPT(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)
         g = torch.Generator().manual_seed(0)
-        loader: Any = DataLoader([{"input_ids": torch.randint(0, 256, (batch, 128), generator=g)}  # type: ignore[arg-type]
-                             for _ in range(args.steps * data_parallel)], batch_size=None)  # per replica
-        what = (f"GPT (2 layers, width 128) on 2 processes, {args.sharded} (data parallel {data_parallel} x tensor "
-                f"parallel {2 // data_parallel}), fixed-length batches of {batch} x 128 tokens per replica")
+        loader: Any = DataLoader(
+            [
+                {"input_ids": torch.randint(0, 256, (batch, 128), generator=g)}  # type: ignore[arg-type]
+                for _ in range(args.steps * data_parallel)
+            ],
+            batch_size=None,
+        )  # per replica
+        what = (
+            f"GPT (2 layers, width 128) on 2 processes, {args.sharded} (data parallel {data_parallel} x tensor "
+            f"parallel {2 // data_parallel}), fixed-length batches of {batch} x 128 tokens per replica"
+        )
     elif args.variable_length:
         from lit_compute.models import GPT
 
         batch = 8 if args.batch_size == parser.get_default("batch_size") else args.batch_size
         model = GPT(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=128)
-        loader = DataLoader(variable_length_loader(args.steps, batch, (64, 256), 256),  # type: ignore[arg-type]
-                            batch_size=None)  # a list is a map-style dataset
+        loader = DataLoader(
+            variable_length_loader(args.steps, batch, (64, 256), 256),  # type: ignore[arg-type]
+            batch_size=None,
+        )  # a list is a map-style dataset
         what = f"GPT (2 layers, width 128) on token batches of 64..256 tokens padded per batch, batch {batch}"
     else:
         model = ImageClassifier(args.model, num_classes=10)
         loader = random_image_loader(args.batch_size * args.steps, args.batch_size, args.image_size)
         what = f"{args.model} at {args.image_size}px, batch {args.batch_size}"
-    emit(f"# bench overhead --callback {args.callback}: {what}, {args.rounds} rounds x {args.steps} steps per "
-         f"configuration, alternating\n# {machine_line()}\n")
+    emit(
+        f"# bench overhead --callback {args.callback}: {what}, {args.rounds} rounds x {args.steps} steps per "
+        f"configuration, alternating\n# {machine_line()}\n"
+    )
     callback = CALLBACKS[args.callback]()
     hooks = HookClock(callback)
     timers = {"without": StepTimer(skip=3), "with": StepTimer(skip=3)}
@@ -172,11 +195,18 @@ def main(argv: list[str]) -> int:
                 emit(f"  round {r + 1}/{args.rounds}: {variant} {args.callback} ...")
                 callbacks = [timers[variant]] + ([callback, _StepMark(hooks, skip=3)] if variant == "with" else [])
                 trainer = pl.Trainer(
-                    accelerator=args.accelerator, devices=devices, strategy=strategy(), max_steps=args.steps,
+                    accelerator=args.accelerator,
+                    devices=devices,
+                    strategy=strategy(),
+                    max_steps=args.steps,
                     callbacks=callbacks,
-                    logger=pl.loggers.TensorBoardLogger(tmp, name=variant), enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
-                    num_sanity_val_steps=0, limit_val_batches=0,
+                    logger=pl.loggers.TensorBoardLogger(tmp, name=variant),
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                    log_every_n_steps=10,
+                    num_sanity_val_steps=0,
+                    limit_val_batches=0,
                 )
                 before = len(timers[variant].times)
                 trainer.fit(model, train_dataloaders=loader)
@@ -186,19 +216,32 @@ def main(argv: list[str]) -> int:
     for variant in ("without", "with"):
         times = timers[variant].times
         m = median(times)
-        rows.append([f"{variant} {args.callback}", len(times), round(m * 1e3, 2),
-                     round(sum(times) / len(times) * 1e3, 2), round(m / base, 4)])
+        rows.append(
+            [
+                f"{variant} {args.callback}",
+                len(times),
+                round(m * 1e3, 2),
+                round(sum(times) / len(times) * 1e3, 2),
+                round(m / base, 4),
+            ]
+        )
     emit(markdown(["configuration", "steps timed", "median step ms", "mean step ms", "ratio to without"], rows))
     ratio = median(timers["with"].times) / base
     emit(f"\noverhead ratio (median step time with / without): {ratio:.4f}")
     pairs = sorted(w / wo for w, wo in zip(rounds["with"], rounds["without"]))
-    emit(f"per-round ratios (each round's median with / without; a machine's drift between rounds shows here): "
-         f"median {median(pairs):.4f}, range {pairs[0]:.4f}-{pairs[-1]:.4f} over {len(pairs)} rounds")
+    emit(
+        f"per-round ratios (each round's median with / without; a machine's drift between rounds shows here): "
+        f"median {median(pairs):.4f}, range {pairs[0]:.4f}-{pairs[-1]:.4f} over {len(pairs)} rounds"
+    )
     inside = median(hooks.per_step)
-    emit(f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "
-         f"({100 * inside / base:.2f}% of the median step without it; {len(hooks.per_step)} steps)")
+    emit(
+        f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "
+        f"({100 * inside / base:.2f}% of the median step without it; {len(hooks.per_step)} steps)"
+    )
     counter: Any = callback if hasattr(callback, "counted_batches") else None
     if counter is not None:
-        emit(f"FlopsLogger counted {counter.counted_batches} batches for real and predicted {counter.predicted_batches} "
-             f"over {args.rounds // 2 + args.rounds % 2} rounds")
+        emit(
+            f"FlopsLogger counted {counter.counted_batches} batches for real and predicted {counter.predicted_batches} "
+            f"over {args.rounds // 2 + args.rounds % 2} rounds"
+        )
     return 0

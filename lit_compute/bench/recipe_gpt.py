@@ -40,8 +40,9 @@ class TokenTimer(pl.Callback):
         self._last: float | None = None
         self._seen = 0
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         now = time.perf_counter()
@@ -69,22 +70,41 @@ def rows_for(device: str, compile_row: bool = False) -> list[dict[str, Any]]:
 
 def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     pl.seed_everything(0, verbose=False)
-    data = TokenDataModule(mode=row["mode"], batch_size=args.batch_size * row["batch_mult"], seq_len=args.seq_len,
-                           max_tokens=args.max_tokens)
-    model = GPT(block_size=args.seq_len, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                compile=row["compile"])
+    data = TokenDataModule(
+        mode=row["mode"],
+        batch_size=args.batch_size * row["batch_mult"],
+        seq_len=args.seq_len,
+        max_tokens=args.max_tokens,
+    )
+    model = GPT(
+        block_size=args.seq_len, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, compile=row["compile"]
+    )
     timer = TokenTimer(skip=3)
     # The same tokens in every row: a batch twice as long takes half the steps
     steps = max(6, args.steps // row["batch_mult"])
-    callbacks: list[pl.Callback] = [timer, StepTimeMonitor(log_every_n_steps=5, window=20),
-                                    FlopsLogger(peak="measure", log_every_n_steps=5)]
+    callbacks: list[pl.Callback] = [
+        timer,
+        StepTimeMonitor(log_every_n_steps=5, window=20),
+        FlopsLogger(peak="measure", log_every_n_steps=5),
+    ]
     kwargs: dict[str, Any] = {}
     if row["precision"] != "32-true":
         kwargs["plugins"] = [fp32_norm_precision(row["precision"], fp32_norms=["LayerNorm"])]
     logger = pl.loggers.TensorBoardLogger(str(log_dir), name=row["slug"], version=0)
-    trainer = pl.Trainer(accelerator=args.accelerator, devices=1, max_steps=steps, limit_val_batches=0,
-                         num_sanity_val_steps=0, logger=logger, callbacks=callbacks, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=5, **kwargs)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+        **kwargs,
+    )
     trainer.fit(model, datamodule=data)
     acc = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     acc.Reload()
@@ -93,7 +113,9 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
     seconds = sum(timer.times)
     return {
         "tokens_per_sec": sum(timer.tokens) / seconds if seconds else float("nan"),
-        "samples_per_sec": len(timer.times) * args.batch_size * row["batch_mult"] / seconds if seconds else float("nan"),
+        "samples_per_sec": len(timer.times) * args.batch_size * row["batch_mult"] / seconds
+        if seconds
+        else float("nan"),
         "padding": 1 - sum(timer.tokens) / sum(timer.positions) if timer.positions else float("nan"),
         "mfu": statistics.fmean(mfu) if mfu else float("nan"),
         "steps_timed": len(timer.times),
@@ -101,8 +123,11 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute bench recipe --model gpt", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute bench recipe --model gpt",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--model", default="gpt", choices=["gpt"], help="the language-model recipe")
     parser.add_argument("--batch-size", type=int, default=16, help="rows per batch in the first rows")
     parser.add_argument("--seq-len", type=int, default=256, help="longest document / packed row length (tokens)")
@@ -118,10 +143,12 @@ def main(argv: list[str]) -> int:
     device = "cuda" if args.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
     log_dir = Path(args.log_dir)
     rows = rows_for(device, compile_row=args.compile)
-    emit(f"# bench recipe --model gpt: GPT {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, sequences "
-         f"up to {args.seq_len} tokens of this Python's standard library, batch {args.batch_size}, {args.steps} steps "
-         f"per row, on {device}\n# {machine_line()}\n# TensorBoard logs: {log_dir} (lit-compute report {log_dir} --out "
-         "recipe_gpt.md)\n")
+    emit(
+        f"# bench recipe --model gpt: GPT {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads, sequences "
+        f"up to {args.seq_len} tokens of this Python's standard library, batch {args.batch_size}, {args.steps} steps "
+        f"per row, on {device}\n# {machine_line()}\n# TensorBoard logs: {log_dir} (lit-compute report {log_dir} --out "
+        "recipe_gpt.md)\n"
+    )
     results = []
     for i, row in enumerate(rows, 1):
         emit(f"  [{i}/{len(rows)}] {row['name']} ...")
@@ -129,9 +156,18 @@ def main(argv: list[str]) -> int:
         results.append(measured)
         emit(f"        {measured['tokens_per_sec']:,.0f} tokens/s")
     base = results[0]["tokens_per_sec"]
-    table = [[row["name"], float(r["tokens_per_sec"]), float(r["samples_per_sec"]), f"{100 * r['mfu']:.1f}%",
-              f"{100 * r['padding']:.1f}%", r["steps_timed"], f"{r['tokens_per_sec'] / base:.2f}x"]
-             for row, r in zip(rows, results)]
+    table = [
+        [
+            row["name"],
+            float(r["tokens_per_sec"]),
+            float(r["samples_per_sec"]),
+            f"{100 * r['mfu']:.1f}%",
+            f"{100 * r['padding']:.1f}%",
+            r["steps_timed"],
+            f"{r['tokens_per_sec'] / base:.2f}x",
+        ]
+        for row, r in zip(rows, results)
+    ]
     emit("")
     emit(markdown(["configuration", "tokens/s", "rows/s", "MFU", "padding", "steps timed", "vs baseline"], table))
     emit(f"\noptimised / baseline tokens per second: {results[-1]['tokens_per_sec'] / base:.2f}x")

@@ -45,20 +45,45 @@ from lit_compute.bench._common import emit, figure_header, machine_line, markdow
 from lit_compute.speedup.channels_last import ChannelsLast
 
 ROOT = Path(__file__).resolve().parents[2]
-_LOGGER = ("--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: %s, "
-           "name: runs}}]")
-_IMAGE = ["--config", "configs/baseline.yaml", "--trainer.max_steps=50", "--trainer.max_epochs=null",
-          "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
-          "--trainer.enable_progress_bar=false", "--data.init_args.image_size=64", "--data.init_args.num_workers=0",
-          "--model.init_args.arch=resnet18", "--data.init_args.batch_size=16"]
-_GPT = ["--config", "configs/gpt_baseline.yaml", "--trainer.max_steps=50", "--trainer.max_epochs=null",
-        "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
-        "--trainer.enable_progress_bar=false", "--data.init_args.mode=packed", "--data.init_args.seq_len=128",
-        "--data.init_args.max_tokens=300000", "--model.init_args.block_size=128", "--model.init_args.n_layer=2",
-        "--data.init_args.batch_size=8"]
-_CALLBACKS = ("--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: measure}}, "
-              "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 10}}, "
-              "{class_path: lit_compute.MemoryMonitor}]")
+_LOGGER = (
+    "--trainer.logger=[{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: %s, "
+    "name: runs}}]"
+)
+_IMAGE = [
+    "--config",
+    "configs/baseline.yaml",
+    "--trainer.max_steps=50",
+    "--trainer.max_epochs=null",
+    "--trainer.log_every_n_steps=5",
+    "--trainer.limit_val_batches=0",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.enable_progress_bar=false",
+    "--data.init_args.image_size=64",
+    "--data.init_args.num_workers=0",
+    "--model.init_args.arch=resnet18",
+    "--data.init_args.batch_size=16",
+]
+_GPT = [
+    "--config",
+    "configs/gpt_baseline.yaml",
+    "--trainer.max_steps=50",
+    "--trainer.max_epochs=null",
+    "--trainer.log_every_n_steps=5",
+    "--trainer.limit_val_batches=0",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.enable_progress_bar=false",
+    "--data.init_args.mode=packed",
+    "--data.init_args.seq_len=128",
+    "--data.init_args.max_tokens=300000",
+    "--model.init_args.block_size=128",
+    "--model.init_args.n_layer=2",
+    "--data.init_args.batch_size=8",
+]
+_CALLBACKS = (
+    "--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: measure}}, "
+    "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 10}}, "
+    "{class_path: lit_compute.MemoryMonitor}]"
+)
 
 
 def _fit(args: list[str], out: str, timeout: float = 900) -> Path:
@@ -94,20 +119,28 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
     without = dataclasses.replace(chip, extras={k: v for k, v in chip.extras.items() if k != "conv_setup"})
     resnet50 = [a.replace("arch=resnet18", "arch=resnet50").replace("batch_size=16", "batch_size=8") for a in _IMAGE]
     rows = []
-    for family, base, deeper in (("ResNet-18 64 px", _IMAGE, ["--model.init_args.arch=resnet34"]),
-                                 ("GPT 2 layers", _GPT, ["--model.init_args.n_layer=4"]),
-                                 ("ResNet-50 64 px (held out)", resnet50, None)):
+    for family, base, deeper in (
+        ("ResNet-18 64 px", _IMAGE, ["--model.init_args.arch=resnet34"]),
+        ("GPT 2 layers", _GPT, ["--model.init_args.n_layer=4"]),
+        ("ResNet-50 64 px (held out)", resnet50, None),
+    ):
         size = int(next(a for a in base if "batch_size" in a).split("=")[1])
-        targets = [("calibration", [], size, "32-true"),
-                   (f"micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}"], 2 * size, "32-true"),
-                   ("bf16-mixed", ["--trainer.precision=bf16-mixed"], size, "bf16-mixed"),
-                   (f"bf16-mixed, micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}",
-                                                             "--trainer.precision=bf16-mixed"], 2 * size, "bf16-mixed"),
-                   *([("deeper model (its own counts)", deeper, size, "32-true")] if deeper else [])]
+        targets = [
+            ("calibration", [], size, "32-true"),
+            (f"micro-batch {2 * size}", [f"--data.init_args.batch_size={2 * size}"], 2 * size, "32-true"),
+            ("bf16-mixed", ["--trainer.precision=bf16-mixed"], size, "bf16-mixed"),
+            (
+                f"bf16-mixed, micro-batch {2 * size}",
+                [f"--data.init_args.batch_size={2 * size}", "--trainer.precision=bf16-mixed"],
+                2 * size,
+                "bf16-mixed",
+            ),
+            *([("deeper model (its own counts)", deeper, size, "32-true")] if deeper else []),
+        ]
         runs: dict[str, list[Any]] = {name: [] for name, *_ in targets}
         for round_ in range(repeats):
             # the order turns each round: no configuration is always the first run (or the one after the deepest)
-            for name, extra, _, _ in targets[round_ % len(targets):] + targets[:round_ % len(targets)]:
+            for name, extra, _, _ in targets[round_ % len(targets) :] + targets[: round_ % len(targets)]:
                 emit(f"  {family}: {name} (round {round_ + 1} of {repeats}) ...")
                 runs[name].append(read_run(_fit([*base, *extra, _CALLBACKS], out)))
         base_run = with_loader_cost(_median_run(runs["calibration"]))
@@ -121,14 +154,25 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
             source = measured if "deeper" in name else base_run
             p = predict(source, Scenario(chip, precision, micro), cal)
             spread = [r.step_s * 1e3 for r in runs[name]]
-            what = (f"calibrated on micro-batch {size}, 32-true (runs: {calibration} ms); predicts {name} (measured "
-                    f"runs: {', '.join(f'{v:.0f}' for v in sorted(spread))} ms)")
+            what = (
+                f"calibrated on micro-batch {size}, 32-true (runs: {calibration} ms); predicts {name} (measured "
+                f"runs: {', '.join(f'{v:.0f}' for v in sorted(spread))} ms)"
+            )
             if base_run.conv_weights:
                 bare = predict(source, Scenario(without, precision, micro), bare_cal)
-                what += (f"; without the convolutions' set-up {bare.step_time_s * 1e3:.1f} ms "
-                         f"({_error(bare.step_time_s, measured.step_s)})")
-            rows.append([family, what, f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}",
-                         _error(p.step_time_s, measured.step_s)])
+                what += (
+                    f"; without the convolutions' set-up {bare.step_time_s * 1e3:.1f} ms "
+                    f"({_error(bare.step_time_s, measured.step_s)})"
+                )
+            rows.append(
+                [
+                    family,
+                    what,
+                    f"{p.step_time_s * 1e3:.1f}",
+                    f"{measured.step_s * 1e3:.1f}",
+                    _error(p.step_time_s, measured.step_s),
+                ]
+            )
     return rows
 
 
@@ -141,15 +185,25 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
     from lit_compute.profiling.trace_summary import transfer_time_per_step
 
     chip = this_machine()
-    profiler = ("{class_path: lit_compute.ProfilerWindow, init_args: {start_step: 12, warmup: 2, active: 6}}, "
-                "{class_path: lit_compute.CommBenchmark, init_args: {max_mb: 16, seconds: 4}}")
+    profiler = (
+        "{class_path: lit_compute.ProfilerWindow, init_args: {start_step: 12, warmup: 2, active: 6}}, "
+        "{class_path: lit_compute.CommBenchmark, init_args: {max_mb: 16, seconds: 4}}"
+    )
     callbacks = _CALLBACKS[:-1] + ", " + profiler + "]"
-    layouts = (("DDP, 2 gloo ranks", [*_IMAGE, "--trainer.devices=2", "--trainer.strategy=ddp",
-                                      "--trainer.accelerator=cpu"]),
-               ("FSDP2, 2 gloo ranks", ["--config", "configs/gpt_model_parallel.yaml", *_GPT[2:],
-                                        "--trainer.strategy.init_args.data_parallel_size=2",
-                                        "--trainer.strategy.init_args.tensor_parallel_size=1",
-                                        "--trainer.accelerator=cpu"]))
+    layouts = (
+        ("DDP, 2 gloo ranks", [*_IMAGE, "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accelerator=cpu"]),
+        (
+            "FSDP2, 2 gloo ranks",
+            [
+                "--config",
+                "configs/gpt_model_parallel.yaml",
+                *_GPT[2:],
+                "--trainer.strategy.init_args.data_parallel_size=2",
+                "--trainer.strategy.init_args.tensor_parallel_size=1",
+                "--trainer.accelerator=cpu",
+            ],
+        ),
+    )
     measured: dict[str, list[tuple[float, Any, Any]]] = {name: [] for name, _ in layouts}
     for round_ in range(repeats):
         for name, args in layouts:
@@ -160,8 +214,9 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
             transfer = transfer_time_per_step(traces) if len(traces) == run.world_size else None
             if run.comm_fraction and run.curves and run.step_s and transfer is not None:
                 scenario = Scenario(chip, run.precision, run.samples, 1, run.world_size)
-                measured[name].append((transfer, run, predict(run, scenario, calibrate(run, chip),
-                                                              measured_links=True)))
+                measured[name].append(
+                    (transfer, run, predict(run, scenario, calibrate(run, chip), measured_links=True))
+                )
     rows = []
     for name, _ in layouts:
         if not measured[name]:
@@ -175,14 +230,21 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
         scenario = Scenario(chip, run.precision, run.samples, 1, run.world_size)
         pairs = ", ".join(f"{p.comm_total_s * 1e3:.1f}/{m * 1e3:.1f}" for m, _, p in runs)
         overlaps = ", ".join(f"{100 * (r.comm_overlap or 0):.0f}%" for _, r, _ in runs)
-        rows.append([name, f"the collectives' own time per step: each one's shortest duration over the ranks, from "
-                     f"both ranks' traces (runs, predicted/measured: {pairs} ms; in flight on rank 0, waiting for "
-                     f"the other rank included: {run.comm_fraction * run.step_s * 1e3:.1f} ms); "
-                     f"{run.trainable / 1e6:.3g} M parameters, messages priced at CommBenchmark's measured bandwidth "
-                     f"for their size; {overlaps} of them overlapped the backward, at "
-                     f"{host_contention(run, scenario):.2g}x their idle time ({run.torch_threads} compute thread(s) "
-                     f"and gloo's on {run.cpu_cores} core(s) for {run.devices_per_node} ranks)",
-                     f"{predicted * 1e3:.1f}", f"{transfer * 1e3:.1f}", _error(predicted, transfer)])
+        rows.append(
+            [
+                name,
+                f"the collectives' own time per step: each one's shortest duration over the ranks, from "
+                f"both ranks' traces (runs, predicted/measured: {pairs} ms; in flight on rank 0, waiting for "
+                f"the other rank included: {run.comm_fraction * run.step_s * 1e3:.1f} ms); "
+                f"{run.trainable / 1e6:.3g} M parameters, messages priced at CommBenchmark's measured bandwidth "
+                f"for their size; {overlaps} of them overlapped the backward, at "
+                f"{host_contention(run, scenario):.2g}x their idle time ({run.torch_threads} compute thread(s) "
+                f"and gloo's on {run.cpu_cores} core(s) for {run.devices_per_node} ranks)",
+                f"{predicted * 1e3:.1f}",
+                f"{transfer * 1e3:.1f}",
+                _error(predicted, transfer),
+            ]
+        )
     return rows
 
 
@@ -199,8 +261,14 @@ def published_rows() -> list[dict[str, Any]]:
     lines = [line for line in PUBLISHED_FILE.read_text().splitlines() if line and not line.startswith("#")]
     rows = []
     for row in csv.DictReader(lines):
-        rows.append({**row, "batch": int(row["batch"]), "samples_per_s": float(row["samples_per_s"]),
-                     "memory_format": row.get("memory_format") or "contiguous"})
+        rows.append(
+            {
+                **row,
+                "batch": int(row["batch"]),
+                "samples_per_s": float(row["samples_per_s"]),
+                "memory_format": row.get("memory_format") or "contiguous",
+            }
+        )
     return rows
 
 
@@ -230,10 +298,19 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
         optimizer.step()
     count = counter.result()
     trainable = sum(p.numel() for p in net.parameters())
-    return RunFacts(path=Path(f"{model} traced at batch {batch}"), by_class=dict(count.by_class), samples=batch,
-                    model_flops=count.total, trainable=trainable, parameters=trainable, precision="32-true",
-                    device="traced", loader_workers=None, conv_weights=float(count.conv_weights),
-                    channels_first=tuple(float(n) for n in count.channels_first))  # type: ignore[arg-type]
+    return RunFacts(
+        path=Path(f"{model} traced at batch {batch}"),
+        by_class=dict(count.by_class),
+        samples=batch,
+        model_flops=count.total,
+        trainable=trainable,
+        parameters=trainable,
+        precision="32-true",
+        device="traced",
+        loader_workers=None,
+        conv_weights=float(count.conv_weights),
+        channels_first=tuple(float(n) for n in count.channels_first),
+    )  # type: ignore[arg-type]
 
 
 def _optimizer(model: str, net: Any) -> Any:
@@ -296,11 +373,23 @@ def _model(name: str) -> tuple[Any, Any]:
         raise ValueError(f"no model {name!r} in lit-compute bench whatif")
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-                        vocab_size=30528, attn_implementation=_DLE_ATTENTION)
+    config = BertConfig(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        vocab_size=30528,
+        attn_implementation=_DLE_ATTENTION,
+    )
     encoder = BertModel(config, add_pooling_layer=True)
-    heads = torch.nn.ModuleDict({"transform": torch.nn.Linear(1024, 1024), "norm": torch.nn.LayerNorm(1024),
-                                 "decoder": torch.nn.Linear(1024, 30528), "nsp": torch.nn.Linear(1024, 2)})
+    heads = torch.nn.ModuleDict(
+        {
+            "transform": torch.nn.Linear(1024, 1024),
+            "norm": torch.nn.LayerNorm(1024),
+            "decoder": torch.nn.Linear(1024, 30528),
+            "nsp": torch.nn.Linear(1024, 2),
+        }
+    )
     net = torch.nn.ModuleDict({"bert": encoder, "heads": heads})
 
     def bert_step(model: Any, batch: int) -> Any:
@@ -311,8 +400,9 @@ def _model(name: str) -> tuple[Any, Any]:
         h = model["heads"]["norm"](torch.nn.functional.gelu(model["heads"]["transform"](masked)))
         logits = model["heads"]["decoder"](h)
         mlm = torch.nn.functional.cross_entropy(logits.reshape(-1, 30528), torch.zeros(batch * 20, dtype=torch.long))
-        nsp = torch.nn.functional.cross_entropy(model["heads"]["nsp"](out.pooler_output),
-                                                torch.zeros(batch, dtype=torch.long))
+        nsp = torch.nn.functional.cross_entropy(
+            model["heads"]["nsp"](out.pooler_output), torch.zeros(batch, dtype=torch.long)
+        )
         return mlm + nsp
 
     return net, bert_step
@@ -323,31 +413,59 @@ def _bert_squad(large: bool) -> tuple[Any, Any]:
     from transformers import BertConfig, BertForQuestionAnswering
 
     width, layers, heads = (1024, 24, 16) if large else (768, 12, 12)
-    config = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=4 * width, vocab_size=30522, attn_implementation=_DLE_ATTENTION)
+    config = BertConfig(
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        vocab_size=30522,
+        attn_implementation=_DLE_ATTENTION,
+    )
     net = BertForQuestionAnswering(config)
 
     def squad_step(model: Any, batch: int) -> Any:
         ids = torch.zeros(batch, 384, dtype=torch.long)
         target = torch.zeros(batch, dtype=torch.long)
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=target,
-                     end_positions=target).loss
+        return model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=target, end_positions=target
+        ).loss
 
     return net, squad_step
 
 
 #: the parameters --fit-defaults fits (each within its bounds); bandwidth and network stay at their defaults
-FITTED = {"tensor": (0.05, 1.0), "vector": (0.05, 1.0), "tf32": (0.05, 1.0), "conv_tensor": (0.05, 1.0),
-          "conv_vector": (0.05, 1.0), "conv_tf32": (0.05, 1.0), "grouped": (0.02, 1.0), "depthwise": (0.02, 1.0),
-          "launch_s": (1e-6, 3e-5), "sm": (0.1, 100.0)}
+FITTED = {
+    "tensor": (0.05, 1.0),
+    "vector": (0.05, 1.0),
+    "tf32": (0.05, 1.0),
+    "conv_tensor": (0.05, 1.0),
+    "conv_vector": (0.05, 1.0),
+    "conv_tf32": (0.05, 1.0),
+    "grouped": (0.02, 1.0),
+    "depthwise": (0.02, 1.0),
+    "launch_s": (1e-6, 3e-5),
+    "sm": (0.1, 100.0),
+}
 
 
 def _calibration(values: dict[str, float]) -> Any:
     from lit_compute.planning import whatif
 
-    return whatif.Calibration(values["tensor"], values["vector"], values["bandwidth"], values["launch_s"],
-                              values["network"], "fit", values["conv_tensor"], values["conv_vector"], values["tf32"],
-                              values["conv_tf32"], values["grouped"], values["depthwise"], values["sm"])
+    return whatif.Calibration(
+        values["tensor"],
+        values["vector"],
+        values["bandwidth"],
+        values["launch_s"],
+        values["network"],
+        "fit",
+        values["conv_tensor"],
+        values["conv_vector"],
+        values["tf32"],
+        values["conv_tf32"],
+        values["grouped"],
+        values["depthwise"],
+        values["sm"],
+    )
 
 
 def _predicted(row: dict[str, Any], cal: Any) -> float:
@@ -375,9 +493,16 @@ def gpu_part(predictions: list[dict[str, Any]] | None = None) -> list[list[Any]]
     rows = []
     for row in gpu_predictions() if predictions is None else predictions:
         layout = ", channels-last" if row["memory_format"] == "channels_last" else ""
-        rows.append([row["set"], f"{row['model']} on {row['chip']}, {row['precision']}{layout}, batch {row['batch']}",
-                     row["source"], f"{row['predicted']:,.0f}", f"{row['samples_per_s']:,.0f}",
-                     _error(row["predicted"], row["samples_per_s"])])
+        rows.append(
+            [
+                row["set"],
+                f"{row['model']} on {row['chip']}, {row['precision']}{layout}, batch {row['batch']}",
+                row["source"],
+                f"{row['predicted']:,.0f}",
+                f"{row['samples_per_s']:,.0f}",
+                _error(row["predicted"], row["samples_per_s"]),
+            ]
+        )
     return rows
 
 
@@ -391,12 +516,19 @@ def write_check_errors(predictions: list[dict[str, Any]], path: str | Path, comm
     from lit_compute.figures import commit_description
     from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
 
-    data = {"command": command, "commit": commit_description(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "efficiencies": dict(DEFAULT_EFFICIENCY),
-            "fitted_on": sorted({(row["chip"], row["precision"]) for row in predictions if row["set"] == "fit"}),
-            "rows": [{k: row[k] for k in ("chip", "precision", "model", "batch", "memory_format", "predicted")}
-                     | {"published": row["samples_per_s"]} for row in predictions if row["set"] == "check"]}
+    data = {
+        "command": command,
+        "commit": commit_description(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "efficiencies": dict(DEFAULT_EFFICIENCY),
+        "fitted_on": sorted({(row["chip"], row["precision"]) for row in predictions if row["set"] == "fit"}),
+        "rows": [
+            {k: row[k] for k in ("chip", "precision", "model", "batch", "memory_format", "predicted")}
+            | {"published": row["samples_per_s"]}
+            for row in predictions
+            if row["set"] == "check"
+        ],
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
@@ -427,9 +559,11 @@ def transposes_summary(predictions: list[dict[str, Any]]) -> str:
         errors["left out"].append(abs(without.samples_per_s / row["samples_per_s"] - 1) * 100)
     if not errors["priced"]:
         return ""
-    return (f"- **check rows convolving channels-first at 16 bits** ({len(errors['priced'])} rows): median absolute "
-            f"error {statistics.median(errors['priced']):.1f}% with cuDNN's transposes priced, "
-            f"{statistics.median(errors['left out']):.1f}% with them left out")
+    return (
+        f"- **check rows convolving channels-first at 16 bits** ({len(errors['priced'])} rows): median absolute "
+        f"error {statistics.median(errors['priced']):.1f}% with cuDNN's transposes priced, "
+        f"{statistics.median(errors['left out']):.1f}% with them left out"
+    )
 
 
 def summary(rows: list[list[Any]]) -> str:
@@ -439,9 +573,15 @@ def summary(rows: list[list[Any]]) -> str:
         errors = sorted(abs(float(r[-1].rstrip("%"))) for r in rows if r[0] == name)
         if not errors:
             continue
-        median = errors[len(errors) // 2] if len(errors) % 2 else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
-        lines.append(f"- **{name} set** ({len(errors)} rows): median absolute error {median:.1f}%, largest "
-                     f"{errors[-1]:.1f}%, {sum(e <= 30 for e in errors)} of {len(errors)} within 30%")
+        median = (
+            errors[len(errors) // 2]
+            if len(errors) % 2
+            else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+        )
+        lines.append(
+            f"- **{name} set** ({len(errors)} rows): median absolute error {median:.1f}%, largest "
+            f"{errors[-1]:.1f}%, {sum(e <= 30 for e in errors)} of {len(errors)} within 30%"
+        )
     return "\n".join(lines)
 
 
@@ -468,12 +608,18 @@ def generations_summary(predictions: list[dict[str, Any]]) -> str:
             key = (generation(row["chip"]), precision_class(row["precision"]))
             by.setdefault(key, []).append(100 * (row["predicted"] / row["samples_per_s"] - 1))
     order = ["Volta", "Ampere", "Ada", "Hopper", "Blackwell"]
-    parts = [f"{name} at {bits}: {len(errors)} row(s), median {statistics.median(errors):+.1f}% "
-             f"({min(errors):+.1f}% to {max(errors):+.1f}%)"
-             for (name, bits), errors in sorted(by.items(), key=lambda kv: (
-                 order.index(kv[0][0]) if kv[0][0] in order else len(order), kv[0]))]
-    return f"- **check set by generation** (signed: + predicted faster than published): {'; '.join(parts)}" if parts \
+    parts = [
+        f"{name} at {bits}: {len(errors)} row(s), median {statistics.median(errors):+.1f}% "
+        f"({min(errors):+.1f}% to {max(errors):+.1f}%)"
+        for (name, bits), errors in sorted(
+            by.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else len(order), kv[0])
+        )
+    ]
+    return (
+        f"- **check set by generation** (signed: + predicted faster than published): {'; '.join(parts)}"
+        if parts
         else ""
+    )
 
 
 def fit_defaults() -> dict[str, float]:
@@ -520,9 +666,11 @@ def scaling_part(out: str, rounds: int = 5, steps: int = 6) -> list[list[Any]]:
     import torchvision
 
     conv = torch.nn.Conv2d(512, 512, 3, padding=1, bias=False)
-    nets = [("ResNet-18 64 px, forward + backward", torchvision.models.resnet18(num_classes=10), 64, 3),
-            ("ResNet-34 64 px, forward + backward", torchvision.models.resnet34(num_classes=10), 64, 3),
-            ("ResNet-18's last 3x3 convolution (512 channels, 2x2 px), forward + backward", conv, 2, 512)]
+    nets = [
+        ("ResNet-18 64 px, forward + backward", torchvision.models.resnet18(num_classes=10), 64, 3),
+        ("ResNet-34 64 px, forward + backward", torchvision.models.resnet34(num_classes=10), 64, 3),
+        ("ResNet-18's last 3x3 convolution (512 channels, 2x2 px), forward + backward", conv, 2, 512),
+    ]
     times: dict[tuple[int, int], list[float]] = {}
     for _ in range(rounds):
         for index, (_, net, pixels, channels) in enumerate(nets):
@@ -539,8 +687,14 @@ def scaling_part(out: str, rounds: int = 5, steps: int = 6) -> list[list[Any]]:
     for index, (name, *_rest) in enumerate(nets):
         small, large = times[(index, 16)], times[(index, 32)]
         ratios = sorted(b / a for a, b in zip(small, large))
-        rows.append([name, f"{statistics.median(small):.1f} / {statistics.median(large):.1f}",
-                     ", ".join(f"{r:.2f}" for r in ratios), f"{statistics.median(ratios):.2f}"])
+        rows.append(
+            [
+                name,
+                f"{statistics.median(small):.1f} / {statistics.median(large):.1f}",
+                ", ".join(f"{r:.2f}" for r in ratios),
+                f"{statistics.median(ratios):.2f}",
+            ]
+        )
     return rows
 
 
@@ -568,9 +722,11 @@ def setup_part(out: str, rounds: int = 3) -> list[list[Any]]:
     steps (:class:`SetupProbe`): which of the two states training is in."""
     from lit_compute.hardware.this_machine import conv_setup_in_fresh_process
 
-    found: dict[str, list[float]] = {"a fresh process (what whatif measures)": [],
-                                     "a fresh process that first took and freed 24 MiB": [],
-                                     "inside a Lightning run of the CPU rows' ResNet-18, after 20 steps": []}
+    found: dict[str, list[float]] = {
+        "a fresh process (what whatif measures)": [],
+        "a fresh process that first took and freed 24 MiB": [],
+        "inside a Lightning run of the CPU rows' ResNet-18, after 20 steps": [],
+    }
     names = list(found)
     for round_ in range(rounds):
         emit(f"  the convolutions' set-up (round {round_ + 1} of {rounds}) ...")
@@ -578,11 +734,20 @@ def setup_part(out: str, rounds: int = 3) -> list[list[Any]]:
         warm = "torch.empty(24 << 20, dtype=torch.uint8).fill_(0)"
         found[names[1]].append(conv_setup_in_fresh_process(torch.float32, prelude=warm).seconds_per_byte)
         probe = Path(out, f"setup_{round_}.json")
-        _fit([*_IMAGE, "--trainer.max_steps=22", "--trainer.callbacks=[{class_path: "
-              f"lit_compute.bench.whatif_bench.SetupProbe, init_args: {{path: {probe}}}}}]"], out)
+        _fit(
+            [
+                *_IMAGE,
+                "--trainer.max_steps=22",
+                "--trainer.callbacks=[{class_path: "
+                f"lit_compute.bench.whatif_bench.SetupProbe, init_args: {{path: {probe}}}}}]",
+            ],
+            out,
+        )
         found[names[2]].append(float(json.loads(probe.read_text())[0]))
-    return [[name, ", ".join(f"{v * 1e9:.2f}" for v in values), f"{sorted(values)[len(values) // 2] * 1e9:.2f}"]
-            for name, values in found.items()]
+    return [
+        [name, ", ".join(f"{v * 1e9:.2f}" for v in values), f"{sorted(values)[len(values) // 2] * 1e9:.2f}"]
+        for name, values in found.items()
+    ]
 
 
 # -- an input-bound run -----------------------------------------------------------------------------------------
@@ -594,28 +759,46 @@ def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
     chip = this_machine()
-    args = [*_IMAGE, "--data.init_args.num_workers=0", "--data.init_args.image_size=224",
-            "--model=lit_compute.bench.whatif_bench.LinearProbe", _CALLBACKS]
+    args = [
+        *_IMAGE,
+        "--data.init_args.num_workers=0",
+        "--data.init_args.image_size=224",
+        "--model=lit_compute.bench.whatif_bench.LinearProbe",
+        _CALLBACKS,
+    ]
     sizes = (8, 4, 32)
     runs: dict[int, list[Any]] = {size: [] for size in sizes}
     for round_ in range(repeats):
         for size in sizes:
-            emit(f"  a linear probe decoding 224 px images in the training process, micro-batch {size} "
-                 f"(round {round_ + 1} of {repeats}) ...")
+            emit(
+                f"  a linear probe decoding 224 px images in the training process, micro-batch {size} "
+                f"(round {round_ + 1} of {repeats}) ..."
+            )
             runs[size].append(read_run(_fit([*args, f"--data.init_args.batch_size={size}"], out)))
     base = with_loader_cost(_median_run(runs[8]))
     cal = calibrate(base, chip)
-    loader = (f"its loader timed apart: {base.loader.per_batch * 1e3:.2f} ms a batch + {base.loader.per_sample * 1e3:.2f} "
-              "ms a sample" if base.loader is not None else "its loader not timed apart")
+    loader = (
+        f"its loader timed apart: {base.loader.per_batch * 1e3:.2f} ms a batch + {base.loader.per_sample * 1e3:.2f} "
+        "ms a sample"
+        if base.loader is not None
+        else "its loader not timed apart"
+    )
     rows = []
     waits = 100 * (base.wait_s or 0.0) / (base.step_s or 1.0)
     for size in sizes[1:]:
         measured = _median_run(runs[size])
         p = predict(base, Scenario(chip, "32-true", size), cal)
-        rows.append([f"a linear probe on 224 px images, loader in the process (waits {waits:.0f}"
-                     f"% of the step at micro-batch 8)", f"calibrated on micro-batch 8, {loader}; predicts micro-batch "
-                     f"{size} on this CPU (measured runs: {', '.join(f'{r.step_s * 1e3:.0f}' for r in sorted(runs[size], key=lambda r: r.step_s))} ms)",
-                     f"{p.step_time_s * 1e3:.1f}", f"{measured.step_s * 1e3:.1f}", _error(p.step_time_s, measured.step_s)])
+        rows.append(
+            [
+                f"a linear probe on 224 px images, loader in the process (waits {waits:.0f}"
+                f"% of the step at micro-batch 8)",
+                f"calibrated on micro-batch 8, {loader}; predicts micro-batch "
+                f"{size} on this CPU (measured runs: {', '.join(f'{r.step_s * 1e3:.0f}' for r in sorted(runs[size], key=lambda r: r.step_s))} ms)",
+                f"{p.step_time_s * 1e3:.1f}",
+                f"{measured.step_s * 1e3:.1f}",
+                _error(p.step_time_s, measured.step_s),
+            ]
+        )
     return rows
 
 
@@ -651,14 +834,23 @@ def run_part(out: str) -> list[list[Any]]:
     from lit_compute.planning.whatif import pays_transposes
     from lit_compute.planning.whatif_cli import main as whatif_main
 
-    args = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=12", "--trainer.max_epochs=null",
-            "--trainer.log_every_n_steps=2", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
-            "--model=lit_compute.bench.whatif_bench.TorchvisionResNet50",
-            "--data=lit_compute.bench.whatif_bench.ReadyImages", "--data.init_args.batch_size=8",
-            "--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: none}}, "
-            "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 4}}, {class_path: lit_compute.MemoryMonitor}, "
-            "{class_path: lit_compute.speedup.ChannelsLast}]"]
+    args = [
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_steps=12",
+        "--trainer.max_epochs=null",
+        "--trainer.log_every_n_steps=2",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_checkpointing=false",
+        "--model=lit_compute.bench.whatif_bench.TorchvisionResNet50",
+        "--data=lit_compute.bench.whatif_bench.ReadyImages",
+        "--data.init_args.batch_size=8",
+        "--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: none}}, "
+        "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 4}}, {class_path: lit_compute.MemoryMonitor}, "
+        "{class_path: lit_compute.speedup.ChannelsLast}]",
+    ]
     emit("  torchvision ResNet-50 at 224 px, micro-batch 8, channels-last, 12 steps on this CPU ...")
     run = _fit(args, out)
     rows = []
@@ -667,20 +859,33 @@ def run_part(out: str) -> list[list[Any]]:
             continue
         if row["memory_format"] == "contiguous" and pays_transposes(find_chip(row["chip"]), row["precision"]):
             continue  # a channels-first run at 16 bits: this channels-last run has no transposes to price it with
-        argv = [str(run), "--hardware", row["chip"], "--precision", row["precision"], "--micro-batch",
-                str(row["batch"]), "--json"]
+        argv = [
+            str(run),
+            "--hardware",
+            row["chip"],
+            "--precision",
+            row["precision"],
+            "--micro-batch",
+            str(row["batch"]),
+            "--json",
+        ]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             code = whatif_main(argv)
         if code:
             raise RuntimeError(f"lit-compute whatif {' '.join(argv)} exited {code}")
         answer = json.loads(printed.getvalue().splitlines()[-1])
-        rows.append([f"resnet50 on {row['chip']}, {row['precision']}, batch {row['batch']}",
-                     f"{answer['bottleneck']}; step {answer['step_time_s'] * 1e3:.0f} ms: compute "
-                     f"{answer['compute_s'] * 1e3:.0f} ms, host {answer['host_s'] * 1e3:.1f} ms input + "
-                     f"{answer['dispatch_s'] * 1e3:.1f} ms dispatch; {row['source']}",
-                     f"{answer['samples_per_s']:,.0f}", f"{row['samples_per_s']:,.0f}",
-                     _error(answer["samples_per_s"], row["samples_per_s"])])
+        rows.append(
+            [
+                f"resnet50 on {row['chip']}, {row['precision']}, batch {row['batch']}",
+                f"{answer['bottleneck']}; step {answer['step_time_s'] * 1e3:.0f} ms: compute "
+                f"{answer['compute_s'] * 1e3:.0f} ms, host {answer['host_s'] * 1e3:.1f} ms input + "
+                f"{answer['dispatch_s'] * 1e3:.1f} ms dispatch; {row['source']}",
+                f"{answer['samples_per_s']:,.0f}",
+                f"{row['samples_per_s']:,.0f}",
+                _error(answer["samples_per_s"], row["samples_per_s"]),
+            ]
+        )
     return rows
 
 
@@ -713,8 +918,12 @@ class ReadyImages(pl.LightningDataModule):
         generator = torch.Generator().manual_seed(0)
         images = torch.randn(self.samples, 3, 224, 224, generator=generator)
         labels = torch.randint(0, 1000, (self.samples,), generator=generator)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=self.batch_size,
-                                           shuffle=True, generator=generator)
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(images, labels),
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=generator,
+        )
 
 
 _PARTS = ("cpu", "comm", "gpu", "input", "run", "scaling", "setup")
@@ -732,14 +941,23 @@ def _parts(text: str) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute bench whatif", description=__doc__)
     parser.add_argument("--markdown", default=None, help="also write the tables, with their header, to this file")
-    parser.add_argument("--only", default=None, type=_parts,
-                        help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling, setup; default "
-                             "all)")
-    parser.add_argument("--errors", default=None,
-                        help="also write the check rows' predictions as JSON to this file (whatif quotes "
-                             "lit_compute/bench/published_gpu_errors.json beside a prediction on their chips)")
-    parser.add_argument("--fit-defaults", action="store_true",
-                        help="print the default efficiencies fitted on published_gpu.csv's fit set and exit")
+    parser.add_argument(
+        "--only",
+        default=None,
+        type=_parts,
+        help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling, setup; default all)",
+    )
+    parser.add_argument(
+        "--errors",
+        default=None,
+        help="also write the check rows' predictions as JSON to this file (whatif quotes "
+        "lit_compute/bench/published_gpu_errors.json beside a prediction on their chips)",
+    )
+    parser.add_argument(
+        "--fit-defaults",
+        action="store_true",
+        help="print the default efficiencies fitted on published_gpu.csv's fit set and exit",
+    )
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
@@ -764,10 +982,17 @@ def main(argv: list[str]) -> int:
             ("gpu", "Published GPU training throughputs (samples/s)", gpu),
             ("input", "An input-bound run, its loader in the process, on this CPU (step time, ms)", input_part),
             ("run", "A CPU run priced on NVIDIA's published ResNet-50 v1.5 GPUs (samples/s)", run_part),
-            ("scaling", "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does "
-                        "not", scaling_part),
-            ("setup", "The convolutions' set-up on this CPU, by where it is measured (ns a float32 weight byte)",
-             setup_part)]
+            (
+                "scaling",
+                "Twice the micro-batch on this CPU, outside Lightning: the FLOPs double, the time does not",
+                scaling_part,
+            ),
+            (
+                "setup",
+                "The convolutions' set-up on this CPU, by where it is measured (ns a float32 weight byte)",
+                setup_part,
+            ),
+        ]
         for name, title, part in parts:
             if args.only and name not in args.only:
                 continue
@@ -776,14 +1001,24 @@ def main(argv: list[str]) -> int:
             if name == "run":
                 table = markdown(["workload", "what whatif said", "predicted", "published", "error"], rows)
             elif name == "scaling":
-                table = markdown(["workload", "median step at micro-batch 16 / 32 (ms)",
-                                  "32 over 16, each round", "median (the FLOPs: 2)"], rows)
+                table = markdown(
+                    [
+                        "workload",
+                        "median step at micro-batch 16 / 32 (ms)",
+                        "32 over 16, each round",
+                        "median (the FLOPs: 2)",
+                    ],
+                    rows,
+                )
             elif name == "setup":
                 table = markdown(["measured in", "each round", "median"], rows)
             elif name == "gpu":
                 table = markdown(["set", "workload", "source", "predicted", "published", "error"], rows)
-                table += "\n\n" + "\n".join(line for line in (summary(rows), generations_summary(predictions),
-                                                             transposes_summary(predictions)) if line)
+                table += "\n\n" + "\n".join(
+                    line
+                    for line in (summary(rows), generations_summary(predictions), transposes_summary(predictions))
+                    if line
+                )
             else:
                 table = markdown(["workload", "what", "predicted", "measured", "error"], rows)
             sections.append(f"### {title}\n\n{table}\n")

@@ -54,8 +54,12 @@ def _t(name: str) -> Any:
 def _gpt2() -> ZooModel:
     d, n, t = 64, 2, BATCH * LENGTH
     forward = n * (2 * t * (3 * d * d + d * d + 2 * 4 * d * d) + 4 * BATCH * LENGTH * LENGTH * d) + 2 * t * d * VOCAB
-    return ZooModel("gpt2", lambda: _t("GPT2Config")(n_layer=n, n_embd=d, n_head=4, vocab_size=VOCAB, n_positions=64),
-                    lambda: _t("GPT2LMHeadModel"), forward)
+    return ZooModel(
+        "gpt2",
+        lambda: _t("GPT2Config")(n_layer=n, n_embd=d, n_head=4, vocab_size=VOCAB, n_positions=64),
+        lambda: _t("GPT2LMHeadModel"),
+        forward,
+    )
 
 
 def _attention(d: int, h: int, kv: int, t: int) -> int:
@@ -66,18 +70,32 @@ def _attention(d: int, h: int, kv: int, t: int) -> int:
 def _llama() -> ZooModel:
     d, h, kv, inner, n, t = 64, 4, 2, 128, 2, BATCH * LENGTH
     forward = n * (_attention(d, h, kv, t) + 2 * t * 3 * d * inner) + 2 * t * d * VOCAB
-    return ZooModel("llama_gqa", lambda: _t("LlamaConfig")(num_hidden_layers=n, hidden_size=d, num_attention_heads=h,
-                                                          num_key_value_heads=kv, intermediate_size=inner,
-                                                          vocab_size=VOCAB),
-                    lambda: _t("LlamaForCausalLM"), forward)
+    return ZooModel(
+        "llama_gqa",
+        lambda: _t("LlamaConfig")(
+            num_hidden_layers=n,
+            hidden_size=d,
+            num_attention_heads=h,
+            num_key_value_heads=kv,
+            intermediate_size=inner,
+            vocab_size=VOCAB,
+        ),
+        lambda: _t("LlamaForCausalLM"),
+        forward,
+    )
 
 
 def _bert() -> ZooModel:
     d, inner, n, t = 64, 128, 2, BATCH * LENGTH
     forward = n * (2 * t * 4 * d * d + 2 * t * 2 * d * inner + 4 * BATCH * LENGTH * LENGTH * d) + 2 * BATCH * d * d
-    return ZooModel("bert", lambda: _t("BertConfig")(num_hidden_layers=n, hidden_size=d, num_attention_heads=4,
-                                                    intermediate_size=inner, vocab_size=VOCAB),
-                    lambda: _t("BertModel"), forward)  # + the pooler on the first token
+    return ZooModel(
+        "bert",
+        lambda: _t("BertConfig")(
+            num_hidden_layers=n, hidden_size=d, num_attention_heads=4, intermediate_size=inner, vocab_size=VOCAB
+        ),
+        lambda: _t("BertModel"),
+        forward,
+    )  # + the pooler on the first token
 
 
 def _t5() -> ZooModel:
@@ -88,21 +106,43 @@ def _t5() -> ZooModel:
     self_attn = 2 * td * 4 * d * inner + 4 * BATCH * h * ld * ld * dkv
     cross = 2 * td * d * inner * 2 + 2 * te * d * inner * 2 + 4 * BATCH * h * ld * le * dkv  # q, o / k, v / scores
     decoder = n * (self_attn + cross + 2 * td * 2 * d * ff)
-    return ZooModel("t5", lambda: _t("T5Config")(num_layers=n, num_decoder_layers=n, d_model=d, d_kv=dkv, num_heads=h,
-                                                d_ff=ff, vocab_size=VOCAB, decoder_start_token_id=0),
-                    lambda: _t("T5ForConditionalGeneration"), encoder + decoder + 2 * td * d * VOCAB,
-                    encoder_decoder=True)
+    return ZooModel(
+        "t5",
+        lambda: _t("T5Config")(
+            num_layers=n,
+            num_decoder_layers=n,
+            d_model=d,
+            d_kv=dkv,
+            num_heads=h,
+            d_ff=ff,
+            vocab_size=VOCAB,
+            decoder_start_token_id=0,
+        ),
+        lambda: _t("T5ForConditionalGeneration"),
+        encoder + decoder + 2 * td * d * VOCAB,
+        encoder_decoder=True,
+    )
 
 
 def _mixtral() -> ZooModel:
     d, h, kv, inner, n, experts, k, t = 64, 4, 2, 96, 2, 4, 2, BATCH * LENGTH
     moe = 2 * t * d * experts + 2 * t * k * 3 * d * inner  # the router + every token through k experts' 3 matrices
     forward = n * (_attention(d, h, kv, t) + moe) + 2 * t * d * VOCAB
-    return ZooModel("mixtral_moe", lambda: _t("MixtralConfig")(num_hidden_layers=n, hidden_size=d,
-                                                              num_attention_heads=h, num_key_value_heads=kv,
-                                                              intermediate_size=inner, vocab_size=VOCAB,
-                                                              num_local_experts=experts, num_experts_per_tok=k),
-                    lambda: _t("MixtralForCausalLM"), forward)
+    return ZooModel(
+        "mixtral_moe",
+        lambda: _t("MixtralConfig")(
+            num_hidden_layers=n,
+            hidden_size=d,
+            num_attention_heads=h,
+            num_key_value_heads=kv,
+            intermediate_size=inner,
+            vocab_size=VOCAB,
+            num_local_experts=experts,
+            num_experts_per_tok=k,
+        ),
+        lambda: _t("MixtralForCausalLM"),
+        forward,
+    )
 
 
 def transformers_zoo() -> list[ZooModel]:

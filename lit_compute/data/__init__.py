@@ -6,5 +6,12 @@ from lit_compute.data.synthetic import make_synthetic_image_folder
 from lit_compute.data.tokens import TokenDataModule
 from lit_compute.data.torchvision_datamodule import TorchvisionImageDataModule
 
-__all__ = ["DALIImageDataModule", "DALILoader", "TokenDataModule", "TorchvisionImageDataModule", "check_image_folder",
-           "make_synthetic_image_folder", "scan_image_folder"]
+__all__ = [
+    "DALIImageDataModule",
+    "DALILoader",
+    "TokenDataModule",
+    "TorchvisionImageDataModule",
+    "check_image_folder",
+    "make_synthetic_image_folder",
+    "scan_image_folder",
+]

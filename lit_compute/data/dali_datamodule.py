@@ -80,8 +80,14 @@ class DALILoader:
     instead. ``len()`` is exact and the same on every rank.
     """
 
-    def __init__(self, build: Callable[[int], Any], length: int, to_torch: Callable[[dict], tuple],
-                 reshuffle: bool = False, files: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        build: Callable[[int], Any],
+        length: int,
+        to_torch: Callable[[dict], tuple],
+        reshuffle: bool = False,
+        files: list[str] | None = None,
+    ) -> None:
         self._build = build
         self._files = files or []
         self._reshuffle = reshuffle
@@ -114,7 +120,9 @@ class DALILoader:
             except RuntimeError as err:
                 culprits = first_undecodable(self._files)  # DALI's message names no file: find it with a full decode
                 named = f"; a full decode of this split fails on {', '.join(culprits)}" if culprits else ""
-                raise RuntimeError(f"DALIImageDataModule: DALI failed while reading or decoding images: {err}{named}") from err
+                raise RuntimeError(
+                    f"DALIImageDataModule: DALI failed while reading or decoding images: {err}{named}"
+                ) from err
             batch = self._to_torch(data[0])
             if batch[1].shape[0] == 0 and self._last is not None:  # see DALIImageDataModule: sharding
                 batch = tuple(t[:1] for t in self._last)
@@ -212,9 +220,16 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         on_bad_image: Literal["error", "skip"] = "error",
     ) -> None:
         super().__init__(
-            data_dir=data_dir, batch_size=batch_size, image_size=image_size, val_resize=val_resize, num_workers=0,
-            min_crop_scale=min_crop_scale, synthetic_num_classes=synthetic_num_classes,
-            synthetic_images_per_class=synthetic_images_per_class, seed=seed, on_bad_image=on_bad_image,
+            data_dir=data_dir,
+            batch_size=batch_size,
+            image_size=image_size,
+            val_resize=val_resize,
+            num_workers=0,
+            min_crop_scale=min_crop_scale,
+            synthetic_num_classes=synthetic_num_classes,
+            synthetic_images_per_class=synthetic_images_per_class,
+            seed=seed,
+            on_bad_image=on_bad_image,
         )
         self.num_threads = num_threads
         self.device = device
@@ -231,7 +246,9 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
         name = type(self).__name__
         if self.device == "gpu" and not torch.cuda.is_available():
-            raise ValueError(f"{name}(device='gpu') needs CUDA, which is not available here; use device='cpu' or 'auto'")
+            raise ValueError(
+                f"{name}(device='gpu') needs CUDA, which is not available here; use device='cpu' or 'auto'"
+            )
         kind = "gpu" if self.device == "gpu" or (self.device == "auto" and on_cuda) else "cpu"
         device_id = None
         if kind == "gpu":
@@ -252,13 +269,23 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         kind, device_id, shard, shards, local = self._placement()
         threads = self.num_threads or max(1, available_cpu_cores() // local)
         self._loaders = {
-            split: self._make_loader(dali, scan.samples[split], split == "train", kind, device_id, shard, shards,
-                                     threads)
+            split: self._make_loader(
+                dali, scan.samples[split], split == "train", kind, device_id, shard, shards, threads
+            )
             for split in ("train", "val")
         }
 
-    def _make_loader(self, dali: Any, files: list[tuple[str, int]], train: bool, kind: str, device_id: int | None,
-                     shard: int, shards: int, threads: int) -> DALILoader:
+    def _make_loader(
+        self,
+        dali: Any,
+        files: list[tuple[str, int]],
+        train: bool,
+        kind: str,
+        device_id: int | None,
+        shard: int,
+        shards: int,
+        threads: int,
+    ) -> DALILoader:
         fn, pipeline_def, types, iterator_cls, policy = dali
         mean = [m * 255 for m in IMAGENET_MEAN]
         std = [s * 255 for s in IMAGENET_STD]
@@ -273,13 +300,22 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         def pipeline(order: list[int]) -> Any:
             # every rank reads the same ordered list; the reader gives each its contiguous, disjoint shard
             jpegs, labels = fn.readers.file(
-                files=[files[i][0] for i in order], labels=[files[i][1] for i in order], shard_id=shard,
-                num_shards=shards, pad_last_batch=True, name="Reader", random_shuffle=False,
+                files=[files[i][0] for i in order],
+                labels=[files[i][1] for i in order],
+                shard_id=shard,
+                num_shards=shards,
+                pad_last_batch=True,
+                name="Reader",
+                random_shuffle=False,
             )
             if train:
                 images = fn.decoders.image_random_crop(
-                    jpegs, device=decoder_device, output_type=types.RGB, random_area=[scale, 1.0],
-                    random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10,
+                    jpegs,
+                    device=decoder_device,
+                    output_type=types.RGB,
+                    random_area=[scale, 1.0],
+                    random_aspect_ratio=[3 / 4, 4 / 3],
+                    num_attempts=10,
                 )
                 images = fn.resize(images, resize_x=size, resize_y=size)
                 mirror = fn.random.coin_flip(probability=0.5)
@@ -288,7 +324,13 @@ class DALIImageDataModule(TorchvisionImageDataModule):
                 images = fn.resize(images, resize_shorter=resize)
                 mirror = 0
             images = fn.crop_mirror_normalize(
-                images, dtype=dtype, output_layout=layout, crop=(size, size), mean=mean, std=std, mirror=mirror,
+                images,
+                dtype=dtype,
+                output_layout=layout,
+                crop=(size, size),
+                mean=mean,
+                std=std,
+                mirror=mirror,
             )
             outputs = [images, labels.gpu() if kind == "gpu" else labels]
             if with_info:
@@ -300,14 +342,21 @@ class DALIImageDataModule(TorchvisionImageDataModule):
         def build(pass_index: int) -> Any:
             order = list(range(n_files))
             if train:  # a fresh permutation per pass, the same on every rank
-                order = torch.randperm(n_files, generator=torch.Generator().manual_seed(self.seed * 1000 + pass_index)).tolist()
+                order = torch.randperm(
+                    n_files, generator=torch.Generator().manual_seed(self.seed * 1000 + pass_index)
+                ).tolist()
             pipe = pipeline(
-                order=order, batch_size=self.batch_size, num_threads=threads, device_id=device_id,
-                seed=self.seed * 1000 + pass_index, prefetch_queue_depth=self.prefetch_queue_depth,
+                order=order,
+                batch_size=self.batch_size,
+                num_threads=threads,
+                device_id=device_id,
+                seed=self.seed * 1000 + pass_index,
+                prefetch_queue_depth=self.prefetch_queue_depth,
             )
             pipe.build()
-            return _track(iterator_cls(pipe, names, reader_name="Reader", last_batch_policy=policy.PARTIAL,
-                                       auto_reset=False))
+            return _track(
+                iterator_cls(pipe, names, reader_name="Reader", last_batch_policy=policy.PARTIAL, auto_reset=False)
+            )
 
         channels_last, bf16 = self.channels_last, self.output_dtype == "bfloat16"
 
@@ -324,8 +373,9 @@ class DALIImageDataModule(TorchvisionImageDataModule):
             return images, labels, paths
 
         per_shard = math.ceil(n_files / shards)
-        return DALILoader(build, math.ceil(per_shard / self.batch_size), to_torch, reshuffle=train,
-                          files=[path for path, _ in files])
+        return DALILoader(
+            build, math.ceil(per_shard / self.batch_size), to_torch, reshuffle=train, files=[path for path, _ in files]
+        )
 
     # -- loaders ---------------------------------------------------------------------------------------
     def _loader(self, split: str) -> DALILoader:  # type: ignore[override]

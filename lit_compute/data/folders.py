@@ -99,8 +99,12 @@ def _save_cache(path: Path, files: dict[str, list]) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
-def scan_image_folder(data_dir: str | Path, owner: str, splits: tuple[str, ...] = ("train", "val"),
-                      on_bad_image: Literal["error", "skip"] = "error") -> ImageFolderScan:
+def scan_image_folder(
+    data_dir: str | Path,
+    owner: str,
+    splits: tuple[str, ...] = ("train", "val"),
+    on_bad_image: Literal["error", "skip"] = "error",
+) -> ImageFolderScan:
     """Check an ImageNet-style folder before training; the classes and the images to read.
 
     Raises:
@@ -127,9 +131,11 @@ def scan_image_folder(data_dir: str | Path, owner: str, splits: tuple[str, ...] 
         extra = sorted(set(per_split[split]) - set(classes))
         if missing or extra:
             parts = ([f"missing {missing}"] if missing else []) + ([f"extra {extra}"] if extra else [])
-            raise ValueError(f"{owner}(data_dir={str(root)!r}): '{split}/' must have exactly the classes of "
-                             f"'{splits[0]}/' ({len(classes)}); it has {' and '.join(parts)}. Labels are the sorted "
-                             f"class names of '{splits[0]}/', so every split needs the same class folders.")
+            raise ValueError(
+                f"{owner}(data_dir={str(root)!r}): '{split}/' must have exactly the classes of "
+                f"'{splits[0]}/' ({len(classes)}); it has {' and '.join(parts)}. Labels are the sorted "
+                f"class names of '{splits[0]}/', so every split needs the same class folders."
+            )
     cache_file = _cache_path(root)
     cache = _load_cache(cache_file)
     scan = ImageFolderScan(root=root, classes=classes)
@@ -139,8 +145,10 @@ def scan_image_folder(data_dir: str | Path, owner: str, splits: tuple[str, ...] 
             folder = root / split / cls
             files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
             if not files:
-                raise ValueError(f"{owner}(data_dir={str(root)!r}): the class folder '{folder}' has no images "
-                                 f"({', '.join(IMG_EXTENSIONS)}); remove it or add its images")
+                raise ValueError(
+                    f"{owner}(data_dir={str(root)!r}): the class folder '{folder}' has no images "
+                    f"({', '.join(IMG_EXTENSIONS)}); remove it or add its images"
+                )
             for path in files:
                 st = path.stat()
                 key = str(path)
@@ -161,13 +169,17 @@ def scan_image_folder(data_dir: str | Path, owner: str, splits: tuple[str, ...] 
     if bad and on_bad_image == "error":
         shown = "; ".join(f"{p} ({why})" for p, why in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise ValueError(f"{owner}(data_dir={str(root)!r}): {len(bad)} image(s) cannot be decoded: {shown}{more}. "
-                         f"Fix or remove them, or pass on_bad_image='skip' to leave them out.")
+        raise ValueError(
+            f"{owner}(data_dir={str(root)!r}): {len(bad)} image(s) cannot be decoded: {shown}{more}. "
+            f"Fix or remove them, or pass on_bad_image='skip' to leave them out."
+        )
     for split in splits:
         for label, cls in enumerate(classes):
             if not any(lab == label for _, lab in scan.samples[split]):
-                raise ValueError(f"{owner}(data_dir={str(root)!r}): every image of the class folder "
-                                 f"'{root / split / cls}' cannot be decoded; a class needs images")
+                raise ValueError(
+                    f"{owner}(data_dir={str(root)!r}): every image of the class folder "
+                    f"'{root / split / cls}' cannot be decoded; a class needs images"
+                )
     return scan
 
 

@@ -26,9 +26,7 @@ _MANIFEST = "manifest.json"
 _SHAPES = ("circle", "square", "triangle", "ring", "cross")
 
 
-def synthetic_folder_path(
-    num_classes: int, images_per_class: int, image_size: tuple[int, int], seed: int
-) -> Path:
+def synthetic_folder_path(num_classes: int, images_per_class: int, image_size: tuple[int, int], seed: int) -> Path:
     """Where the cached synthetic folder for these arguments lives."""
     h, w = image_size
     return default_cache_dir() / f"synthetic-c{num_classes}-n{images_per_class}-{h}x{w}-s{seed}-v{_FORMAT_VERSION}"

@@ -56,8 +56,8 @@ def _documents(text: str, max_tokens: int) -> list[list[int]]:
                 current = []
             pieces = -(-len(tokens) // (max_tokens - 1))
             size = -(-len(tokens) // pieces)
-            docs += [tokens[i: i + size] + [EOS] for i in range(0, len(tokens) - size, size)]
-            tokens = tokens[(pieces - 1) * size:]
+            docs += [tokens[i : i + size] + [EOS] for i in range(0, len(tokens) - size, size)]
+            tokens = tokens[(pieces - 1) * size :]
         if current and len(current) + len(tokens) > max_tokens - 1:
             docs.append(current + [EOS])
             current = []
@@ -167,8 +167,17 @@ class TokenDataModule(LightningDataModule):
     def cache_path(self) -> Path:
         import sys
 
-        key = json.dumps({"v": _FORMAT_VERSION, "python": sys.version.split()[0], "seq_len": self.seq_len,
-                          "max_tokens": self.max_tokens, "val": self.val_fraction, "seed": self.seed}, sort_keys=True)
+        key = json.dumps(
+            {
+                "v": _FORMAT_VERSION,
+                "python": sys.version.split()[0],
+                "seq_len": self.seq_len,
+                "max_tokens": self.max_tokens,
+                "val": self.val_fraction,
+                "seed": self.seed,
+            },
+            sort_keys=True,
+        )
         return default_cache_dir() / "tokens" / f"stdlib-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
 
     def prepare_data(self) -> None:
@@ -179,22 +188,30 @@ class TokenDataModule(LightningDataModule):
         if path.is_file():
             try:
                 with np.load(path) as data:
-                    return {split: np.split(data[f"{split}_tokens"], data[f"{split}_ends"][:-1])
-                            for split in ("train", "val")}
+                    return {
+                        split: np.split(data[f"{split}_tokens"], data[f"{split}_ends"][:-1])
+                        for split in ("train", "val")
+                    }
             except Exception as err:  # noqa: BLE001 - a cut or damaged cache file is rebuilt, not fatal
                 from lightning.pytorch.utilities import rank_zero_warn
 
-                rank_zero_warn(f"TokenDataModule: the token cache {path} is damaged ({type(err).__name__}: {err}); "
-                               "rebuilding it.", category=UserWarning)
+                rank_zero_warn(
+                    f"TokenDataModule: the token cache {path} is damaged ({type(err).__name__}: {err}); rebuilding it.",
+                    category=UserWarning,
+                )
                 path.unlink(missing_ok=True)
         from lightning.pytorch.utilities import rank_zero_info
 
-        rank_zero_info(f"TokenDataModule: tokenising this Python's standard library ({self.max_tokens:,} tokens; once, "
-                       f"cached in {path.parent})")
+        rank_zero_info(
+            f"TokenDataModule: tokenising this Python's standard library ({self.max_tokens:,} tokens; once, "
+            f"cached in {path.parent})"
+        )
         files = stdlib_sources()
         if not files:
-            raise ValueError("TokenDataModule: found no standard-library .py files under "
-                             f"{sysconfig.get_paths()['stdlib']!r} (an interpreter without its sources?)")
+            raise ValueError(
+                "TokenDataModule: found no standard-library .py files under "
+                f"{sysconfig.get_paths()['stdlib']!r} (an interpreter without its sources?)"
+            )
         rng = random.Random(self.seed)
         rng.shuffle(files)
         splits: dict[str, list[list[int]]] = {"train": [], "val": []}
@@ -223,7 +240,8 @@ class TokenDataModule(LightningDataModule):
                 f"document(s) from {len(files)} file(s) under {sysconfig.get_paths()['stdlib']!r} "
                 "(files that are not UTF-8 text are skipped, documents of 8 tokens or fewer dropped); training and "
                 "validation need at least one document each: an interpreter with its standard-library sources "
-                "installed gives millions of tokens.")
+                "installed gives millions of tokens."
+            )
         arrays = {}
         for split, docs in splits.items():
             flat = np.concatenate([np.asarray(d, dtype=np.uint16) for d in docs])
@@ -245,7 +263,7 @@ class TokenDataModule(LightningDataModule):
     # -- loaders ---------------------------------------------------------------------------------------
     def _rows(self, split: str) -> list[np.ndarray]:
         stream = np.concatenate(self.splits[split])
-        rows = [stream[i: i + self.seq_len] for i in range(0, len(stream), self.seq_len)]
+        rows = [stream[i : i + self.seq_len] for i in range(0, len(stream), self.seq_len)]
         if len(rows[-1]) < self.seq_len:
             rows[-1] = np.concatenate([rows[-1], np.full(self.seq_len - len(rows[-1]), PAD, dtype=stream.dtype)])
         return rows
@@ -259,9 +277,15 @@ class TokenDataModule(LightningDataModule):
         else:
             data, collate = _Documents(self.splits[split]), pad_batch
         generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(data, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=self.num_workers, generator=generator,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            data,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            generator=generator,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

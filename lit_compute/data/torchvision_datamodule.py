@@ -178,10 +178,12 @@ class TorchvisionImageDataModule(LightningDataModule):
         self.scan, self.classes = scan, scan.classes
         if scan.bad_count:
             shown = ", ".join(p for split in scan.bad.values() for p, _ in split[:3])
-            rank_zero_info(f"{type(self).__name__}(on_bad_image='skip'): left out {scan.bad_count} image(s) that cannot "
-                           f"be decoded ({shown}, ...)")
+            rank_zero_info(
+                f"{type(self).__name__}(on_bad_image='skip'): left out {scan.bad_count} image(s) that cannot "
+                f"be decoded ({shown}, ...)"
+            )
             trainer = getattr(self, "trainer", None)
-            for logger in (trainer.loggers if trainer is not None else []):
+            for logger in trainer.loggers if trainer is not None else []:
                 logger.log_metrics({"data/skipped_images": float(scan.bad_count)}, step=0)
         return scan
 

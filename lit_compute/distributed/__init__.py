@@ -10,5 +10,12 @@ from lit_compute.distributed.comm_benchmark import (
 from lit_compute.distributed.nccl_settings import NCCLSettings
 from lit_compute.distributed.tuned_ddp import TunedDDPStrategy
 
-__all__ = ["AllReduceResult", "CollectiveResult", "CommBenchmark", "NCCLSettings", "TunedDDPStrategy", "allreduce_sweep",
-           "collective_sweep"]
+__all__ = [
+    "AllReduceResult",
+    "CollectiveResult",
+    "CommBenchmark",
+    "NCCLSettings",
+    "TunedDDPStrategy",
+    "allreduce_sweep",
+    "collective_sweep",
+]

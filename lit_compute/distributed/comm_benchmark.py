@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 # nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md): busbw = algbw x factor(n), comparable across collectives
-_BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-               "reduce_scatter": lambda n: (n - 1) / n}
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 
 
 @dataclass
@@ -69,8 +72,16 @@ def _runner(op: str, size: int, world: int, device: torch.device, group: Any) ->
     return lambda: scatter(shard, full, group=group)
 
 
-def collective_sweep(op: str, device: torch.device, sizes: list[int], seconds: float = 10.0, iters: int = 20,
-                     warmup: int = 3, group: Any = None, group_name: str = "world") -> list[CollectiveResult]:
+def collective_sweep(
+    op: str,
+    device: torch.device,
+    sizes: list[int],
+    seconds: float = 10.0,
+    iters: int = 20,
+    warmup: int = 3,
+    group: Any = None,
+    group_name: str = "world",
+) -> list[CollectiveResult]:
     """Time ``op`` (``"all_reduce"``, ``"all_gather"`` or ``"reduce_scatter"``; sum, float32) over message sizes on
     ``group`` (default: the default process group).
 
@@ -110,8 +121,9 @@ def collective_sweep(op: str, device: torch.device, sizes: list[int], seconds: f
     return results
 
 
-def allreduce_sweep(device: torch.device, sizes: list[int], seconds: float = 10.0, iters: int = 20,
-                    warmup: int = 3, group: Any = None) -> list[CollectiveResult]:
+def allreduce_sweep(
+    device: torch.device, sizes: list[int], seconds: float = 10.0, iters: int = 20, warmup: int = 3, group: Any = None
+) -> list[CollectiveResult]:
     """:func:`collective_sweep` of ``all_reduce`` (busbw = algbw x 2(n-1)/n)."""
     return collective_sweep("all_reduce", device, sizes, seconds, iters, warmup, group)
 
@@ -131,8 +143,9 @@ def mesh_groups(trainer: Any) -> list[tuple[str, list[list[int]]]]:
     return out
 
 
-def timed_sweep(trainer: Any, sizes: list[int], seconds: float,
-                collectives: tuple[str, ...] = ("all_reduce",)) -> list[CollectiveResult]:
+def timed_sweep(
+    trainer: Any, sizes: list[int], seconds: float, collectives: tuple[str, ...] = ("all_reduce",)
+) -> list[CollectiveResult]:
     """Each of ``collectives`` swept over the world and over every mesh dimension (:func:`mesh_groups`), sharing
     ``seconds``, as instrument time of the trainer's timeline, on process groups of their own whose timeout bounds
     the wait if one rank fails mid-sweep (so the others raise instead of hanging)."""
@@ -164,8 +177,11 @@ def results_table(results: list[CollectiveResult]) -> str:
     head = ["collective", "group"] if multi else []
     return markdown_table(
         head + ["size (bytes)", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
-        [([r.op, r.group] if multi else []) + [r.size_bytes, f"{r.time_us:.1f}", f"{r.algbw_gbps:.3f}",
-                                               f"{r.busbw_gbps:.3f}"] for r in results],
+        [
+            ([r.op, r.group] if multi else [])
+            + [r.size_bytes, f"{r.time_us:.1f}", f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}"]
+            for r in results
+        ],
     )
 
 
@@ -180,17 +196,26 @@ def log_results(trainer: pl.Trainer, results: list[CollectiveResult], backend: s
         log_scalars(trainer, {_tag(r, "busbw"): r.busbw_gbps, _tag(r, "algbw"): r.algbw_gbps}, step=r.size_bytes)
     world = [r for r in results if r.op == "all_reduce" and r.group == "world"]
     if world:
-        log_text(trainer, "comm/allreduce_table",
-                 f"all_reduce sweep, backend {backend}, world size {trainer.world_size} (step = message bytes)\n\n"
-                 + results_table(world), step=0)
+        log_text(
+            trainer,
+            "comm/allreduce_table",
+            f"all_reduce sweep, backend {backend}, world size {trainer.world_size} (step = message bytes)\n\n"
+            + results_table(world),
+            step=0,
+        )
     if len(world) < len(results):
-        log_text(trainer, "comm/collectives_table",
-                 f"collective sweeps, backend {backend}, world size {trainer.world_size}; groups: world and each "
-                 "device-mesh dimension (step = message bytes; busbw by nccl-tests' factors)\n\n"
-                 + results_table(results), step=0)
+        log_text(
+            trainer,
+            "comm/collectives_table",
+            f"collective sweeps, backend {backend}, world size {trainer.world_size}; groups: world and each "
+            "device-mesh dimension (step = message bytes; busbw by nccl-tests' factors)\n\n" + results_table(results),
+            step=0,
+        )
 
 
-def gradient_allreduce_estimate(pl_module: Any, results: list[CollectiveResult], world: int) -> tuple[int, float] | None:
+def gradient_allreduce_estimate(
+    pl_module: Any, results: list[CollectiveResult], world: int
+) -> tuple[int, float] | None:
     """``(gradient bytes per step, estimated ms)`` of all-reducing this model's trainable parameters' gradients at the
     bus bandwidth measured for the largest world all-reduce (time = bytes x 2(n-1)/n / busbw); None without one."""
     measured = [r for r in results if r.op == "all_reduce" and r.group == "world" and r.busbw_gbps > 0]
@@ -234,16 +259,21 @@ class CommBenchmark(MeasuringCallback):
     """
 
     @validated
-    def __init__(self, max_mb: Annotated[float, Check(gt=0, hint="MiB")] = 64.0,
-                 seconds: Annotated[float, Check(gt=0)] = 10.0,
-                 collectives: list[Literal["all_reduce", "all_gather", "reduce_scatter"]] | None = None) -> None:
+    def __init__(
+        self,
+        max_mb: Annotated[float, Check(gt=0, hint="MiB")] = 64.0,
+        seconds: Annotated[float, Check(gt=0)] = 10.0,
+        collectives: list[Literal["all_reduce", "all_gather", "reduce_scatter"]] | None = None,
+    ) -> None:
         super().__init__()
         self.max_mb = max_mb
         self.seconds = seconds
         chosen = list(COLLECTIVES) if collectives is None else list(collectives)
         bad = [c for c in chosen if c not in COLLECTIVES]
         if bad or not chosen:
-            raise ValueError(f"CommBenchmark(collectives={collectives!r}) must be a non-empty list of {list(COLLECTIVES)}")
+            raise ValueError(
+                f"CommBenchmark(collectives={collectives!r}) must be a non-empty list of {list(COLLECTIVES)}"
+            )
         self.collectives = chosen
         self.results: list[CollectiveResult] = []
 
@@ -257,5 +287,6 @@ class CommBenchmark(MeasuringCallback):
         log_results(trainer, self.results, dist.get_backend())
         estimate = gradient_allreduce_estimate(pl_module, self.results, trainer.world_size)
         if estimate is not None:
-            log_scalars(trainer, {"comm/gradient_bytes": float(estimate[0]), "comm/grad_allreduce_ms": estimate[1]},
-                        step=0)
+            log_scalars(
+                trainer, {"comm/gradient_bytes": float(estimate[0]), "comm/grad_allreduce_ms": estimate[1]}, step=0
+            )

@@ -13,8 +13,25 @@ PROTOS = ("ll", "ll128", "simple")
 COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv")
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-DEBUG_SUBSYS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL", "PROXY", "NVLS",
-                "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL")
+DEBUG_SUBSYS = (
+    "INIT",
+    "COLL",
+    "P2P",
+    "SHM",
+    "NET",
+    "GRAPH",
+    "TUNING",
+    "ENV",
+    "ALLOC",
+    "CALL",
+    "PROXY",
+    "NVLS",
+    "BOOTSTRAP",
+    "REG",
+    "PROFILE",
+    "RAS",
+    "ALL",
+)
 # Deprecated or removed variables -> what to use instead.
 DEPRECATED = {
     "NCCL_MIN_NCHANNELS": "NCCL_MIN_CTAS (NCCLSettings.min_ctas)",
@@ -25,9 +42,16 @@ DEPRECATED = {
     "NCCL_SINGLE_RING_THRESHOLD": "NCCL_ALGO (NCCLSettings.algo)",
 }
 _FIELD_VARS = {
-    "algo": "NCCL_ALGO", "proto": "NCCL_PROTO", "socket_nthreads": "NCCL_SOCKET_NTHREADS",
-    "nsocks_perthread": "NCCL_NSOCKS_PERTHREAD", "buffsize": "NCCL_BUFFSIZE", "ib_disable": "NCCL_IB_DISABLE",
-    "p2p_level": "NCCL_P2P_LEVEL", "min_ctas": "NCCL_MIN_CTAS", "max_ctas": "NCCL_MAX_CTAS", "debug": "NCCL_DEBUG",
+    "algo": "NCCL_ALGO",
+    "proto": "NCCL_PROTO",
+    "socket_nthreads": "NCCL_SOCKET_NTHREADS",
+    "nsocks_perthread": "NCCL_NSOCKS_PERTHREAD",
+    "buffsize": "NCCL_BUFFSIZE",
+    "ib_disable": "NCCL_IB_DISABLE",
+    "p2p_level": "NCCL_P2P_LEVEL",
+    "min_ctas": "NCCL_MIN_CTAS",
+    "max_ctas": "NCCL_MAX_CTAS",
+    "debug": "NCCL_DEBUG",
     "debug_subsys": "NCCL_DEBUG_SUBSYS",
 }
 
@@ -107,8 +131,12 @@ class NCCLSettings:
             _check_algo_or_proto("NCCL_ALGO", self.algo, ALGOS)
         if self.proto is not None:
             _check_algo_or_proto("NCCL_PROTO", self.proto, PROTOS)
-        for name, lo, hi in (("socket_nthreads", 1, 16), ("nsocks_perthread", 1, 64), ("min_ctas", 1, 64),
-                             ("max_ctas", 1, 64)):
+        for name, lo, hi in (
+            ("socket_nthreads", 1, 16),
+            ("nsocks_perthread", 1, 64),
+            ("min_ctas", 1, 64),
+            ("max_ctas", 1, 64),
+        ):
             value = getattr(self, name)
             if value is not None and not lo <= int(value) <= hi:
                 raise ValueError(f"NCCLSettings: {_FIELD_VARS[name]}={value} is out of range; accepted: {lo}..{hi}")
@@ -124,27 +152,40 @@ class NCCLSettings:
             if self.buffsize <= 0:
                 raise ValueError(f"NCCLSettings: NCCL_BUFFSIZE={self.buffsize} must be a positive number of bytes")
             if self.buffsize & (self.buffsize - 1):
-                warnings.warn(f"NCCLSettings: NCCL_BUFFSIZE={self.buffsize} is not a power of two (NCCL's default is "
-                              "4194304 = 4 MiB); use one", UserWarning, stacklevel=3)
+                warnings.warn(
+                    f"NCCLSettings: NCCL_BUFFSIZE={self.buffsize} is not a power of two (NCCL's default is "
+                    "4194304 = 4 MiB); use one",
+                    UserWarning,
+                    stacklevel=3,
+                )
         if self.p2p_level is not None and str(self.p2p_level).upper() not in P2P_LEVELS:
-            raise ValueError(f"NCCLSettings: NCCL_P2P_LEVEL={self.p2p_level!r} is unknown; accepted: {', '.join(P2P_LEVELS)}")
+            raise ValueError(
+                f"NCCLSettings: NCCL_P2P_LEVEL={self.p2p_level!r} is unknown; accepted: {', '.join(P2P_LEVELS)}"
+            )
         if self.debug is not None and str(self.debug).upper() not in DEBUG_LEVELS:
             raise ValueError(f"NCCLSettings: NCCL_DEBUG={self.debug!r} is unknown; accepted: {', '.join(DEBUG_LEVELS)}")
         if self.debug_subsys is not None:
             body = self.debug_subsys[1:] if self.debug_subsys.startswith("^") else self.debug_subsys
             bad = [t for t in (x.strip().upper() for x in body.split(",")) if t not in DEBUG_SUBSYS]
             if bad:
-                raise ValueError(f"NCCLSettings: NCCL_DEBUG_SUBSYS={self.debug_subsys!r} has unknown {bad}; accepted: "
-                                 f"{', '.join(DEBUG_SUBSYS)} ('^' to exclude)")
+                raise ValueError(
+                    f"NCCLSettings: NCCL_DEBUG_SUBSYS={self.debug_subsys!r} has unknown {bad}; accepted: "
+                    f"{', '.join(DEBUG_SUBSYS)} ('^' to exclude)"
+                )
         for key, value in self.extra.items():
             if not re.fullmatch(r"NCCL_[A-Z0-9_]+", key):
-                raise ValueError(f"NCCLSettings: extra key {key!r} is not an NCCL variable; keys must start with 'NCCL_'")
+                raise ValueError(
+                    f"NCCLSettings: extra key {key!r} is not an NCCL variable; keys must start with 'NCCL_'"
+                )
             if key in _FIELD_VARS.values():
                 field_name = next(k for k, v in _FIELD_VARS.items() if v == key)
                 raise ValueError(f"NCCLSettings: extra[{key!r}]={value!r}: use the field {field_name}= instead")
             if key in DEPRECATED:
-                warnings.warn(f"NCCLSettings: {key} is deprecated or removed in current NCCL; use {DEPRECATED[key]}",
-                              UserWarning, stacklevel=3)
+                warnings.warn(
+                    f"NCCLSettings: {key} is deprecated or removed in current NCCL; use {DEPRECATED[key]}",
+                    UserWarning,
+                    stacklevel=3,
+                )
 
     def env(self) -> dict[str, str]:
         """The variables to set, as strings."""

@@ -146,8 +146,9 @@ class TunedDDPStrategy(DDPStrategy):
         find_unused_parameters: bool | None = None,
         comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none",
         powersgd_rank: Annotated[int, Check(ge=1)] = 1,
-        powersgd_start_iter: Annotated[int, Check(ge=2, hint="PowerSGD's error feedback needs plain all-reduce "
-                                                               "steps first")] = 1000,
+        powersgd_start_iter: Annotated[
+            int, Check(ge=2, hint="PowerSGD's error feedback needs plain all-reduce steps first")
+        ] = 1000,
         benchmark_collectives: bool = False,
         benchmark_max_mb: Annotated[float, Check(gt=0, hint="MiB")] = 64.0,
         benchmark_seconds: Annotated[float, Check(gt=0)] = 10.0,
@@ -156,18 +157,30 @@ class TunedDDPStrategy(DDPStrategy):
         name = type(self).__name__
         if comm_hook != "none" and ddp_comm_hook is not None:
             raise ValueError(f"{name}(comm_hook={comm_hook!r}, ddp_comm_hook=...): give one of them, not both")
-        for arg, value in (("bucket_cap_mb", bucket_cap_mb), ("gradient_as_bucket_view", gradient_as_bucket_view),
-                           ("static_graph", static_graph), ("find_unused_parameters", find_unused_parameters)):
+        for arg, value in (
+            ("bucket_cap_mb", bucket_cap_mb),
+            ("gradient_as_bucket_view", gradient_as_bucket_view),
+            ("static_graph", static_graph),
+            ("find_unused_parameters", find_unused_parameters),
+        ):
             if value is not None:
                 if arg in kwargs and kwargs[arg] != value:
                     raise ValueError(f"{name}({arg}=...) is given twice with different values")
                 kwargs[arg] = value
         super().__init__(
-            accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io, precision_plugin=precision_plugin, ddp_comm_state=ddp_comm_state,
-            ddp_comm_hook=ddp_comm_hook, ddp_comm_wrapper=ddp_comm_wrapper,
-            model_averaging_period=model_averaging_period, process_group_backend=process_group_backend,
-            timeout=timeout, start_method=start_method, **kwargs,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            ddp_comm_state=ddp_comm_state,
+            ddp_comm_hook=ddp_comm_hook,
+            ddp_comm_wrapper=ddp_comm_wrapper,
+            model_averaging_period=model_averaging_period,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            **kwargs,
         )
         self.nccl = nccl
         self.bucket_cap_mb = bucket_cap_mb
@@ -183,21 +196,38 @@ class TunedDDPStrategy(DDPStrategy):
     def agreement_settings(self) -> dict[str, Any]:
         """What every rank must run with (:mod:`lit_compute.agreement` compares it at set-up): two nodes with
         different communication hooks or buckets exchange gradients that do not match."""
-        ddp = {k: v for k, v in getattr(self, "_ddp_kwargs", {}).items()
-               if isinstance(v, (bool, int, float, str, type(None)))}
-        return {"comm_hook": self.comm_hook, "powersgd_rank": self.powersgd_rank,
-                "powersgd_start_iter": self.powersgd_start_iter, "nccl": repr(self.nccl),
-                "benchmark_collectives": self.benchmark_collectives, "benchmark_max_mb": self.benchmark_max_mb,
-                "benchmark_seconds": self.benchmark_seconds, **ddp}
+        ddp = {
+            k: v
+            for k, v in getattr(self, "_ddp_kwargs", {}).items()
+            if isinstance(v, (bool, int, float, str, type(None)))
+        }
+        return {
+            "comm_hook": self.comm_hook,
+            "powersgd_rank": self.powersgd_rank,
+            "powersgd_start_iter": self.powersgd_start_iter,
+            "nccl": repr(self.nccl),
+            "benchmark_collectives": self.benchmark_collectives,
+            "benchmark_max_mb": self.benchmark_max_mb,
+            "benchmark_seconds": self.benchmark_seconds,
+            **ddp,
+        }
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         """Register ``ddp_tuned`` and its spawn/fork/notebook variants (not Lightning's own ``ddp`` names)."""
-        for name, start_method in (("ddp_tuned", "popen"), ("ddp_tuned_spawn", "spawn"), ("ddp_tuned_fork", "fork"),
-                                   ("ddp_tuned_notebook", "fork")):
+        for name, start_method in (
+            ("ddp_tuned", "popen"),
+            ("ddp_tuned_spawn", "spawn"),
+            ("ddp_tuned_fork", "fork"),
+            ("ddp_tuned_notebook", "fork"),
+        ):
             if name not in strategy_registry:
-                strategy_registry.register(name, cls, description=f"lit_compute's TunedDDPStrategy with start_method "
-                                           f"'{start_method}'", start_method=start_method)
+                strategy_registry.register(
+                    name,
+                    cls,
+                    description=f"lit_compute's TunedDDPStrategy with start_method '{start_method}'",
+                    start_method=start_method,
+                )
 
     # -- environment, before the process group ----------------------------------------------------
     def setup_environment(self) -> None:
@@ -213,8 +243,9 @@ class TunedDDPStrategy(DDPStrategy):
         for key, value in self.nccl.env().items():
             previous = os.environ.get(key)
             if previous is not None and previous != value and self.applied_env.get(key) != value:
-                rank_zero_warn(f"TunedDDPStrategy: {key} was exported as {previous!r}; the explicit setting {value!r} "
-                               "wins.")
+                rank_zero_warn(
+                    f"TunedDDPStrategy: {key} was exported as {previous!r}; the explicit setting {value!r} wins."
+                )
             os.environ[key] = value
             self.applied_env[key] = value
         return dict(self.applied_env)
@@ -232,8 +263,11 @@ class TunedDDPStrategy(DDPStrategy):
         elif self.comm_hook == "bf16":
             model.register_comm_hook(None, default_hooks.bf16_compress_hook)
         else:
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=self.powersgd_rank,
-                                                start_powerSGD_iter=self.powersgd_start_iter)
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=self.powersgd_rank,
+                start_powerSGD_iter=self.powersgd_start_iter,
+            )
             model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return None
 
@@ -242,8 +276,10 @@ class TunedDDPStrategy(DDPStrategy):
         super().setup(trainer)
         backend = dist.get_backend() if dist.is_initialized() else (self._process_group_backend or "none")
         if self.nccl is not None and backend != "nccl":
-            rank_zero_info(f"TunedDDPStrategy: backend is {backend}; the NCCL settings are set in the environment but "
-                           "inactive (NCCL is not used).")
+            rank_zero_info(
+                f"TunedDDPStrategy: backend is {backend}; the NCCL settings are set in the environment but "
+                "inactive (NCCL is not used)."
+            )
         if getattr(trainer.state, "fn", None) != "fit":
             return  # test/validate after fit: the configuration and the benchmark were logged by the fit
         self._log_config(trainer, backend)
@@ -274,8 +310,9 @@ class TunedDDPStrategy(DDPStrategy):
             "nccl_version": nccl_version or "n/a",
             "world_size": self.world_size,
             "bucket_cap_mb": bucket / 2**20 if bucket else (self.bucket_cap_mb or 25.0),
-            "comm_hook": self.comm_hook if self._ddp_comm_hook is None else getattr(self._ddp_comm_hook, "__name__",
-                                                                                    "custom"),
+            "comm_hook": self.comm_hook
+            if self._ddp_comm_hook is None
+            else getattr(self._ddp_comm_hook, "__name__", "custom"),
             "gradient_as_bucket_view": self._ddp_kwargs.get("gradient_as_bucket_view", False),
             "static_graph": self._ddp_kwargs.get("static_graph", False),
             "find_unused_parameters": self._ddp_kwargs.get("find_unused_parameters", False),
@@ -286,8 +323,9 @@ class TunedDDPStrategy(DDPStrategy):
 
     def _log_config(self, trainer: Any, backend: str) -> None:
         config = self.effective_config(backend)
-        log_text(trainer, "ddp/config", markdown_table(["setting", "value"], [[k, v] for k, v in config.items()]),
-                 step=0)
+        log_text(
+            trainer, "ddp/config", markdown_table(["setting", "value"], [[k, v] for k, v in config.items()]), step=0
+        )
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_hyperparams({f"ddp/{k}": v for k, v in config.items()})

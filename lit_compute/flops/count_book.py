@@ -53,8 +53,9 @@ class CountBook:
         tolerance: Relative miss above which prediction is turned off for a structure.
     """
 
-    def __init__(self, predict_shapes: bool = True, max_failures: int = 3, verify_every: int = 25,
-                 tolerance: float = 1e-3) -> None:
+    def __init__(
+        self, predict_shapes: bool = True, max_failures: int = 3, verify_every: int = 25, tolerance: float = 1e-3
+    ) -> None:
         self.predict_shapes = predict_shapes
         self.max_failures = max_failures
         self.counts: dict[tuple, FlopCount | None] = {}
@@ -125,12 +126,15 @@ class CountBook:
         why = ""
         if sig not in self._estimated:
             if count.value_dependent:
-                why = "; ".join(f"{op.removeprefix('aten.')} in {', '.join(f'`{p}`' for p in paths[:3])}"
-                                for op, paths in sorted(count.value_dependent.items()))
+                why = "; ".join(
+                    f"{op.removeprefix('aten.')} in {', '.join(f'`{p}`' for p in paths[:3])}"
+                    for op, paths in sorted(count.value_dependent.items())
+                )
             elif earlier is not None and (earlier.forward, earlier.backward, earlier.hardware) != values:
                 changed = _changed_modules(earlier, count)
-                why = "two batches of the same shapes counted " + ("differently in " + ", ".join(
-                    f"`{p}`" for p in changed[:3]) if changed else "differently")
+                why = "two batches of the same shapes counted " + (
+                    "differently in " + ", ".join(f"`{p}`" for p in changed[:3]) if changed else "differently"
+                )
             if why:
                 self._estimated[sig] = why
         if earlier is not None:  # a recount: the first count keeps the module table and the predictor's point
@@ -146,9 +150,14 @@ class CountBook:
         table = self.first_train
         return {
             "counts": [[sig, [c.forward, c.backward, c.hardware]] for sig, c in self.counts.items() if c is not None],
-            "table": None if table is None else {"forward": table.forward, "backward": table.backward,
-                                                 "by_module": table.by_module,
-                                                 "forward_by_module": table.forward_by_module},
+            "table": None
+            if table is None
+            else {
+                "forward": table.forward,
+                "backward": table.backward,
+                "by_module": table.by_module,
+                "forward_by_module": table.forward_by_module,
+            },
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -158,9 +167,12 @@ class CountBook:
             self._predictor.add(sig, (int(fwd), int(bwd), int(hw)))
         table = state_dict.get("table")
         if table:
-            self.first_train = FlopCount(forward=table["forward"], backward=table["backward"],
-                                         by_module=dict(table["by_module"]),
-                                         forward_by_module=dict(table["forward_by_module"]))
+            self.first_train = FlopCount(
+                forward=table["forward"],
+                backward=table["backward"],
+                by_module=dict(table["by_module"]),
+                forward_by_module=dict(table["forward_by_module"]),
+            )
 
 
 def _changed_modules(a: FlopCount, b: FlopCount) -> list[str]:

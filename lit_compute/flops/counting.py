@@ -43,8 +43,24 @@ _ROOT = "model"
 #: ``nn.TransformerEncoder`` fast path builds from a padding mask, and packed sequences of an RNN.
 VALUE_DEPENDENT_OPS = frozenset({"aten._nested_tensor_from_mask", "aten._pack_padded_sequence"})
 # Ops whose names say they do heavy arithmetic: seen without a formula, they make a count a lower bound.
-_HEAVY_TOKENS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "einsum", "tensordot", "linear", "bilinear",
-                 "trilinear", "lstm", "gru", "rnn", "attention", "convolution"}
+_HEAVY_TOKENS = {
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "addbmm",
+    "matmul",
+    "einsum",
+    "tensordot",
+    "linear",
+    "bilinear",
+    "trilinear",
+    "lstm",
+    "gru",
+    "rnn",
+    "attention",
+    "convolution",
+}
 _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 
 
@@ -121,8 +137,16 @@ def channels_first_tensors(name: str, args: Any, out: Any) -> tuple[int, int, in
             weights.append(grad_weight)
     else:
         return 0, 0, 0
-    if not (isinstance(data, torch.Tensor) and isinstance(weight, torch.Tensor) and data.dim() == 4
-            and weight.dim() == 4) or suggests_channels_last(data) or suggests_channels_last(weight):
+    if (
+        not (
+            isinstance(data, torch.Tensor)
+            and isinstance(weight, torch.Tensor)
+            and data.dim() == 4
+            and weight.dim() == 4
+        )
+        or suggests_channels_last(data)
+        or suggests_channels_last(weight)
+    ):
         return 0, 0, 0
     tensors = [t for t in activations + weights if isinstance(t, torch.Tensor)]
     return (sum(_nbytes(t) for t in activations), sum(_nbytes(t) for t in weights), len(tensors))
@@ -276,8 +300,9 @@ class SafeFlopCounterMode(FlopCounterMode):
         module_paths: nn.Module | None = None,
         hookless: bool = False,
     ) -> None:
-        super().__init__(mods=mods, depth=depth, display=display,
-                         custom_mapping={**extra_formulas(), **(custom_mapping or {})})
+        super().__init__(
+            mods=mods, depth=depth, display=display, custom_mapping={**extra_formulas(), **(custom_mapping or {})}
+        )
         self.errors: list[str] = []
         self.uncounted: set[str] = set()
         self._module_paths = module_paths
@@ -409,12 +434,16 @@ class SafeFlopCounterMode(FlopCounterMode):
             # convolution backward variants are covered by the convolution_backward formula
             uncounted_ops=sorted(op for op in self.uncounted if "backward" not in op or "convolution" not in op),
             errors=list(self.errors),
-            value_dependent={op: _deepest(names, self._module_paths is not None)
-                             for op, names in self._value_dependent.items()},
+            value_dependent={
+                op: _deepest(names, self._module_paths is not None) for op, names in self._value_dependent.items()
+            },
             unnamed_modules=dict(getattr(self.mod_tracker, "unnamed", {})),
             by_class={k: (v[0], v[1], v[2]) for k, v in self._by_class.items()},
-            bytes_by_module={path: n for name, n in self._bytes_by_module.items()
-                             if (path := (_module_path(name) if self._module_paths is not None else name))},
+            bytes_by_module={
+                path: n
+                for name, n in self._bytes_by_module.items()
+                if (path := (_module_path(name) if self._module_paths is not None else name))
+            },
             channels_first=(self._channels_first[0], self._channels_first[1], self._channels_first[2]),
             conv_weights=self._conv_weights,
         )
@@ -431,8 +460,11 @@ def is_sharded(module: nn.Module) -> bool:
     DTensor parameters, or an FSDP unit whose set-up runs lazily at the strategy's first forward (a forward of ours
     before it breaks it: FSDP1 takes the first unit that runs for its root)."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
-    kinds = tuple(k for k in (getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None))
-                  if isinstance(k, type))
+    kinds = tuple(
+        k
+        for k in (getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None))
+        if isinstance(k, type)
+    )
     if kinds and any(isinstance(m, kinds) for m in module.modules()):
         return True
     return _has_dtensor(tuple(module.parameters()), {})
@@ -521,8 +553,9 @@ def _grad_outputs(out: Any) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
 
 
-def _run(model: nn.Module, args: tuple, kwargs: dict, backward: bool, params: list[torch.Tensor],
-         call: Any) -> FlopCount:
+def _run(
+    model: nn.Module, args: tuple, kwargs: dict, backward: bool, params: list[torch.Tensor], call: Any
+) -> FlopCount:
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=model, hookless=True)
     leaves = [p for p in params if p.requires_grad]
     leaves += [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -646,7 +679,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         if isinstance(inner, nn.Module):
             model = inner
         elif type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
-                inner := getattr(model, "module", None), nn.Module):
+            inner := getattr(model, "module", None), nn.Module
+        ):
             model = inner
         else:
             break

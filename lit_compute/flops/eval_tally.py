@@ -22,8 +22,9 @@ class EvalTally:
     estimated: bool = False  # True once a batch's FLOPs were an estimate (a value-dependent signature)
     excluded: float = 0.0  # seconds of counted batches
 
-    def add_batch(self, values: tuple[int, int, int] | None, samples: int, counted_s: float | None,
-                  estimated: bool) -> None:
+    def add_batch(
+        self, values: tuple[int, int, int] | None, samples: int, counted_s: float | None, estimated: bool
+    ) -> None:
         """A batch's FLOPs (None: unknown, the run's figures are then unknown) and samples; ``counted_s``: the seconds
         of a batch counted for real (instrument time: its FLOPs count, its time and FLOPs are left out of the rate)."""
         if counted_s is not None:

@@ -127,8 +127,11 @@ class FlopsLogger(MeasuringCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**self.book.state_dict(), "optimizer_class": self._optimizer_class,
-                "optimizer_counted": self._optimizer_counted}
+        return {
+            **self.book.state_dict(),
+            "optimizer_class": self._optimizer_class,
+            "optimizer_counted": self._optimizer_counted,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -190,8 +193,11 @@ class FlopsLogger(MeasuringCallback):
         key = self._model_state.key(pl_module)
         if stage == "train":
             if self._train_key is not None and key != self._train_key:
-                say(pl_module.trainer, f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); "
-                    "its FLOPs are counted again")
+                say(
+                    pl_module.trainer,
+                    f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); "
+                    "its FLOPs are counted again",
+                )
                 self._optimizer_class, self._optimizer_counted = None, False  # its optimizer's step too
             self._train_key = key
         sig = (*_batch.signature(stage, batch), key)
@@ -258,8 +264,9 @@ class FlopsLogger(MeasuringCallback):
             self.timeline.taint("flop_count")
 
     @override
-    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                   record: StepRecord | None) -> None:
+    def _batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, record: StepRecord | None
+    ) -> None:
         values = self._end_batch(trainer)
         moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
         self._train.add_batch(values, moved, self._batch_estimated)
@@ -282,9 +289,13 @@ class FlopsLogger(MeasuringCallback):
         self.last_local_tflops = local if math.isfinite(local) else None
         last = self._train.last
         per_sample = per_sample_flops(trainer, last[0], last[2]) if last is not None and last[2] else None
-        event.log({**({"compute/padding_fraction": padding} if padding is not None else {}),
-                   **({"compute/timed_seconds": seconds} if seconds > 0 else {}),
-                   **self._train.last_step_metrics(per_sample, self.book.any_estimated)})
+        event.log(
+            {
+                **({"compute/padding_fraction": padding} if padding is not None else {}),
+                **({"compute/timed_seconds": seconds} if seconds > 0 else {}),
+                **self._train.last_step_metrics(per_sample, self.book.any_estimated),
+            }
+        )
         world = trainer.world_size
         step_flops = float(last[0]) if last is not None else math.nan
 
@@ -347,4 +358,3 @@ class FlopsLogger(MeasuringCallback):
     @override
     def _teardown(self) -> None:
         self._counting = None  # its counter leaves the mode stack at the batch's end mark (or the exception's clean-up)
-

@@ -92,14 +92,44 @@ def _native_mha(query, key, value, embed_dim, num_head, *args: Any, **kwargs: An
 
 
 @_raw
-def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
-                   eps, nw1, nb1, nw2, nb2, ffn_weight_1, *args: Any, **kwargs: Any) -> int:
+def _encoder_layer(
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    nw1,
+    nb1,
+    nw2,
+    nb2,
+    ffn_weight_1,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     e, ffn = int(embed_dim), int(ffn_weight_1.shape[0])
     return sum(_mha_core(1, length, length, e) + 2 * length * e * ffn * 2 for length in _sequence_lengths(src))
 
 
-def _conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                   _output_padding, _groups, output_mask, *args: Any, **kwargs: Any) -> int:
+def _conv_backward(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    _bias,
+    _stride,
+    _padding,
+    _dilation,
+    transposed,
+    _output_padding,
+    _groups,
+    output_mask,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
@@ -137,14 +167,37 @@ def _rnn_tokens(input_shape, batch_sizes: Any) -> int:
     return int(math.prod(input_shape[:-1]))
 
 
-def _mkldnn_rnn_layer(input_shape, w_ih_shape, w_hh_shape, b_ih, b_hh, hx, cx, reverse, batch_sizes,
-                      *args: Any, **kwargs: Any) -> int:
+def _mkldnn_rnn_layer(
+    input_shape, w_ih_shape, w_hh_shape, b_ih, b_hh, hx, cx, reverse, batch_sizes, *args: Any, **kwargs: Any
+) -> int:
     return 2 * _rnn_tokens(input_shape, batch_sizes) * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
 
 
-def _mkldnn_rnn_layer_backward(input_shape, w_ih_shape, w_hh_shape, b_ih, b_hh, hx, cx, output, hy, cy, grad_output,
-                               grad_hy, grad_cy, reverse, mode, hidden_size, num_layers, has_biases, train,
-                               bidirectional, batch_sizes, *args: Any, **kwargs: Any) -> int:
+def _mkldnn_rnn_layer_backward(
+    input_shape,
+    w_ih_shape,
+    w_hh_shape,
+    b_ih,
+    b_hh,
+    hx,
+    cx,
+    output,
+    hy,
+    cy,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    reverse,
+    mode,
+    hidden_size,
+    num_layers,
+    has_biases,
+    train,
+    bidirectional,
+    batch_sizes,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     return 2 * _mkldnn_rnn_layer(input_shape, w_ih_shape, w_hh_shape, None, None, None, None, reverse, batch_sizes)
 
 
@@ -153,25 +206,96 @@ def _packed_rnn(input_shape, weight_shapes, batch_sizes: Any) -> int:
     return 2 * _rnn_tokens(input_shape, batch_sizes) * matrices
 
 
-def _cudnn_rnn(input_shape, weight_shapes, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size,
-               num_layers, batch_first, dropout, train, bidirectional, batch_sizes, *args: Any, **kwargs: Any) -> int:
+def _cudnn_rnn(
+    input_shape,
+    weight_shapes,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    mode,
+    hidden_size,
+    proj_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     return _packed_rnn(input_shape, weight_shapes, batch_sizes)
 
 
-def _cudnn_rnn_backward(input_shape, weight_shapes, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy,
-                        grad_cy, mode, hidden_size, proj_size, num_layers, batch_first, dropout, train, bidirectional,
-                        batch_sizes, *args: Any, **kwargs: Any) -> int:
+def _cudnn_rnn_backward(
+    input_shape,
+    weight_shapes,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    output,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    mode,
+    hidden_size,
+    proj_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     return 2 * _packed_rnn(input_shape, weight_shapes, batch_sizes)
 
 
-def _miopen_rnn(input_shape, weight_shapes, weight_stride0, hx, cx, mode, hidden_size, num_layers, batch_first,
-                dropout, train, bidirectional, batch_sizes, *args: Any, **kwargs: Any) -> int:
+def _miopen_rnn(
+    input_shape,
+    weight_shapes,
+    weight_stride0,
+    hx,
+    cx,
+    mode,
+    hidden_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     return _packed_rnn(input_shape, weight_shapes, batch_sizes)
 
 
-def _miopen_rnn_backward(input_shape, weight_shapes, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy,
-                         grad_cy, mode, hidden_size, num_layers, batch_first, dropout, train, bidirectional,
-                         batch_sizes, *args: Any, **kwargs: Any) -> int:
+def _miopen_rnn_backward(
+    input_shape,
+    weight_shapes,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    output,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    mode,
+    hidden_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     return 2 * _packed_rnn(input_shape, weight_shapes, batch_sizes)
 
 
@@ -233,15 +357,19 @@ def _optional(name: str) -> Any:
     return getattr(aten, name, None)
 
 
-_RECOMPUTING_BACKWARD = {op for op in (
-    _optional("_scaled_dot_product_flash_attention_backward"),
-    _optional("_scaled_dot_product_efficient_attention_backward"),
-    _optional("_scaled_dot_product_cudnn_attention_backward"),
-    _optional("_flash_attention_backward"),
-    _optional("_efficient_attention_backward"),
-    _optional("_scaled_dot_product_flash_attention_for_cpu_backward"),
-    _optional("_scaled_dot_product_fused_attention_overrideable_backward"),
-) if op is not None}
+_RECOMPUTING_BACKWARD = {
+    op
+    for op in (
+        _optional("_scaled_dot_product_flash_attention_backward"),
+        _optional("_scaled_dot_product_efficient_attention_backward"),
+        _optional("_scaled_dot_product_cudnn_attention_backward"),
+        _optional("_flash_attention_backward"),
+        _optional("_efficient_attention_backward"),
+        _optional("_scaled_dot_product_flash_attention_for_cpu_backward"),
+        _optional("_scaled_dot_product_fused_attention_overrideable_backward"),
+    )
+    if op is not None
+}
 
 
 def extra_formulas() -> dict[Any, Callable[..., int]]:

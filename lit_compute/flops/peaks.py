@@ -21,13 +21,31 @@ from lit_compute.hardware.dtypes import dtype_key, precision_dtype, tf32_enabled
 from lit_compute.hardware.measure import QUIET_CPU_SHARE, PeakMeasurement, measure_peak, measure_peak_flops
 from lit_compute.hardware.this_machine import MeasuredPeak, cached_peak_flops
 
-__all__ = ["MEMORY_TABLE", "PEAK_TABLE", "QUIET_CPU_SHARE", "MeasuredPeak", "PeakMeasurement", "PeakPolicy",
-           "cached_peak_flops", "chip_for_name", "dtype_key", "measure_peak", "measure_peak_flops", "peak_flops",
-           "precision_dtype", "tf32_enabled", "weigh_tf32", "weigh_tf32_switches"]
+__all__ = [
+    "MEMORY_TABLE",
+    "PEAK_TABLE",
+    "QUIET_CPU_SHARE",
+    "MeasuredPeak",
+    "PeakMeasurement",
+    "PeakPolicy",
+    "cached_peak_flops",
+    "chip_for_name",
+    "dtype_key",
+    "measure_peak",
+    "measure_peak_flops",
+    "peak_flops",
+    "precision_dtype",
+    "tf32_enabled",
+    "weigh_tf32",
+    "weigh_tf32_switches",
+]
 
 
-def peak_flops(device: torch.device | str | int | None, dtype: torch.dtype | str = torch.float32,
-               flops_by_op: dict[str, int] | None = None) -> float | None:
+def peak_flops(
+    device: torch.device | str | int | None,
+    dtype: torch.dtype | str = torch.float32,
+    flops_by_op: dict[str, int] | None = None,
+) -> float | None:
     """Dense peak FLOP/s of a GPU for ``dtype``, from :data:`PEAK_TABLE`; None when unknown (CPUs included).
 
     Args:
@@ -83,8 +101,6 @@ def weigh_tf32_switches(flops_by_op: dict[str, int], peak_of: Callable[[bool], f
     return weigh_tf32(flops_by_op, peaks[tf32_enabled("conv")], peaks[tf32_enabled("matmul")])
 
 
-
-
 class PeakPolicy:
     """Which per-device peak FLOP/s MFU and HFU are measured against, and what happens when it cannot be right.
 
@@ -134,16 +150,32 @@ class PeakPolicy:
         for a peak measured on a busy machine or no table peak."""
         device, dtype = self.device, self.dtype
         if measured is not None:
-            line = (f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), {measured.describe()}"
-                    + (" (peak='remeasure' measures again)" if measured.cached else ""))
-            busy = [] if measured.quiet else [("busy-peak", "FlopsLogger: the peak was measured while other processes "
-                                               f"used the CPUs ({measured.describe()}); MFU is against it for this run "
-                                               "only.")]
+            line = (
+                f"FlopsLogger: peak {flops_rate(measured.flops / 1e12)} ({dtype}, {device}), {measured.describe()}"
+                + (" (peak='remeasure' measures again)" if measured.cached else "")
+            )
+            busy = (
+                []
+                if measured.quiet
+                else [
+                    (
+                        "busy-peak",
+                        "FlopsLogger: the peak was measured while other processes "
+                        f"used the CPUs ({measured.describe()}); MFU is against it for this run "
+                        "only.",
+                    )
+                ]
+            )
             return line, busy
         if self.value is None and self.peak == "table" and device is not None:
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} device"
-            return None, [("no-peak", f"FlopsLogger(peak='table') has no peak for {name} in {dtype}; MFU is not logged. "
-                           "Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.")]
+            return None, [
+                (
+                    "no-peak",
+                    f"FlopsLogger(peak='table') has no peak for {name} in {dtype}; MFU is not logged. "
+                    "Use FlopsLogger(peak='measure') to measure one, or peak_flops=<FLOP/s> to set it.",
+                )
+            ]
         return None, []
 
     def _tf32(self, kind: str) -> bool | None:
@@ -166,9 +198,11 @@ class PeakPolicy:
             device = self.device
             value = weigh_tf32_switches(flops_by_op, lambda on: cached_peak_flops(device, torch.float32, tf32=on).flops)
             if value:
-                self.source += (f"; convolutions against the {'TF32' if self._tf32('conv') else 'float32'} peak, "
-                                f"other ops against the {'TF32' if self._tf32('matmul') else 'float32'} one, "
-                                "weighed by their counted FLOPs")
+                self.source += (
+                    f"; convolutions against the {'TF32' if self._tf32('conv') else 'float32'} peak, "
+                    f"other ops against the {'TF32' if self._tf32('matmul') else 'float32'} one, "
+                    "weighed by their counted FLOPs"
+                )
         if value:
             self.value = value
 
@@ -183,21 +217,30 @@ class PeakPolicy:
             return metrics, None
         over = max(metrics["compute/mfu"], metrics.get("compute/hfu", 0.0))
         achieved = max(tflops, hw_tflops if math.isfinite(hw_tflops) else 0.0) / devices * 1e12
-        said = (f"this device achieved {flops_rate(achieved / 1e12)}, {over:.3f}x the peak of "
-                f"{flops_rate(self.value / 1e12)} ({self.source})")
+        said = (
+            f"this device achieved {flops_rate(achieved / 1e12)}, {over:.3f}x the peak of "
+            f"{flops_rate(self.value / 1e12)} ({self.source})"
+        )
         if self.measured and not self._rechecked and self.device is not None:
             self._rechecked = True
             again = cached_peak_flops(self.device, self.dtype, at_least=achieved, tf32=self._tf32("any"))
             self.value, self.source = max(again.flops, self.value), again.describe()
             metrics = self._metrics(tflops, hw_tflops, devices)
             if metrics["compute/mfu"] <= 1 and metrics.get("compute/hfu", 0.0) <= 1:
-                return metrics, (f"FlopsLogger: {said}: that peak was wrong. Measured again: "
-                                 f"{flops_rate(self.value / 1e12)} ({self.source}); MFU is against it from now on.")
+                return metrics, (
+                    f"FlopsLogger: {said}: that peak was wrong. Measured again: "
+                    f"{flops_rate(self.value / 1e12)} ({self.source}); MFU is against it from now on."
+                )
             said += f", and {flops_rate(self.value / 1e12)} measured again ({self.source})"
-        fix = ("set FlopsLogger(peak_flops=...) to the device's real peak" if not self.measured else
-               "run on a quiet machine with peak='remeasure'")
-        return {}, (f"FlopsLogger: MFU would be over 100%: {said}. MFU and HFU are not logged while the peak is "
-                    f"below what the device achieves; {fix}, or check the FLOP count.")
+        fix = (
+            "set FlopsLogger(peak_flops=...) to the device's real peak"
+            if not self.measured
+            else "run on a quiet machine with peak='remeasure'"
+        )
+        return {}, (
+            f"FlopsLogger: MFU would be over 100%: {said}. MFU and HFU are not logged while the peak is "
+            f"below what the device achieves; {fix}, or check the FLOP count."
+        )
 
     def _metrics(self, tflops: float, hw_tflops: float, devices: int) -> dict[str, float]:
         peak = self.value / 1e12  # type: ignore[operator]

@@ -32,8 +32,11 @@ def write_module_table(trainer: pl.Trainer, count: FlopCount, depth: int, sample
         per_sample = per_sample_flops(trainer, count.forward, samples) / 1e9
         log_scalars(trainer, {"compute/forward_gflops_per_sample": per_sample}, step=0)
         save_hparam(trainer, "compute/forward_gflops_per_sample", per_sample)
-        say(trainer, f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
-            "GFLOPs per training batch (forward + backward, model FLOPs)")
+        say(
+            trainer,
+            f"FlopsLogger: forward {human(per_sample, 4)} GFLOPs per sample, {human(count.total / 1e9, 4)} "
+            "GFLOPs per training batch (forward + backward, model FLOPs)",
+        )
 
 
 def write_op_classes(trainer: pl.Trainer, count: FlopCount, sig: tuple) -> None:

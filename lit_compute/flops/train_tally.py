@@ -60,8 +60,12 @@ class TrainTally:
         seconds = sum(sum(r.device_times()) for r, _, _ in window)
         if not (seconds > 0 and window):
             return math.nan, math.nan, 0.0, padding
-        return (sum(m for _, m, _ in window) / seconds / 1e12, sum(h for _, _, h in window) / seconds / 1e12, seconds,
-                padding)
+        return (
+            sum(m for _, m, _ in window) / seconds / 1e12,
+            sum(h for _, _, h in window) / seconds / 1e12,
+            seconds,
+            padding,
+        )
 
     def last_step_metrics(self, per_sample: float | None, any_estimated: bool) -> dict[str, float]:
         """The last finished step's ``compute/flops_per_step`` and its neighbours (none when its FLOPs are unknown);

@@ -4,16 +4,26 @@ measured once and cached (:mod:`~lit_compute.hardware.this_machine`: its ``this_
 lit_compute but the ground floor."""
 
 from lit_compute.hardware.chips import (
-           CHIPS,
-           LINKS,
-           Chip,
-           HardwareError,
-           Link,
-           find_chip,
-           find_link,
-           load_hardware_file,
+    CHIPS,
+    LINKS,
+    Chip,
+    HardwareError,
+    Link,
+    find_chip,
+    find_link,
+    load_hardware_file,
 )
 from lit_compute.hardware.this_machine import bf16_fast, cached_peak_flops
 
-__all__ = ["CHIPS", "LINKS", "Chip", "HardwareError", "Link", "bf16_fast", "cached_peak_flops", "find_chip",
-           "find_link", "load_hardware_file"]
+__all__ = [
+    "CHIPS",
+    "LINKS",
+    "Chip",
+    "HardwareError",
+    "Link",
+    "bf16_fast",
+    "cached_peak_flops",
+    "find_chip",
+    "find_link",
+    "load_hardware_file",
+]

@@ -19,13 +19,27 @@ import torch
 from lit_compute._compat import on_real_tensors, returns_only_views
 from lit_compute.hardware.dtypes import tf32_enabled
 
-__all__ = ["QUIET_CPU_SHARE", "ConvSetup", "Dispatch", "MixedSpeedup", "PeakMeasurement", "measure_bandwidth",
-           "measure_conv_setup", "measure_dispatch", "measure_mixed_speedup", "measure_peak", "measure_peak_flops"]
+__all__ = [
+    "QUIET_CPU_SHARE",
+    "ConvSetup",
+    "Dispatch",
+    "MixedSpeedup",
+    "PeakMeasurement",
+    "measure_bandwidth",
+    "measure_conv_setup",
+    "measure_dispatch",
+    "measure_mixed_speedup",
+    "measure_peak",
+    "measure_peak_flops",
+]
 
 
 def measure_peak_flops(
-    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
-    seconds: float = 1.0, tf32: bool | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int | None = None,
+    seconds: float = 1.0,
+    tf32: bool | None = None,
 ) -> float:
     """Measure the achievable dense GEMM FLOP/s on ``device`` in ``dtype`` (best of several timed runs).
 
@@ -71,8 +85,14 @@ class PeakMeasurement:
 
 
 @on_real_tensors()
-def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,
-                 seconds: float = 1.5, rounds: int = 5, tf32: bool | None = None) -> PeakMeasurement:
+def measure_peak(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int | None = None,
+    seconds: float = 1.5,
+    rounds: int = 5,
+    tf32: bool | None = None,
+) -> PeakMeasurement:
     """The dense GEMM peak of ``device`` in ``dtype``, with the machine's load sampled while measuring.
 
     The time is split into ``rounds``; in each the best of several GEMMs is kept and, on CPU, the CPU time this
@@ -87,8 +107,9 @@ def measure_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.
     return _measure_peak(dev, dtype, size, seconds, rounds)
 
 
-def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, seconds: float,
-                  rounds: int) -> PeakMeasurement:
+def _measure_peak(
+    dev: torch.device, dtype: torch.dtype, size: int | None, seconds: float, rounds: int
+) -> PeakMeasurement:
     n = size or (8192 if dev.type == "cuda" else 2048)
     per_round = seconds / max(1, rounds)
     if size is None and dev.type == "cpu":
@@ -119,8 +140,11 @@ def _measure_peak(dev: torch.device, dtype: torch.dtype, size: int | None, secon
         results.append((flops / best, share))
     quiet = [f for f, share in results if share is None or share >= QUIET_CPU_SHARE]
     shares = [share for _, share in results if share is not None]
-    return PeakMeasurement(flops=max(quiet) if quiet else max(f for f, _ in results), quiet=bool(quiet),
-                           cpu_share=min(shares) if shares else None)
+    return PeakMeasurement(
+        flops=max(quiet) if quiet else max(f for f, _ in results),
+        quiet=bool(quiet),
+        cpu_share=min(shares) if shares else None,
+    )
 
 
 def _affordable_side(n: int, dtype: torch.dtype, per_round: float, probe: int = 256) -> int:
@@ -196,15 +220,23 @@ def measure_mixed_speedup(repeats: int = 10, trials: int = 5, seconds: float = 2
     ``seconds`` once it has two timed runs, and no trial starts after ``seconds`` once one has finished. Quiet is
     read on the float32 modes only: there bf16's fallback kernels may run on one thread, which is not a busy
     machine (it kept an AVX2-only CPU's figures from ever being cached)."""
+
     def attention_block(x: Any) -> Any:
         return torch.nn.functional.scaled_dot_product_attention(x, x * 0.5, x * 0.25, is_causal=True)
 
     blocks: dict[str, tuple[Any, Any]] = {
-        "matmul": (torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)),
-                   torch.randn(256, 512)),
-        "conv": (torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
-                                     torch.nn.Conv2d(64, 32, 3, padding=1)), torch.randn(16, 32, 32, 32)),
-        "attention": (attention_block, torch.randn(8, 4, 128, 64))}
+        "matmul": (
+            torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)),
+            torch.randn(256, 512),
+        ),
+        "conv": (
+            torch.nn.Sequential(
+                torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 32, 3, padding=1)
+            ),
+            torch.randn(16, 32, 32, 32),
+        ),
+        "attention": (attention_block, torch.randn(8, 4, 128, 64)),
+    }
     ratios: dict[str, list[float]] = {kind: [] for kind in blocks}
     threads = max(1, torch.get_num_threads())
     wall0, wall, cpu = time.perf_counter(), 0.0, 0.0  # the CPU time of the float32 modes against their wall time
@@ -272,8 +304,9 @@ def measure_dispatch(steps: int = 50, rounds: int = 5) -> Dispatch:
     autograd, the dispatcher) before the device can run it, which is what bounds small models on fast GPUs. Quiet
     when the process got :data:`QUIET_CPU_SHARE` of one thread's time in the best round."""
     gen = torch.Generator().manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
-                                torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(2, 8, generator=gen), torch.randn(2, 1, generator=gen)
 
@@ -312,8 +345,9 @@ CONV_SETUP_SHAPES = ((64, 64, 3), (128, 128, 3), (256, 256, 3), (512, 512, 3), (
 
 
 @on_real_tensors()
-def measure_conv_setup(dtype: torch.dtype = torch.float32, repeats: int = 10, rounds: int = 3, seconds: float = 15.0,
-                       size: int = 4) -> ConvSetup:
+def measure_conv_setup(
+    dtype: torch.dtype = torch.float32, repeats: int = 10, rounds: int = 3, seconds: float = 15.0, size: int = 4
+) -> ConvSetup:
     """What a 2-D convolution's forward and backward cost on this CPU whatever the batch, per byte of its weight: on a
     CPU, oneDNN reorders each weight into its blocked layouts every call (once for the forward, once for the data
     gradient) and the weight gradient back, work that depends on the weight alone (``ONEDNN_VERBOSE=1`` lists the
@@ -331,8 +365,10 @@ def measure_conv_setup(dtype: torch.dtype = torch.float32, repeats: int = 10, ro
     pairs. Quiet as :func:`measure_dispatch`."""
     gen = torch.Generator().manual_seed(0)
     convs = [torch.nn.Conv2d(cin, cout, k, padding=k // 2).to(dtype) for cin, cout, k in CONV_SETUP_SHAPES]
-    inputs = [{n: torch.randn(n, conv.in_channels, size, size, generator=gen).to(dtype).requires_grad_() for n in (2, 4)}
-              for conv in convs]
+    inputs = [
+        {n: torch.randn(n, conv.in_channels, size, size, generator=gen).to(dtype).requires_grad_() for n in (2, 4)}
+        for conv in convs
+    ]
     times: list[dict[int, list[float]]] = [{2: [], 4: []} for _ in convs]
     budget = seconds / len(convs) / max(1, rounds)
     wall0, cpu0 = time.perf_counter(), time.process_time()

@@ -32,9 +32,22 @@ from lit_compute.hardware import measure
 from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
 from lit_compute.hardware.dtypes import DTYPE_NAMES
 
-__all__ = ["BF16_FAST_RATIO", "MeasuredPeak", "bf16_fast", "cache_path", "cached_peak_flops", "cpu_name",
-           "conv_setup_in_fresh_process", "conv_setup_seconds", "device_description", "host_dispatch_seconds",
-           "machine_line", "peak_key", "this_machine", "with_conv_setup"]
+__all__ = [
+    "BF16_FAST_RATIO",
+    "MeasuredPeak",
+    "bf16_fast",
+    "cache_path",
+    "cached_peak_flops",
+    "cpu_name",
+    "conv_setup_in_fresh_process",
+    "conv_setup_seconds",
+    "device_description",
+    "host_dispatch_seconds",
+    "machine_line",
+    "peak_key",
+    "this_machine",
+    "with_conv_setup",
+]
 
 #: bf16 counts as fast here when training blocks (matmuls and convolutions, geometric mean) run at least this many
 #: times faster under bf16 autocast than in float32.
@@ -124,7 +137,9 @@ class MeasuredPeak:
 
 
 def _dtype_name(device: torch.device, dtype: torch.dtype, tf32: bool | None) -> str:
-    return "tf32" if measure.uses_tf32(device, dtype, tf32) else DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return (
+        "tf32" if measure.uses_tf32(device, dtype, tf32) else DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    )
 
 
 def _device_key(device: torch.device) -> tuple[str, str]:
@@ -140,9 +155,13 @@ def peak_key(device: torch.device, dtype: torch.dtype, tf32: bool | None = None)
     return f"{_device_key(device)[1]}|{_dtype_name(device, dtype, tf32)}"
 
 
-def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                      remeasure: bool = False, at_least: float | None = None,
-                      tf32: bool | None = None) -> MeasuredPeak:
+def cached_peak_flops(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    remeasure: bool = False,
+    at_least: float | None = None,
+    tf32: bool | None = None,
+) -> MeasuredPeak:
     """This machine's measured dense GEMM peak in ``dtype``, measured once and cached (:func:`cache_path`) with the
     conditions it was measured under (device, threads, torch version, load average, time), so MFU is against the
     same peak in every run.
@@ -162,8 +181,10 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
     entry = entries.get(key)
     cached: MeasuredPeak | None = None
     if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)):
-        fields: dict[str, Any] = {k: entry.get(k) for k in ("flops", "device", "dtype", "threads", "torch_version",
-                                                            "measured_at", "load_average")}
+        fields: dict[str, Any] = {
+            k: entry.get(k)
+            for k in ("flops", "device", "dtype", "threads", "torch_version", "measured_at", "load_average")
+        }
         with contextlib.suppress(TypeError):
             cached = MeasuredPeak(**fields, cached=True)
     if cached is not None and not remeasure and (at_least is None or cached.flops >= at_least):
@@ -171,10 +192,17 @@ def cached_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = t
     with on_real_tensors():  # a FLOP counter or an estimate's fake tensors never see it
         measured = measure.measure_peak(dev, dtype, tf32=tf32)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    peak = MeasuredPeak(flops=measured.flops, device=name, dtype=_dtype_name(dev, dtype, tf32),
-                        threads=torch.get_num_threads() if dev.type == "cpu" else 0, torch_version=torch.__version__,
-                        measured_at=time.strftime("%Y-%m-%d %H:%M"), load_average=load, quiet=measured.quiet,
-                        cpu_share=measured.cpu_share)
+    peak = MeasuredPeak(
+        flops=measured.flops,
+        device=name,
+        dtype=_dtype_name(dev, dtype, tf32),
+        threads=torch.get_num_threads() if dev.type == "cpu" else 0,
+        torch_version=torch.__version__,
+        measured_at=time.strftime("%Y-%m-%d %H:%M"),
+        load_average=load,
+        quiet=measured.quiet,
+        cpu_share=measured.cpu_share,
+    )
     if measured.quiet:
         entries[key] = {k: v for k, v in asdict(peak).items() if k not in ("cached", "quiet")}
     elif cached is not None and cached.flops < measured.flops:
@@ -194,15 +222,21 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, 
     entry = data["devices"].get(key)
     speedups = entry.get("mixed_speedup") if isinstance(entry, dict) else None
     wanted = ("matmul", "conv", "attention") if device.type == "cpu" else ()
-    if (isinstance(entry, dict) and isinstance(entry.get("bandwidth"), (int, float))
-            and isinstance(speedups, dict)
-            and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0 for k in wanted)):
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("bandwidth"), (int, float))
+        and isinstance(speedups, dict)
+        and all(isinstance(speedups.get(k), (int, float)) and speedups[k] > 0 for k in wanted)
+    ):
         return entry, True
     quiet = fp32_quiet
     # measured again: what else the entry holds (the host's dispatch cost) stays
     with on_real_tensors():  # a FLOP counter or an estimate's fake tensors never see it
-        entry = {**(entry if isinstance(entry, dict) else {}), "bandwidth": measure.measure_bandwidth(device=device),
-                 "mixed_speedup": {}}
+        entry = {
+            **(entry if isinstance(entry, dict) else {}),
+            "bandwidth": measure.measure_bandwidth(device=device),
+            "mixed_speedup": {},
+        }
         if device.type == "cpu":
             mixed = measure.measure_mixed_speedup()
             entry["mixed_speedup"], quiet = mixed.ratios, quiet and mixed.quiet
@@ -219,8 +253,11 @@ def _table_row(device: torch.device) -> Chip | None:
     if key is None or key not in CHIPS:
         return None
     row = CHIPS[key]
-    return dataclasses.replace(row, extras={**row.extras, "device_name": name, "this": True},
-                               source=f"this machine's {name}: the table row {key} ({row.source})")
+    return dataclasses.replace(
+        row,
+        extras={**row.extras, "device_name": name, "this": True},
+        source=f"this machine's {name}: the table row {key} ({row.source})",
+    )
 
 
 def this_machine(device: torch.device | str | None = None) -> Chip:
@@ -246,25 +283,41 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
             peaks["bfloat16"] = peaks["float16"] = cached_peak_flops(dev, torch.bfloat16).flops
         entry, _ = _measured_extras(dev, fp32.quiet)
         memory = float(torch.cuda.get_device_properties(dev).total_memory)
-        return Chip("this", peaks, float(entry["bandwidth"]), memory, "pcie4",
-                    f"measured: {name} ({fp32.describe()}); not in the table", measured=True,
-                    extras={"device_name": name, "this": True})
+        return Chip(
+            "this",
+            peaks,
+            float(entry["bandwidth"]),
+            memory,
+            "pcie4",
+            f"measured: {name} ({fp32.describe()}); not in the table",
+            measured=True,
+            extras={"device_name": name, "this": True},
+        )
     fp32 = cached_peak_flops("cpu", torch.float32)
     entry, quiet = _measured_extras(dev, fp32.quiet)
-    busy = {} if quiet and fp32.quiet else {"busy": "measured while other processes used the CPUs: its peaks are lower "
-                                                    "bounds, not cached"}
+    busy = (
+        {}
+        if quiet and fp32.quiet
+        else {"busy": "measured while other processes used the CPUs: its peaks are lower bounds, not cached"}
+    )
     speedups = {k: float(v) for k, v in entry["mixed_speedup"].items()}
     # the chip's own bf16 peak: the matmuls' and convolutions' (geometric mean); each class its own beside it
     mixed = fp32.flops * math.sqrt(speedups["matmul"] * speedups["conv"])
     name = cpu_name()
-    return Chip("this", {"float32": fp32.flops, "bfloat16": mixed, "float16": mixed}, float(entry["bandwidth"]),
-                float(psutil.virtual_memory().total), "loopback",
-                f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
-                "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
-                measured=True, extras={"mixed_speedup": speedups, "device_name": name, "this": True, **busy}, kind="cpu",
-                class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
-                sources={"peaks": "measured here", "memory": "psutil: this machine's memory",
-                         "bandwidth": "measured here"})
+    return Chip(
+        "this",
+        {"float32": fp32.flops, "bfloat16": mixed, "float16": mixed},
+        float(entry["bandwidth"]),
+        float(psutil.virtual_memory().total),
+        "loopback",
+        f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
+        "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
+        measured=True,
+        extras={"mixed_speedup": speedups, "device_name": name, "this": True, **busy},
+        kind="cpu",
+        class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
+        sources={"peaks": "measured here", "memory": "psutil: this machine's memory", "bandwidth": "measured here"},
+    )
 
 
 def _cached_cpu_figure(path: tuple[str, ...], measure_it: Callable[[], tuple[float, bool]]) -> float:
@@ -295,6 +348,7 @@ def host_dispatch_seconds() -> float:
     """The host's cost of one eager op of a training step on this CPU (:func:`~lit_compute.hardware.measure.
     measure_dispatch`), measured once and cached with this CPU's other measurements when measured on a quiet
     machine: what ``whatif`` charges the host per kernel of a step on an accelerator."""
+
     def dispatch() -> tuple[float, bool]:
         measured = measure.measure_dispatch()
         return measured.seconds, measured.quiet
@@ -307,12 +361,12 @@ def conv_setup_seconds(dtype: torch.dtype = torch.float32) -> float:
     (:func:`~lit_compute.hardware.measure.measure_conv_setup`), at this process's torch threads: measured once, in a
     fresh process (:func:`conv_setup_in_fresh_process`), and cached with this CPU's other measurements when measured
     on a quiet machine."""
+
     def setup() -> tuple[float, bool]:
         measured = conv_setup_in_fresh_process(dtype)
         return measured.seconds_per_byte, measured.quiet
 
-    return _cached_cpu_figure(("conv_setup", f"{DTYPE_NAMES.get(dtype, str(dtype))}@{torch.get_num_threads()}"),
-                              setup)
+    return _cached_cpu_figure(("conv_setup", f"{DTYPE_NAMES.get(dtype, str(dtype))}@{torch.get_num_threads()}"), setup)
 
 
 def conv_setup_in_fresh_process(dtype: torch.dtype, prelude: str = "") -> measure.ConvSetup:
@@ -323,10 +377,16 @@ def conv_setup_in_fresh_process(dtype: torch.dtype, prelude: str = "") -> measur
     import subprocess
     import sys
 
-    code = "; ".join([
-        "import json, sys, torch", "from lit_compute.hardware.measure import measure_conv_setup",
-        *([prelude] if prelude else []), f"torch.set_num_threads({torch.get_num_threads()})",
-        f"r = measure_conv_setup(torch.{DTYPE_NAMES[dtype]})", "json.dump([r.seconds_per_byte, r.quiet], sys.stdout)"])
+    code = "; ".join(
+        [
+            "import json, sys, torch",
+            "from lit_compute.hardware.measure import measure_conv_setup",
+            *([prelude] if prelude else []),
+            f"torch.set_num_threads({torch.get_num_threads()})",
+            f"r = measure_conv_setup(torch.{DTYPE_NAMES[dtype]})",
+            "json.dump([r.seconds_per_byte, r.quiet], sys.stdout)",
+        ]
+    )
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
         seconds, quiet = json.loads(done.stdout.strip().splitlines()[-1])
@@ -356,5 +416,7 @@ def bf16_fast(device: str = "cpu") -> tuple[bool, str]:
         return fast, "the GPU supports bf16" if fast else "the GPU has no bf16"
     speedups = this_machine("cpu").extras["mixed_speedup"]
     ratio = math.sqrt(speedups["matmul"] * speedups["conv"])
-    return ratio >= BF16_FAST_RATIO, (f"bf16 autocast runs training blocks at {ratio:.2f}x float32's speed here "
-                                      f"(matmul {speedups['matmul']:.2f}x, conv {speedups['conv']:.2f}x)")
+    return ratio >= BF16_FAST_RATIO, (
+        f"bf16 autocast runs training blocks at {ratio:.2f}x float32's speed here "
+        f"(matmul {speedups['matmul']:.2f}x, conv {speedups['conv']:.2f}x)"
+    )

@@ -33,8 +33,13 @@ def state_tensors(pl_module: Any, optimizers: list[Any]) -> dict[str, list[torch
     state; DTensors by their local shards."""
     params = [local(p) for p in pl_module.parameters()] + [local(b) for b in pl_module.buffers()]
     grads = [local(p.grad) for p in pl_module.parameters() if p.grad is not None]
-    state = [local(t) for opt in optimizers for s in getattr(opt, "state", {}).values()
-             for t in (s.values() if isinstance(s, dict) else ()) if isinstance(t, torch.Tensor)]
+    state = [
+        local(t)
+        for opt in optimizers
+        for s in getattr(opt, "state", {}).values()
+        for t in (s.values() if isinstance(s, dict) else ())
+        if isinstance(t, torch.Tensor)
+    ]
     return {"parameters": params, "gradients": grads, "optimizer": state}
 
 
@@ -90,8 +95,11 @@ class MemoryMonitor(MeasuringCallback):
     """
 
     @validated
-    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
-                 capacity_gb: Annotated[float | None, Check(gt=0, hint="GB of the device")] = None) -> None:
+    def __init__(
+        self,
+        log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
+        capacity_gb: Annotated[float | None, Check(gt=0, hint="GB of the device")] = None,
+    ) -> None:
         super().__init__()
         self.log_every_n_steps = log_every_n_steps
         self.capacity_gb = capacity_gb
@@ -133,8 +141,11 @@ class MemoryMonitor(MeasuringCallback):
                 torch.cuda.reset_peak_memory_stats(self._cuda)
             leaves = _batch.signature("train", batch)[1]
             # the model's dtypes and devices too: after model.to(torch.float64) or a device move its memory differs
-            self._step_key = (tuple((path, dtype) for path, _, dtype in leaves), self._model_state.key(pl_module),
-                              self._model_state.placement(pl_module))
+            self._step_key = (
+                tuple((path, dtype) for path, _, dtype in leaves),
+                self._model_state.key(pl_module),
+                self._model_state.placement(pl_module),
+            )
             self._step_best = None
             size = sum(math.prod(shape) for _, shape, _ in leaves)
             with_state = any(getattr(o, "state", None) for o in trainer.optimizers)
@@ -153,8 +164,12 @@ class MemoryMonitor(MeasuringCallback):
         tracker.register(tree_leaves(batch), "other")  # the batch is in memory through the step
         self._tracker = tracker
         # exited at the batch's end mark, innermost first; a tracker whose exit raises turns this callback off
-        self.timeline.enter_for_batch(tracker, on_error=lambda err: self.disable(
-            f"the memory tracker failed as it left the step ({type(err).__name__}: {err})"))
+        self.timeline.enter_for_batch(
+            tracker,
+            on_error=lambda err: self.disable(
+                f"the memory tracker failed as it left the step ({type(err).__name__}: {err})"
+            ),
+        )
         self.timeline.taint("memory_track")
 
     @override
@@ -172,8 +187,9 @@ class MemoryMonitor(MeasuringCallback):
             self._tracker.phase(label)
 
     @override
-    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                   record: StepRecord | None) -> None:
+    def _batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, record: StepRecord | None
+    ) -> None:
         tracker, self._tracker = self._tracker, None
         if tracker is not None:
             kept = state_tensors(pl_module, trainer.optimizers)
@@ -189,8 +205,11 @@ class MemoryMonitor(MeasuringCallback):
                 self.breakdowns[key] = found
         self._tracking_key = None
         parts = self.breakdowns.get(self._step_key) if self._step_key is not None else None
-        peak = (torch.cuda.max_memory_allocated(self._cuda) if self._cuda is not None
-                else (parts.peak if parts is not None else None))
+        peak = (
+            torch.cuda.max_memory_allocated(self._cuda)
+            if self._cuda is not None
+            else (parts.peak if parts is not None else None)
+        )
         if peak is not None and (self._window is None or peak > self._window[0]):
             self._window = (int(peak), parts)
 

@@ -109,11 +109,18 @@ class KernelWorkspaces:
         if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
             self.unmeasured.add(device.type)
             return 0
-        key = (func, device.type, tuple(_signature(a, i in batched) for i, a in enumerate(args)),
-               tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        key = (
+            func,
+            device.type,
+            tuple(_signature(a, i in batched) for i, a in enumerate(args)),
+            tuple(sorted((k, repr(v)) for k, v in kwargs.items())),
+        )
         n = int(first.shape[0])
-        per_sample = sum(_nbytes(a) // max(1, int(a.shape[0])) for i, a in enumerate(args)
-                         if i in batched and isinstance(a, torch.Tensor))
+        per_sample = sum(
+            _nbytes(a) // max(1, int(a.shape[0]))
+            for i, a in enumerate(args)
+            if i in batched and isinstance(a, torch.Tensor)
+        )
         fixed = sum(_nbytes(a) for i, a in enumerate(args) if i not in batched and isinstance(a, torch.Tensor))
         largest = max(1, (self._budget() // 2 - fixed) // max(1, per_sample))  # inputs and about as much output
         try:
@@ -128,14 +135,16 @@ class KernelWorkspaces:
             self.failed.append(f"{func}: {type(err).__name__}")
             return 0
 
-    def _at(self, key: tuple, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int,
-            device: torch.device) -> int:
+    def _at(
+        self, key: tuple, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int, device: torch.device
+    ) -> int:
         if (key, n) not in self._measured:
             self._measured[(key, n)] = self._measure(func, args, kwargs, batched, n, device)
         return self._measured[(key, n)]
 
-    def _measure(self, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int,
-                 device: torch.device) -> int:
+    def _measure(
+        self, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int, device: torch.device
+    ) -> int:
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes(), torch.no_grad():  # real tensors, outside the trace's fake and tracking modes
@@ -167,8 +176,11 @@ def _real(a: Any, n: int | None, device: torch.device) -> Any:
     if not isinstance(a, torch.Tensor):
         return a
     shape = (n, *a.shape[1:]) if n is not None else tuple(a.shape)
-    fmt = torch.channels_last if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and \
-        not a.is_contiguous() else torch.contiguous_format
+    fmt = (
+        torch.channels_last
+        if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous()
+        else torch.contiguous_format
+    )
     return torch.zeros(shape, dtype=a.dtype, device=device).contiguous(memory_format=fmt)
 
 

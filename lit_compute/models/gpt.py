@@ -148,10 +148,16 @@ class GPT(LightningModule):
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
             if self.hp.n_head % tp.size():
-                raise ValueError(f"GPT(n_head={self.hp.n_head}) must be divisible by tensor_parallel_size="
-                                 f"{tp.size()}: each device holds whole attention heads")
-            plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "mlp.0": ColwiseParallel(),
-                    "mlp.2": RowwiseParallel()}
+                raise ValueError(
+                    f"GPT(n_head={self.hp.n_head}) must be divisible by tensor_parallel_size="
+                    f"{tp.size()}: each device holds whole attention heads"
+                )
+            plan = {
+                "qkv": ColwiseParallel(),
+                "proj": RowwiseParallel(),
+                "mlp.0": ColwiseParallel(),
+                "mlp.2": RowwiseParallel(),
+            }
             for block in self.blocks:
                 parallelize_module(block, tp, plan)
         dp = mesh["data_parallel"]
@@ -185,8 +191,9 @@ class GPT(LightningModule):
         if mask is not None:
             labels = labels.masked_fill(mask == 0, -100)
         logits = self(ids, mask)
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
+        return F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
@@ -202,8 +209,11 @@ class GPT(LightningModule):
         hp = self.hp
         decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "emb" not in n]
         rest = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}], lr=hp.lr, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=(0.9, 0.95),
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1000
         warmup = min(hp.warmup_steps, max(1, total // 10))
 

@@ -72,7 +72,9 @@ class ImageClassifier(LightningModule):
         super().__init__()
         valid = classification_models()
         if arch not in valid:
-            few = ", ".join(n for n in ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "vit_b_16") if n in valid)
+            few = ", ".join(
+                n for n in ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "vit_b_16") if n in valid
+            )
             raise ValueError(
                 f"ImageClassifier(arch={arch!r}) is not a torchvision classification model; valid names include "
                 f"{few} ({len(valid)} in all: torchvision.models.list_models(module=torchvision.models))"
@@ -127,7 +129,9 @@ class ImageClassifier(LightningModule):
         hp = self.hp
         opt: torch.optim.Optimizer
         if hp.optimizer == "sgd":
-            opt = torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=0.9, nesterov=True, weight_decay=hp.weight_decay)
+            opt = torch.optim.SGD(
+                self.parameters(), lr=hp.lr, momentum=0.9, nesterov=True, weight_decay=hp.weight_decay
+            )
         else:
             opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
         if hp.scheduler == "cosine":

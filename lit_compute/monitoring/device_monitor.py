@@ -39,7 +39,9 @@ class _GpuReader:
         if uuid is not None:  # robust to CUDA_VISIBLE_DEVICES reordering
             text = str(uuid)
             try:  # NVML names GPUs "GPU-<uuid>" (MIG instances "MIG-..." are not found: the index is used)
-                handle = nvml.nvmlDeviceGetHandleByUUID((text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}").encode())
+                handle = nvml.nvmlDeviceGetHandleByUUID(
+                    (text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}").encode()
+                )
             except (nvml.NVMLError, TypeError, ValueError):
                 handle = None
         self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
@@ -96,8 +98,9 @@ class DeviceMonitor(MeasuringCallback):
     """
 
     @validated
-    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None, gpu: bool = True,
-                 cpu: bool = True) -> None:
+    def __init__(
+        self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None, gpu: bool = True, cpu: bool = True
+    ) -> None:
         super().__init__()
         if not (gpu or cpu):
             raise ValueError("DeviceMonitor(gpu=False, cpu=False) would log nothing; turn at least one on")
@@ -123,8 +126,11 @@ class DeviceMonitor(MeasuringCallback):
         try:
             return _GpuReader(device)
         except ModuleNotFoundError:
-            self._warn_once("no-nvml", "DeviceMonitor: nvidia-ml-py is not installed, GPU metrics are off "
-                            "(pip install 'lit-compute[monitor]').")
+            self._warn_once(
+                "no-nvml",
+                "DeviceMonitor: nvidia-ml-py is not installed, GPU metrics are off "
+                "(pip install 'lit-compute[monitor]').",
+            )
         except Exception as err:  # noqa: BLE001 - NVML missing driver, permissions...
             self._warn_once("nvml-init", f"DeviceMonitor: NVML failed to start ({err}); GPU metrics are off.")
         return None
@@ -146,8 +152,10 @@ class DeviceMonitor(MeasuringCallback):
             try:
                 metrics.update(self._gpu_reader.read())
             except Exception as err:  # noqa: BLE001 - an NVML error must not stop training
-                self._warn_once("nvml-read", f"DeviceMonitor: reading NVML failed ({err}); GPU metrics are now off, "
-                                "training goes on.")
+                self._warn_once(
+                    "nvml-read",
+                    f"DeviceMonitor: reading NVML failed ({err}); GPU metrics are now off, training goes on.",
+                )
                 self._gpu_reader.close()
                 self._gpu_reader = None
         return metrics
@@ -157,4 +165,3 @@ class DeviceMonitor(MeasuringCallback):
         if self._gpu_reader is not None:
             self._gpu_reader.close()
             self._gpu_reader = None
-

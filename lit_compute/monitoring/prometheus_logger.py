@@ -82,7 +82,9 @@ class PrometheusLogger(Logger):
         self,
         port: Annotated[int, Check(ge=0, le=65535, hint="0 picks a free port")] = 9464,
         host: str = "127.0.0.1",
-        prefix: Annotated[str, Check(hint="letters, digits and underscores, not starting with a digit")] = "lit_compute",
+        prefix: Annotated[
+            str, Check(hint="letters, digits and underscores, not starting with a digit")
+        ] = "lit_compute",
         run_name: str | None = None,
         ranks: Literal["all", "zero"] = "all",
         keep_serving: bool = False,
@@ -163,24 +165,42 @@ class PrometheusLogger(Logger):
         server = result[0] if isinstance(result, tuple) else None
         actual = server.server_address[1] if server is not None else port
         if wanted and actual != wanted:
-            rank_zero_warn(f"PrometheusLogger: port {wanted} on {self.host} is in use; serving on port {actual} instead "
-                           "(on_port_in_use='error' refuses).", category=UserWarning)
-        step = Gauge(prometheus_name("step", self.prefix), "Trainer step of the latest values", ["run", "rank"],
-                     registry=registry)
-        self._state = {"registry": registry, "gauges": {}, "server": server, "port": actual, "step": step,
-                       "Gauge": Gauge, "target": self._write_target(actual)}
+            rank_zero_warn(
+                f"PrometheusLogger: port {wanted} on {self.host} is in use; serving on port {actual} instead "
+                "(on_port_in_use='error' refuses).",
+                category=UserWarning,
+            )
+        step = Gauge(
+            prometheus_name("step", self.prefix),
+            "Trainer step of the latest values",
+            ["run", "rank"],
+            registry=registry,
+        )
+        self._state = {
+            "registry": registry,
+            "gauges": {},
+            "server": server,
+            "port": actual,
+            "step": step,
+            "Gauge": Gauge,
+            "target": self._write_target(actual),
+        }
         rank_zero_info(f"PrometheusLogger: serving http://{self.host}:{actual}/metrics (rank {self.rank})")
 
     def _bind_error(self, port: int, err: OSError) -> str:
         where = f"PrometheusLogger(host={self.host!r}, port={self.base_port}): cannot serve on {self.host}:{port}"
         if err.errno == errno.EADDRINUSE:
-            return (f"{where}: the port is already in use (rank {self.rank} serves on port + rank). Pass another port, "
-                    "port=0 for a free one, or on_port_in_use='next_free'.")
+            return (
+                f"{where}: the port is already in use (rank {self.rank} serves on port + rank). Pass another port, "
+                "port=0 for a free one, or on_port_in_use='next_free'."
+            )
         if isinstance(err, socket.gaierror):
             return f"{where}: {self.host!r} is not a known address ({err}). Use '127.0.0.1' or '0.0.0.0'."
         if err.errno in (errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM):
-            return (f"{where}: {os.strerror(err.errno)}. Use an address of this machine ('127.0.0.1', or '0.0.0.0' "
-                    "for all interfaces) and a port above 1023.")
+            return (
+                f"{where}: {os.strerror(err.errno)}. Use an address of this machine ('127.0.0.1', or '0.0.0.0' "
+                "for all interfaces) and a port above 1023."
+            )
         return f"{where}: {err}. Check host and port."
 
     def _write_target(self, port: int) -> str | None:
@@ -203,9 +223,12 @@ class PrometheusLogger(Logger):
         owner = self._owners.get(name)
         if owner is not None or name == f"{self.prefix}_" or not name.strip("_"):
             unique = f"{name.rstrip('_')}_{_digest(key)}"
-            rank_zero_warn(f"PrometheusLogger: metric {key!r} would be series {name!r}"
-                           + (f", which {owner!r} already is" if owner else "")
-                           + f"; it is served as {unique!r}.", category=UserWarning)
+            rank_zero_warn(
+                f"PrometheusLogger: metric {key!r} would be series {name!r}"
+                + (f", which {owner!r} already is" if owner else "")
+                + f"; it is served as {unique!r}.",
+                category=UserWarning,
+            )
             name = unique
         self._names[key] = name
         self._owners[name] = key
@@ -232,8 +255,9 @@ class PrometheusLogger(Logger):
             name = self.series_name(key)
             gauge = gauges.get(name)
             if gauge is None:
-                gauge = self._state["Gauge"](name, f"lit_compute metric {key}", ["run", "rank"],
-                                             registry=self._state["registry"])
+                gauge = self._state["Gauge"](
+                    name, f"lit_compute metric {key}", ["run", "rank"], registry=self._state["registry"]
+                )
                 gauges[name] = gauge
             gauge.labels(**labels).set(float(value))
         if step is not None:

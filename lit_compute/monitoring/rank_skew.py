@@ -32,21 +32,33 @@ class Straggler:
     median_comm_ms: float = 0.0  # the other ranks' median
 
     def advice(self, world_size: int, threshold: float) -> str:
-        what = (f"waited {self.wait_ms - self.median_wait_ms:.1f} ms longer for its batches than the other ranks "
-                f"({self.wait_ms:.1f} vs {self.median_wait_ms:.1f} ms per step, median)" if self.cause == "data" else
-                f"computed its forward {self.forward_ms - self.median_forward_ms:.1f} ms longer than the other ranks "
-                f"({self.forward_ms:.1f} vs {self.median_forward_ms:.1f} ms per step, median, time blocked in "
-                "collectives left out)")
-        waited = (f" The others spent {self.median_comm_ms - self.comm_ms:.1f} ms more per step blocked in collectives "
-                  f"than it did ({self.median_comm_ms:.1f} vs {self.comm_ms:.1f} ms, median): that is where they "
-                  "waited for it." if self.median_comm_ms - self.comm_ms > 0.5 * self.extra_ms > 0 else "")
-        fix = ("its input pipeline is slower: check that rank's loader (num_workers per device, storage or "
-               "network of its node, a shard with larger samples)" if self.cause == "data" else
-               "its device is slower: a throttled or shared GPU, a noisy neighbour on its CPU, a slower node")
-        return (f"StepTimeMonitor: rank {self.rank} is a straggler: its own work per step is {self.skew:.2f}x the "
-                f"other ranks' median (threshold straggler_skew={threshold}); it {what}. The other {world_size - 1} "
-                f"rank(s) wait for it at every synchronisation, {self.extra_ms:.1f} ms per step.{waited} Cause: "
-                f"{self.cause} - {fix}.")
+        what = (
+            f"waited {self.wait_ms - self.median_wait_ms:.1f} ms longer for its batches than the other ranks "
+            f"({self.wait_ms:.1f} vs {self.median_wait_ms:.1f} ms per step, median)"
+            if self.cause == "data"
+            else f"computed its forward {self.forward_ms - self.median_forward_ms:.1f} ms longer than the other ranks "
+            f"({self.forward_ms:.1f} vs {self.median_forward_ms:.1f} ms per step, median, time blocked in "
+            "collectives left out)"
+        )
+        waited = (
+            f" The others spent {self.median_comm_ms - self.comm_ms:.1f} ms more per step blocked in collectives "
+            f"than it did ({self.median_comm_ms:.1f} vs {self.comm_ms:.1f} ms, median): that is where they "
+            "waited for it."
+            if self.median_comm_ms - self.comm_ms > 0.5 * self.extra_ms > 0
+            else ""
+        )
+        fix = (
+            "its input pipeline is slower: check that rank's loader (num_workers per device, storage or "
+            "network of its node, a shard with larger samples)"
+            if self.cause == "data"
+            else "its device is slower: a throttled or shared GPU, a noisy neighbour on its CPU, a slower node"
+        )
+        return (
+            f"StepTimeMonitor: rank {self.rank} is a straggler: its own work per step is {self.skew:.2f}x the "
+            f"other ranks' median (threshold straggler_skew={threshold}); it {what}. The other {world_size - 1} "
+            f"rank(s) wait for it at every synchronisation, {self.extra_ms:.1f} ms per step.{waited} Cause: "
+            f"{self.cause} - {fix}."
+        )
 
 
 def _median(values: Sequence[float]) -> float:
@@ -55,9 +67,12 @@ def _median(values: Sequence[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def find_straggler(wait_ms: Sequence[float], forward_ms: Sequence[float],
-                   forward_comm_ms: Sequence[float] | None = None,
-                   comm_ms: Sequence[float] | None = None) -> Straggler | None:
+def find_straggler(
+    wait_ms: Sequence[float],
+    forward_ms: Sequence[float],
+    forward_comm_ms: Sequence[float] | None = None,
+    comm_ms: Sequence[float] | None = None,
+) -> Straggler | None:
     """The slowest rank by own work (``wait + forward - forward_comm``: the forward less its time blocked in
     collectives), from per-rank means; None with fewer than two ranks or a rank that knows nothing (NaN).
     ``comm_ms`` (each rank's time in collectives over the whole step) only enters the advice."""
@@ -76,9 +91,18 @@ def find_straggler(wait_ms: Sequence[float], forward_ms: Sequence[float],
     median_wait, median_compute = _median([wait_ms[r] for r in others]), _median([compute[r] for r in others])
     skew = own[rank] / median_own if median_own > 0 else (math.inf if own[rank] > 0 else 1.0)
     cause = "data" if wait_ms[rank] - median_wait >= compute[rank] - median_compute else "compute"
-    return Straggler(rank=rank, skew=skew, cause=cause, extra_ms=own[rank] - median_own, wait_ms=wait_ms[rank],
-                     forward_ms=compute[rank], median_wait_ms=median_wait, median_forward_ms=median_compute,
-                     comm_ms=comm[rank], median_comm_ms=_median([comm[r] for r in others]))
+    return Straggler(
+        rank=rank,
+        skew=skew,
+        cause=cause,
+        extra_ms=own[rank] - median_own,
+        wait_ms=wait_ms[rank],
+        forward_ms=compute[rank],
+        median_wait_ms=median_wait,
+        median_forward_ms=median_compute,
+        comm_ms=comm[rank],
+        median_comm_ms=_median([comm[r] for r in others]),
+    )
 
 
 def communication_bound(comm_ms: Sequence[float], step_ms: Sequence[float], share: float) -> str | None:
@@ -91,10 +115,12 @@ def communication_bound(comm_ms: Sequence[float], step_ms: Sequence[float], shar
     least, step = min(comm_ms), max(step_ms)
     if step <= 0 or least <= share * step:
         return None
-    return (f"StepTimeMonitor: the communication is slow, not one rank: every rank, even the one the others wait for "
-            f"least, spent at least {least:.1f} ms of its {step:.1f} ms step ({least / step:.0%}) blocked in "
-            f"collectives (threshold comm_fraction={share}). In a collective every rank finishes together, so a slow "
-            "network or one rank's slower link costs all of them alike and the timings cannot say whose: measure the "
-            "links (lit-compute bench allreduce, CommBenchmark in the run), overlap more (larger DDP buckets, FSDP2's "
-            "reshard_after_forward=False), or send less (TunedDDPStrategy's comm_hook, a smaller tensor-parallel "
-            "group).")
+    return (
+        f"StepTimeMonitor: the communication is slow, not one rank: every rank, even the one the others wait for "
+        f"least, spent at least {least:.1f} ms of its {step:.1f} ms step ({least / step:.0%}) blocked in "
+        f"collectives (threshold comm_fraction={share}). In a collective every rank finishes together, so a slow "
+        "network or one rank's slower link costs all of them alike and the timings cannot say whose: measure the "
+        "links (lit-compute bench allreduce, CommBenchmark in the run), overlap more (larger DDP buckets, FSDP2's "
+        "reshard_after_forward=False), or send less (TunedDDPStrategy's comm_hook, a smaller tensor-parallel "
+        "group)."
+    )

@@ -104,12 +104,15 @@ class StepTimeMonitor(MeasuringCallback):
     """
 
     @validated
-    def __init__(self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
-                 window: Annotated[int, Check(ge=2)] = 50,
-                 stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
-                 tokens: TokenSpec | None = None,
-                 straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25,
-                 comm_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.25) -> None:
+    def __init__(
+        self,
+        log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
+        window: Annotated[int, Check(ge=2)] = 50,
+        stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
+        tokens: TokenSpec | None = None,
+        straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25,
+        comm_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.25,
+    ) -> None:
         super().__init__()
         self.straggler_skew = straggler_skew
         self.comm_fraction = comm_fraction
@@ -200,11 +203,19 @@ class StepTimeMonitor(MeasuringCallback):
         comm = sum(c for c, _, _ in comms) * 1e3 / n
         if trainer.world_size > 1:
             event.log({"time/comm_wait_ms": comm})
-        self._contribute(trainer, event, {"step_ms": total / n, "wait_ms": waits / n, "forward_ms": forward,
-                                          "forward_comm_ms": sum(f for _, f, _ in comms) * 1e3 / n,
-                                          "comm_ms": comm,
-                                          "samples_per_sec": metrics.get("time/samples_per_sec", float("nan")),
-                                          "tokens_per_sec": metrics.get("time/tokens_per_sec", float("nan"))})
+        self._contribute(
+            trainer,
+            event,
+            {
+                "step_ms": total / n,
+                "wait_ms": waits / n,
+                "forward_ms": forward,
+                "forward_comm_ms": sum(f for _, f, _ in comms) * 1e3 / n,
+                "comm_ms": comm,
+                "samples_per_sec": metrics.get("time/samples_per_sec", float("nan")),
+                "tokens_per_sec": metrics.get("time/tokens_per_sec", float("nan")),
+            },
+        )
         self._check_stall(trainer)
 
     def _contribute(self, trainer: pl.Trainer, event: LogEvent, mine: dict[str, float]) -> None:
@@ -213,8 +224,9 @@ class StepTimeMonitor(MeasuringCallback):
         world, rank, nan = trainer.world_size, trainer.global_rank, float("nan")
         values = {key: mine.get(key, nan) for key in _RATE_KEYS}
         if world > 1:
-            values.update({f"{key}_{r}": (mine.get(key, nan) if r == rank else 0.0)
-                           for r in range(world) for key in _RANK_KEYS})
+            values.update(
+                {f"{key}_{r}": (mine.get(key, nan) if r == rank else 0.0) for r in range(world) for key in _RANK_KEYS}
+            )
         peers = parallel_layout(trainer).tensor_parallel
 
         def finish(sums: dict[str, float]) -> dict[str, float]:
@@ -232,11 +244,17 @@ class StepTimeMonitor(MeasuringCallback):
         out = {"time/step_ms_rank_max": max(per_rank["step_ms"])}
         if world <= _MAX_RANK_TAGS:
             for r in range(world):
-                out.update({f"rank/{r}/step_ms": per_rank["step_ms"][r], f"rank/{r}/data_wait_ms": per_rank["wait_ms"][r],
-                            f"rank/{r}/forward_ms": per_rank["forward_ms"][r],
-                            f"rank/{r}/comm_wait_ms": per_rank["comm_ms"][r]})
-        straggler = find_straggler(per_rank["wait_ms"], per_rank["forward_ms"], per_rank["forward_comm_ms"],
-                                   per_rank["comm_ms"])
+                out.update(
+                    {
+                        f"rank/{r}/step_ms": per_rank["step_ms"][r],
+                        f"rank/{r}/data_wait_ms": per_rank["wait_ms"][r],
+                        f"rank/{r}/forward_ms": per_rank["forward_ms"][r],
+                        f"rank/{r}/comm_wait_ms": per_rank["comm_ms"][r],
+                    }
+                )
+        straggler = find_straggler(
+            per_rank["wait_ms"], per_rank["forward_ms"], per_rank["forward_comm_ms"], per_rank["comm_ms"]
+        )
         if straggler is None:
             return out
         out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})
@@ -249,8 +267,9 @@ class StepTimeMonitor(MeasuringCallback):
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)
             log_text(trainer, "time/straggler_advice", self.straggler_advice)
-        slow_comm = None if skewed else communication_bound(per_rank["comm_ms"], per_rank["step_ms"],
-                                                            self.comm_fraction)
+        slow_comm = (
+            None if skewed else communication_bound(per_rank["comm_ms"], per_rank["step_ms"], self.comm_fraction)
+        )
         self._comm_logs = self._comm_logs + 1 if slow_comm else 0
         if slow_comm and self._comm_logs >= 2 and self.comm_advice is None:
             self.comm_advice = slow_comm
@@ -278,7 +297,9 @@ def input_bound_advice(trainer: pl.Trainer, fraction: float, threshold: float, s
         f"waiting for data (threshold stall_fraction={threshold})."
     ]
     loader = trainer.train_dataloader
-    loaders = loader if isinstance(loader, (list, tuple)) else list(loader.values()) if isinstance(loader, dict) else [loader]
+    loaders = (
+        loader if isinstance(loader, (list, tuple)) else list(loader.values()) if isinstance(loader, dict) else [loader]
+    )
     cores = available_cpu_cores()
     on_cuda = trainer.strategy.root_device.type == "cuda"
     for dl in loaders:
@@ -292,12 +313,15 @@ def input_bound_advice(trainer: pl.Trainer, fraction: float, threshold: float, s
                 f"{suggested} (75% of the cores, shared between {trainer.num_devices} device(s) on this node)."
             )
         if on_cuda and not getattr(dl, "pin_memory", False):
-            lines.append("- pin_memory=False while training on CUDA: set pin_memory=True for faster, asynchronous copies.")
+            lines.append(
+                "- pin_memory=False while training on CUDA: set pin_memory=True for faster, asynchronous copies."
+            )
         if workers > 0 and not getattr(dl, "persistent_workers", False):
             lines.append("- persistent_workers=False: workers restart every epoch; set persistent_workers=True.")
     datamodule = getattr(trainer, "datamodule", None)
     decodes_image_files = type(datamodule).__name__ == "TorchvisionImageDataModule" or any(
-        isinstance(getattr(dl, "dataset", None), DatasetFolder) for dl in loaders)
+        isinstance(getattr(dl, "dataset", None), DatasetFolder) for dl in loaders
+    )
     if decodes_image_files:  # DALI replaces decoding image files; it does nothing for tensors already in memory
         lines.append(
             "- Next step: decode and augment with NVIDIA DALI: lit_compute.data.DALIImageDataModule "

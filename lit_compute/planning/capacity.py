@@ -24,8 +24,17 @@ def parse_memory(text: str | float, option: str = "--memory") -> int:
         if not match:
             raise CapacityError(f"{option} {text!r} is not a size; write it as 80GB, 24GiB or 512MB")
         number, unit = float(match.group(1)), (match.group(2) or "B").lower()
-        scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-                 "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[unit]
+        scale = {
+            "b": 1,
+            "kb": 1e3,
+            "mb": 1e6,
+            "gb": 1e9,
+            "tb": 1e12,
+            "kib": 2**10,
+            "mib": 2**20,
+            "gib": 2**30,
+            "tib": 2**40,
+        }[unit]
         value = number * scale
     if not math.isfinite(value) or value <= 0:
         raise CapacityError(f"{option} {text!r} must be a positive size")
@@ -46,5 +55,6 @@ def capacity_of(device: str | None, memory: str | float | None) -> tuple[int | N
     if not math.isfinite(chip.memory):
         raise CapacityError(f"--device {device!r}: the table has no memory for {chip.name}; give --memory 80GB")
     capacity = chip.memory
-    return int(capacity), (f"{chip.name}: {capacity / 2**30:.0f} GiB = {capacity / 1e9:.1f} GB "
-                           f"({chip.sources.get('memory', chip.source)})")
+    return int(capacity), (
+        f"{chip.name}: {capacity / 2**30:.0f} GiB = {capacity / 1e9:.1f} GB ({chip.sources.get('memory', chip.source)})"
+    )

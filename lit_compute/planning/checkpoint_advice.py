@@ -22,9 +22,9 @@ class Checkpointing:
     recompute_flops: int
 
 
-
-def checkpoint_candidates(model: Any, batch: Any, fake_mode: Any, forward_context: Callable[[], Any],
-                          limit: int = 8) -> list[Checkpointing]:
+def checkpoint_candidates(
+    model: Any, batch: Any, fake_mode: Any, forward_context: Callable[[], Any], limit: int = 8
+) -> list[Checkpointing]:
     """The blocks (the children of the model's largest ``nn.ModuleList``/``Sequential`` of repeated blocks, or its
     top-level children) whose recomputation saves the most activation memory on ``batch`` (fake tensors of
     ``fake_mode``; ``forward_context`` is the precision plugin's): each block's saved activations less its input,
@@ -40,12 +40,14 @@ def checkpoint_candidates(model: Any, batch: Any, fake_mode: Any, forward_contex
         def hook(module: nn.Module, args: tuple) -> None:
             current.append(name)
             inputs[name] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+
         return hook
 
     def post(name: str) -> Any:
         def hook(module: nn.Module, args: tuple, out: Any) -> None:
             if current and current[-1] == name:
                 current.pop()
+
         return hook
 
     for name, block in blocks:
@@ -66,8 +68,11 @@ def checkpoint_candidates(model: Any, batch: Any, fake_mode: Any, forward_contex
         for h in handles:
             h.remove()
     flops = _block_flops(model, blocks, batch, fake_mode, forward_context)
-    found = [Checkpointing(name, max(0, saved.get(name, 0) - inputs.get(name, 0)), flops.get(name, 0))
-             for name, _ in blocks if saved.get(name)]
+    found = [
+        Checkpointing(name, max(0, saved.get(name, 0) - inputs.get(name, 0)), flops.get(name, 0))
+        for name, _ in blocks
+        if saved.get(name)
+    ]
     return sorted(found, key=lambda c: -c.saved_bytes)[:limit]
 
 
@@ -88,8 +93,9 @@ def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found or list(model.named_children())
 
 
-def _block_flops(model: Any, blocks: list[tuple[str, nn.Module]], batch: Any, fake_mode: Any,
-                 forward_context: Callable[[], Any]) -> dict[str, int]:
+def _block_flops(
+    model: Any, blocks: list[tuple[str, nn.Module]], batch: Any, fake_mode: Any, forward_context: Callable[[], Any]
+) -> dict[str, int]:
     """Each block's forward hardware FLOPs at this batch (its recompute cost), from one counted forward."""
     from lit_compute.flops.counting import SafeFlopCounterMode
 

@@ -44,8 +44,10 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     except EstimateError as err:
         raise WhatifError(f"--config {config}: {err}") from None
     if _compat.model_parallel_sizes(pieces.trainer.strategy) is not None:
-        raise WhatifError(f"--config {config}: ModelParallelStrategy is not traced by whatif --config; train a few "
-                          "steps with FlopsLogger and StepTimeMonitor and price that run (lit-compute whatif RUN)")
+        raise WhatifError(
+            f"--config {config}: ModelParallelStrategy is not traced by whatif --config; train a few "
+            "steps with FlopsLogger and StepTimeMonitor and price that run (lit-compute whatif RUN)"
+        )
     optimizers = _prepare(pieces)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pieces.model, hookless=True)
 
@@ -60,9 +62,11 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     except EstimateError as err:
         raise WhatifError(f"--config {config}: {err}") from None
     except Exception as err:  # noqa: BLE001 - the user's step on fake tensors: where it failed, in one line
-        raise WhatifError(f"--config {config}: the step cannot be counted on fake tensors "
-                          f"({untraceable_module(err, pieces.model)}: {type(err).__name__}); train a few steps with "
-                          "FlopsLogger and price that run (lit-compute whatif RUN)") from None
+        raise WhatifError(
+            f"--config {config}: the step cannot be counted on fake tensors "
+            f"({untraceable_module(err, pieces.model)}: {type(err).__name__}); train a few steps with "
+            "FlopsLogger and price that run (lit-compute whatif RUN)"
+        ) from None
     finally:
         for hook in hooks:
             hook.remove()
@@ -71,22 +75,34 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     trainer = pieces.trainer
     notes = [f"{Path(config).name}: counted on fake tensors before any run; priced at the default efficiencies"]
     facts = RunFacts(
-        path=Path(config), by_class={k: (float(v[0]), float(v[1]), float(v[2])) for k, v in count.by_class.items()},
-        samples=pieces.batch_size, model_flops=float(count.total), accumulate=int(trainer.accumulate_grad_batches),
-        channels_first=(float(count.channels_first[0]), float(count.channels_first[1]),
-                        float(count.channels_first[2])), conv_weights=float(count.conv_weights),
-        parameters=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
-        parameter_bytes=sum(p.numel() * p.element_size() for p in params), precision=str(trainer.precision),
-        device="traced", world_size=int(trainer.world_size), data_parallel=int(trainer.world_size),
-        strategy=type(trainer.strategy).__name__, loader_workers=pieces.loader_workers,
-        tokens_per_sample=_tokens_per_sample(pieces.batch), memory={p: float(v) for p, v in memory.parts.items()},
-        notes=notes)
+        path=Path(config),
+        by_class={k: (float(v[0]), float(v[1]), float(v[2])) for k, v in count.by_class.items()},
+        samples=pieces.batch_size,
+        model_flops=float(count.total),
+        accumulate=int(trainer.accumulate_grad_batches),
+        channels_first=(float(count.channels_first[0]), float(count.channels_first[1]), float(count.channels_first[2])),
+        conv_weights=float(count.conv_weights),
+        parameters=sum(p.numel() for p in params),
+        trainable=sum(p.numel() for p in params if p.requires_grad),
+        parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+        precision=str(trainer.precision),
+        device="traced",
+        world_size=int(trainer.world_size),
+        data_parallel=int(trainer.world_size),
+        strategy=type(trainer.strategy).__name__,
+        loader_workers=pieces.loader_workers,
+        tokens_per_sample=_tokens_per_sample(pieces.batch),
+        memory={p: float(v) for p, v in memory.parts.items()},
+        notes=notes,
+    )
     if not time_the_loader:
         return facts
     try:
         facts.loader = time_loader(pieces.loader, pieces.batch_size)
-        notes.append("the host's time is the loader's own, timed here at two batch sizes; Lightning's work per step "
-                     "is not in it (no run measured it)")
+        notes.append(
+            "the host's time is the loader's own, timed here at two batch sizes; Lightning's work per step "
+            "is not in it (no run measured it)"
+        )
     except Exception as err:  # noqa: BLE001 - the user's data code: priced without input, and said
         notes.append(f"the loader could not be timed here ({first_line(err)}): no input time is priced")
     return facts
@@ -113,8 +129,10 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
         return run
     config = Path(run.path) / "config.yaml"
     if not config.is_file():
-        run.notes.append(f"{precision} is priced from the run's {run.precision} counts ({run.path} has no config.yaml "
-                         "to count the step again at that precision)")
+        run.notes.append(
+            f"{precision} is priced from the run's {run.precision} counts ({run.path} has no config.yaml "
+            "to count the step again at that precision)"
+        )
         return run
     from lit_compute.planning.loader_cost import run_config
 
@@ -136,10 +154,13 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
         try:
             counted = config_facts(path, time_the_loader=False)
         except WhatifError as err:
-            run.notes.append(f"{precision} is priced from the run's {run.precision} counts (its step could not be "
-                             f"counted again at {precision}: {first_line(err).replace(str(path), 'its config')})")
+            run.notes.append(
+                f"{precision} is priced from the run's {run.precision} counts (its step could not be "
+                f"counted again at {precision}: {first_line(err).replace(str(path), 'its config')})"
+            )
             return run
     scale = run.samples / max(1, counted.samples)  # per batch of the run's micro-batch (the optimizer's step kept)
-    run.recounted[precision] = {k: (v if k == "optimizer" else (v[0] * scale, v[1] * scale, v[2]))
-                                for k, v in counted.by_class.items()}
+    run.recounted[precision] = {
+        k: (v if k == "optimizer" else (v[0] * scale, v[1] * scale, v[2])) for k, v in counted.by_class.items()
+    }
     return run

@@ -59,9 +59,14 @@ class EstimateRow:
     reserved_bytes: int | None = None  # CUDA: the caching allocator's reserved peak (model)
 
     def as_json(self) -> dict[str, Any]:
-        return {"micro_batch": self.micro_batch, "peak_bytes": self.peak_bytes,
-                **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS}, "fits": self.fits, "rank": self.rank,
-                "reserved_bytes": self.reserved_bytes}
+        return {
+            "micro_batch": self.micro_batch,
+            "peak_bytes": self.peak_bytes,
+            **{f"{p}_bytes": self.parts.get(p, 0) for p in PARTS},
+            "fits": self.fits,
+            "rank": self.rank,
+            "reserved_bytes": self.reserved_bytes,
+        }
 
 
 @dataclass
@@ -80,9 +85,13 @@ class Plan:
 
     def summary_json(self) -> dict[str, Any]:
         """What the plan found beyond its rows, for ``--json``'s last line."""
-        return {"largest_fitting_micro_batch": self.largest_fitting,
-                "largest_fitting_micro_batch_reserved": self.largest_fitting_reserved, "capacity_bytes": self.capacity_bytes,
-                "next_size": self.next_size.as_json() if self.next_size else None, "notes": self.notes}
+        return {
+            "largest_fitting_micro_batch": self.largest_fitting,
+            "largest_fitting_micro_batch_reserved": self.largest_fitting_reserved,
+            "capacity_bytes": self.capacity_bytes,
+            "next_size": self.next_size.as_json() if self.next_size else None,
+            "notes": self.notes,
+        }
 
 
 # -- building the config's pieces -------------------------------------------------------------------------------
@@ -161,10 +170,20 @@ def _build(config: str | Path, overrides: list[str]) -> _Pieces:
         raise EstimateError(f"the config's training data cannot be read: {first_line(err, 1000)}") from None
     size = _batch_size(batch)
     if size is None:
-        raise EstimateError("the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
-                            "the batch's first dimension")
-    pieces = _Pieces(model, batch, size, trainer, fake_mode, built[0] if built else "", loader=loader,
-                     loader_workers=workers[0] if workers else None)
+        raise EstimateError(
+            "the training batch has no tensor with a batch dimension; lit-compute estimate reshapes "
+            "the batch's first dimension"
+        )
+    pieces = _Pieces(
+        model,
+        batch,
+        size,
+        trainer,
+        fake_mode,
+        built[0] if built else "",
+        loader=loader,
+        loader_workers=workers[0] if workers else None,
+    )
     if trainer.strategy.root_device.type == "cuda":
         from lit_compute.memory.workspaces import blas_workspaces
 
@@ -200,8 +219,10 @@ class _BuildBudget(StorageTracker):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.current > self.max_bytes:
-            raise _OverBudget(f"it had allocated {_gb(self.current)}, more than {BUILD_MEMORY_SHARE:.0%} of this "
-                              f"machine's free memory ({_gb(self.max_bytes)})")
+            raise _OverBudget(
+                f"it had allocated {_gb(self.current)}, more than {BUILD_MEMORY_SHARE:.0%} of this "
+                f"machine's free memory ({_gb(self.max_bytes)})"
+            )
         if _clock() - self.start > self.max_seconds:
             raise _OverBudget(f"it ran for more than {self.max_seconds:.0f} s")
         return out
@@ -220,8 +241,10 @@ def build_pieces(config: str | Path, overrides: list[str]) -> _Pieces:
         text = lines[-1].split("error: ", 1)[-1] if lines else f"the command line stopped (exit {stop.code})"
         text = re.sub(r" \(options: [^)]*\)", "", text)  # the command line's own hint, not this caller's
         if "No module named" in text:
-            text += ("; run lit-compute from the folder the config's class paths import from (the one lit-compute "
-                     "fit ran in)")
+            text += (
+                "; run lit-compute from the folder the config's class paths import from (the one lit-compute "
+                "fit ran in)"
+            )
         raise EstimateError(text) from None
 
 
@@ -244,18 +267,23 @@ def _build_module(class_type: type, args: tuple, kwargs: dict, built: list[str])
         with torch.device("cpu"), budget:
             module = class_type(*args, **kwargs)
     except _OverBudget as err:
-        raise _Unbuildable(f"{class_type.__name__}(...) cannot be built on the meta device ({why}), and on the CPU "
-                           f"{err}: stopped. Give the model a constructor that does not read tensor values, or "
-                           "estimate on a machine with more memory") from None
+        raise _Unbuildable(
+            f"{class_type.__name__}(...) cannot be built on the meta device ({why}), and on the CPU "
+            f"{err}: stopped. Give the model a constructor that does not read tensor values, or "
+            "estimate on a machine with more memory"
+        ) from None
     except Exception as cpu_err:  # noqa: BLE001 - the user's constructor: its failure in one line
         cpu_why = typed_line(cpu_err)
         if cpu_why == why:  # the arguments themselves, whatever the device: said once
             raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: {why}") from None
-        raise _Unbuildable(f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU "
-                           f"{cpu_why}") from None
-    built.append(f"{class_type.__name__} was built on the CPU (its constructor reads tensor values, which the meta "
-                 f"device has not: {why}; {_gb(budget.current)} for {_clock() - budget.start:.1f} s), then traced on "
-                 "fake tensors")
+        raise _Unbuildable(
+            f"{class_type.__name__}(...) cannot be built: on the meta device {why}; on the CPU {cpu_why}"
+        ) from None
+    built.append(
+        f"{class_type.__name__} was built on the CPU (its constructor reads tensor values, which the meta "
+        f"device has not: {why}; {_gb(budget.current)} for {_clock() - budget.start:.1f} s), then traced on "
+        "fake tensors"
+    )
     return module
 
 
@@ -287,8 +315,9 @@ def _train_loader(model: Any, datamodule: Any, workers: list[int] | None = None)
     if workers is not None and hasattr(loader, "num_workers"):
         workers.append(int(loader.num_workers))
     if hasattr(loader, "num_workers") and loader.num_workers:  # one batch: no worker processes
-        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size,
-                                             collate_fn=loader.collate_fn, num_workers=0)
+        loader = torch.utils.data.DataLoader(
+            loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn, num_workers=0
+        )
     return loader
 
 
@@ -331,9 +360,15 @@ def _optimizers(model: Any) -> list[torch.optim.Optimizer]:
     return optimizers
 
 
-def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], precision: Any,
-               extra_gradient_bytes: int = 0, workspaces: Any = None,
-               caching_allocator: int | None = None) -> MemoryBreakdown:
+def trace_step(
+    model: Any,
+    batch: Any,
+    optimizers: list[torch.optim.Optimizer],
+    precision: Any,
+    extra_gradient_bytes: int = 0,
+    workspaces: Any = None,
+    caching_allocator: int | None = None,
+) -> MemoryBreakdown:
     """Run one training step of ``model`` on ``batch`` as Lightning's automatic optimization does (``training_step``,
     ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`; the
     step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
@@ -354,6 +389,7 @@ def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], 
     tracker.register_bytes(extra_gradient_bytes, "gradients")
     manual = not model.automatic_optimization
     if manual:
+
         def manual_backward(loss: torch.Tensor, *a: Any, **k: Any) -> None:
             tracker.phase("backward")
             loss.backward(*a, **k)
@@ -365,8 +401,9 @@ def trace_step(model: Any, batch: Any, optimizers: list[torch.optim.Optimizer], 
         loss = out.get("loss") if isinstance(out, dict) else out
         if not manual:
             if not isinstance(loss, torch.Tensor):
-                raise EstimateError(f"{type(model).__name__}.training_step returned {type(loss).__name__}, not a loss "
-                                    "tensor")
+                raise EstimateError(
+                    f"{type(model).__name__}.training_step returned {type(loss).__name__}, not a loss tensor"
+                )
             for optimizer in optimizers:  # as Lightning's closure: the last step's gradients live through forward
                 optimizer.zero_grad(set_to_none=True)
             tracker.phase("backward")
@@ -463,16 +500,24 @@ def _shard(pieces: _Pieces, data_parallel: int, tensor_parallel: int) -> None:
     ``configure_model`` (FSDP2, tensor parallelism) on it."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(pieces.trainer.strategy.root_device.type, (data_parallel, tensor_parallel),
-                            mesh_dim_names=("data_parallel", "tensor_parallel"))
+    mesh = init_device_mesh(
+        pieces.trainer.strategy.root_device.type,
+        (data_parallel, tensor_parallel),
+        mesh_dim_names=("data_parallel", "tensor_parallel"),
+    )
     _compat.set_device_mesh(pieces.model, mesh)
     with pieces.fake_mode:
         pieces.model.configure_model()
 
 
-def estimate(config: str | Path, micro_batches: list[int] | None = None, device: str | None = None,
-             memory: str | float | None = None, overrides: list[str] | None = None,
-             checkpoint_advice: bool = True) -> Plan:
+def estimate(
+    config: str | Path,
+    micro_batches: list[int] | None = None,
+    device: str | None = None,
+    memory: str | float | None = None,
+    overrides: list[str] | None = None,
+    checkpoint_advice: bool = True,
+) -> Plan:
     """Predict the peak memory per device of one training step of ``config`` at each micro-batch size.
 
     Under Lightning's ``ModelParallelStrategy`` (FSDP2, tensor parallelism) each rank is simulated in this process
@@ -522,10 +567,14 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
                 except Exception as err:  # noqa: BLE001 - data-dependent shapes, custom ops: measure instead
                     where = untraceable_module(err, pieces.model)
                     if traced:  # other sizes traced: this size's own failure, never a real step of it
-                        raise EstimateError(f"tracing micro-batch {size} failed in {where} ({type(err).__name__}: "
-                                            f"{str(err).strip()[:200]})") from None
-                    notes.append(f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
-                                 f"{first_line(err, 200)}); each size is measured on a real step instead")
+                        raise EstimateError(
+                            f"tracing micro-batch {size} failed in {where} ({type(err).__name__}: "
+                            f"{str(err).strip()[:200]})"
+                        ) from None
+                    notes.append(
+                        f"the model cannot be traced on fake tensors ({where}: {type(err).__name__}: "
+                        f"{first_line(err, 200)}); each size is measured on a real step instead"
+                    )
                     method[0] = "measured on a real step"
             if size > pieces.batch_size and pieces.batch_size not in traced:
                 peak_at(pieces.batch_size)  # the config's own batch first: fit trains it, and it gives a scale
@@ -533,8 +582,10 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
             try:
                 traced[size] = _measure(config, overrides, size, buckets)
             except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
-                raise EstimateError(f"a real training step of micro-batch {size} failed too ({typed_line(err)[:250]}"
-                                    f"); `lit-compute fit --config {config}` must train first") from None
+                raise EstimateError(
+                    f"a real training step of micro-batch {size} failed too ({typed_line(err)[:250]}"
+                    f"); `lit-compute fit --config {config}` must train first"
+                ) from None
         return traced[size]
 
     try:
@@ -544,12 +595,18 @@ def estimate(config: str | Path, micro_batches: list[int] | None = None, device:
     plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source, notes=notes)
     plan.notes += _device_notes(pieces)
     _fit(plan, peak_at, capacity)
-    if (capacity is not None and checkpoint_advice and any(r.fits is False for r in rows)
-            and method[0] == "traced on fake tensors" and not plan.checkpointing_useless):
+    if (
+        capacity is not None
+        and checkpoint_advice
+        and any(r.fits is False for r in rows)
+        and method[0] == "traced on fake tensors"
+        and not plan.checkpointing_useless
+    ):
         biggest = max((r for r in rows if r.fits is False), key=lambda r: r.micro_batch)
         batch = resized(pieces.batch, pieces.batch_size, biggest.micro_batch, pieces.fake_mode)
-        plan.checkpointing = checkpoint_candidates(pieces.model, batch, pieces.fake_mode,
-                                                   pieces.trainer.precision_plugin.forward_context)
+        plan.checkpointing = checkpoint_candidates(
+            pieces.model, batch, pieces.fake_mode, pieces.trainer.precision_plugin.forward_context
+        )
     return plan
 
 
@@ -575,9 +632,12 @@ def _affordable(size: int, measured: dict[int, MemoryBreakdown], share: float = 
     needed = b1 + max(0.0, slope) * (size - s1)
     free = psutil.virtual_memory().available
     if needed > share * free:
-        raise _TooLarge(size, f"a real step of it would need about {_gb(int(needed))}, more than half of this machine's "
-                              f"free memory ({_gb(int(free))}); the model cannot be traced on fake tensors, so larger "
-                              "sizes are measured on real steps only")
+        raise _TooLarge(
+            size,
+            f"a real step of it would need about {_gb(int(needed))}, more than half of this machine's "
+            f"free memory ({_gb(int(free))}); the model cannot be traced on fake tensors, so larger "
+            "sizes are measured on real steps only",
+        )
 
 
 #: the largest micro-batch the search for the largest that fits traces (a model whose peak hardly grows with the
@@ -590,12 +650,16 @@ def _device_notes(pieces: _Pieces) -> list[str]:
     notes = []
     device = pieces.trainer.strategy.root_device
     if device.type == "cuda":
-        notes.append(f"CUDA: the caching allocator modelled (512-byte rounding, blocks handed out whole, 2 MiB and "
-                     f"20 MiB segments: the reserved column); {pieces.cuda_workspaces / 2**20:.0f} MiB of cuBLAS "
-                     "workspaces measured on this device")
+        notes.append(
+            f"CUDA: the caching allocator modelled (512-byte rounding, blocks handed out whole, 2 MiB and "
+            f"20 MiB segments: the reserved column); {pieces.cuda_workspaces / 2**20:.0f} MiB of cuBLAS "
+            "workspaces measured on this device"
+        )
     if pieces.workspaces.unmeasured:
-        notes.append(f"convolution workspaces on {', '.join(sorted(pieces.workspaces.unmeasured))} are not counted: "
-                     "that device is not here to measure them on")
+        notes.append(
+            f"convolution workspaces on {', '.join(sorted(pieces.workspaces.unmeasured))} are not counted: "
+            "that device is not here to measure them on"
+        )
     if pieces.workspaces.failed:
         notes.append(f"workspaces not measured (counted as 0): {'; '.join(pieces.workspaces.failed[:3])}")
     return notes
@@ -607,32 +671,44 @@ def _fit(plan: Plan, peak_at: Any, capacity: int | None) -> None:
     if capacity is None:
         return
     if any(r.reserved_bytes is not None for r in plan.rows):
+
         def reserved_at(size: int) -> MemoryBreakdown:
             found = peak_at(size)
             return MemoryBreakdown(peak=found.reserved or found.peak, parts=found.parts, at=found.at)
 
         largest, _, _ = _largest_fitting(reserved_at, capacity)
         plan.largest_fitting_reserved = largest
-        plan.notes.append(f"largest micro-batch whose reserved memory fits: {largest}" if largest is not None else
-                          "not even micro-batch 1 fits once the caching allocator's segments are counted")
+        plan.notes.append(
+            f"largest micro-batch whose reserved memory fits: {largest}"
+            if largest is not None
+            else "not even micro-batch 1 fits once the caching allocator's segments are counted"
+        )
     plan.largest_fitting, plan.next_size, limited = _largest_fitting(peak_at, capacity)
     if plan.largest_fitting is not None and plan.next_size is not None:
-        plan.notes.append(f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
-                          f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
-                          f"{_gb(plan.next_size.peak_bytes)})")
+        plan.notes.append(
+            f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
+            f"{_gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
+            f"{_gb(plan.next_size.peak_bytes)})"
+        )
     elif plan.largest_fitting is not None and limited:
-        plan.notes.append(f"micro-batch {plan.largest_fitting} fits ({_gb(peak_at(plan.largest_fitting).peak)}); larger "
-                          "ones are not measured: a real step beyond it would not fit this machine's free memory")
+        plan.notes.append(
+            f"micro-batch {plan.largest_fitting} fits ({_gb(peak_at(plan.largest_fitting).peak)}); larger "
+            "ones are not measured: a real step beyond it would not fit this machine's free memory"
+        )
     elif plan.largest_fitting is not None:
-        plan.notes.append(f"every micro-batch up to {plan.largest_fitting:,} fits (the peak hardly grows with the "
-                          "batch: the optimizer's step holds it)")
+        plan.notes.append(
+            f"every micro-batch up to {plan.largest_fitting:,} fits (the peak hardly grows with the "
+            "batch: the optimizer's step holds it)"
+        )
     elif plan.next_size is not None:
         one = plan.next_size
         kept = sum(one.parts.get(p, 0) for p in ("parameters", "gradients", "optimizer"))
         if kept > capacity:
-            plan.notes.append(f"does not fit even at micro-batch 1: the parameters, gradients and optimizer state alone "
-                              f"need {_gb(kept)} of {_gb(capacity)}; shard them (FSDP2: ModelParallelStrategy), train in "
-                              "bf16-true, or use an optimizer with less state - recomputing activations cannot help")
+            plan.notes.append(
+                f"does not fit even at micro-batch 1: the parameters, gradients and optimizer state alone "
+                f"need {_gb(kept)} of {_gb(capacity)}; shard them (FSDP2: ModelParallelStrategy), train in "
+                "bf16-true, or use an optimizer with less state - recomputing activations cannot help"
+            )
             plan.checkpointing_useless = True
         else:
             plan.notes.append(f"does not fit even at micro-batch 1 ({_gb(one.peak_bytes)} of {_gb(capacity)})")
@@ -669,17 +745,29 @@ def _largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateR
     return fits, _row(over, peak_at(over), capacity), False
 
 
-def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], layout: tuple[int, int],
-                    capacity: int | None, source: str) -> Plan:
+def _estimate_ranks(
+    config: str | Path,
+    overrides: list[str],
+    sizes: list[int],
+    layout: tuple[int, int],
+    capacity: int | None,
+    source: str,
+) -> Plan:
     """Each rank of a ``ModelParallelStrategy`` job simulated in this process (see :func:`estimate`)."""
     data_parallel, tensor_parallel = layout
     world = data_parallel * tensor_parallel
     ranks = list(range(world)) if world <= 8 else [0, world - 1]
     rows: list[EstimateRow] = []
     first_rank: dict[int, MemoryBreakdown] = {}
-    plan = Plan(rows=rows, capacity_bytes=capacity, capacity_source=source,
-                notes=[f"ModelParallelStrategy: data parallel {data_parallel} x tensor parallel {tensor_parallel}; "
-                       f"each rank traced with a fake process group (local shards, collective buffers)"])
+    plan = Plan(
+        rows=rows,
+        capacity_bytes=capacity,
+        capacity_source=source,
+        notes=[
+            f"ModelParallelStrategy: data parallel {data_parallel} x tensor parallel {tensor_parallel}; "
+            f"each rank traced with a fake process group (local shards, collective buffers)"
+        ],
+    )
     for rank in ranks:
         with _compat.simulated_rank(rank, world):
             pieces = _build(config, overrides)
@@ -695,14 +783,19 @@ def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], 
             except EstimateError:
                 raise
             except Exception as err:  # noqa: BLE001 - one line naming where
-                raise EstimateError(f"rank {rank} of the {data_parallel} x {tensor_parallel} layout cannot be traced "
-                                    f"({untraceable_module(err, pieces.model)}: {type(err).__name__}: "
-                                    f"{str(err).strip()[:200]})") from None
+                raise EstimateError(
+                    f"rank {rank} of the {data_parallel} x {tensor_parallel} layout cannot be traced "
+                    f"({untraceable_module(err, pieces.model)}: {type(err).__name__}: "
+                    f"{str(err).strip()[:200]})"
+                ) from None
     if capacity is not None:
         over = [r for r in rows if r.fits is False]
-        plan.notes.append(f"every rank fits {_gb(capacity)}" if not over else
-                          f"ranks {sorted({r.rank for r in over})} do not fit at micro-batch "
-                          f"{sorted({r.micro_batch for r in over})}")
+        plan.notes.append(
+            f"every rank fits {_gb(capacity)}"
+            if not over
+            else f"ranks {sorted({r.rank for r in over})} do not fit at micro-batch "
+            f"{sorted({r.micro_batch for r in over})}"
+        )
         # the largest micro-batch that fits every rank: searched on the rank with the largest peak
         largest = max(rows, key=lambda r: (r.micro_batch, r.peak_bytes)).rank
         with _compat.simulated_rank(largest, world):
@@ -722,10 +815,18 @@ def _estimate_ranks(config: str | Path, overrides: list[str], sizes: list[int], 
     return plan
 
 
-def _row(size: int, found: MemoryBreakdown, capacity: int | None, method: str = "traced on fake tensors") -> EstimateRow:
-    return EstimateRow(micro_batch=size, peak_bytes=found.peak, parts=dict(found.parts), at=found.at,
-                       fits=None if capacity is None else found.peak <= capacity, method=method,
-                       reserved_bytes=found.reserved)
+def _row(
+    size: int, found: MemoryBreakdown, capacity: int | None, method: str = "traced on fake tensors"
+) -> EstimateRow:
+    return EstimateRow(
+        micro_batch=size,
+        peak_bytes=found.peak,
+        parts=dict(found.parts),
+        at=found.at,
+        fits=None if capacity is None else found.peak <= capacity,
+        method=method,
+        reserved_bytes=found.reserved,
+    )
 
 
 def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> MemoryBreakdown:
@@ -739,8 +840,9 @@ def predicted_peak(config: str | Path, overrides: list[str] | None = None) -> Me
     except EstimateError:
         raise
     except Exception as err:  # noqa: BLE001 - one line naming the module
-        raise EstimateError(f"cannot be traced on fake tensors ({untraceable_module(err, pieces.model)}: "
-                            f"{type(err).__name__})") from None
+        raise EstimateError(
+            f"cannot be traced on fake tensors ({untraceable_module(err, pieces.model)}: {type(err).__name__})"
+        ) from None
 
 
 def _gb(n: int | None) -> str:

@@ -23,21 +23,46 @@ def _gb(n: int | None) -> str:
 def render(plan: Plan) -> str:
     """The plan as the text ``lit-compute estimate`` prints."""
     reserved = any(r.reserved_bytes is not None for r in plan.rows)  # CUDA: the caching allocator's reserved peak
-    rows = [[r.micro_batch, _gb(r.peak_bytes), *([_gb(r.reserved_bytes)] if reserved else []),
-             *(_gb(r.parts.get(p, 0)) for p in PARTS), r.at, {True: "yes", False: "NO", None: "-"}[r.fits]]
-            for r in plan.rows]
+    rows = [
+        [
+            r.micro_batch,
+            _gb(r.peak_bytes),
+            *([_gb(r.reserved_bytes)] if reserved else []),
+            *(_gb(r.parts.get(p, 0)) for p in PARTS),
+            r.at,
+            {True: "yes", False: "NO", None: "-"}[r.fits],
+        ]
+        for r in plan.rows
+    ]
     peak = "allocated peak GB" if reserved else "peak GB"
-    lines = [f"Predicted peak memory per device of one training step ({plan.rows[0].method if plan.rows else ''}); "
-             f"capacity: {plan.capacity_source}", "",
-             markdown_table(["micro-batch", peak, *(["reserved peak GB"] if reserved else []),
-                             *(f"{p} GB" for p in PARTS), "peak in", "fits"], rows)]
+    lines = [
+        f"Predicted peak memory per device of one training step ({plan.rows[0].method if plan.rows else ''}); "
+        f"capacity: {plan.capacity_source}",
+        "",
+        markdown_table(
+            [
+                "micro-batch",
+                peak,
+                *(["reserved peak GB"] if reserved else []),
+                *(f"{p} GB" for p in PARTS),
+                "peak in",
+                "fits",
+            ],
+            rows,
+        ),
+    ]
     lines += [f"- {note}" for note in plan.notes]
     if plan.checkpointing:
-        lines += ["", "To fit a larger micro-batch, recompute these blocks' activations in backward "
-                  "(torch.utils.checkpoint), largest saving first:", "",
-                  markdown_table(["block", "saves GB", "recompute GFLOPs per step"],
-                                 [[f"`{c.module}`", _gb(c.saved_bytes), f"{c.recompute_flops / 1e9:.3g}"]
-                                  for c in plan.checkpointing])]
+        lines += [
+            "",
+            "To fit a larger micro-batch, recompute these blocks' activations in backward "
+            "(torch.utils.checkpoint), largest saving first:",
+            "",
+            markdown_table(
+                ["block", "saves GB", "recompute GFLOPs per step"],
+                [[f"`{c.module}`", _gb(c.saved_bytes), f"{c.recompute_flops / 1e9:.3g}"] for c in plan.checkpointing],
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -70,12 +95,22 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-compute estimate", description=__doc__)
     parser.add_argument("--config", required=True, help="the YAML you train with (lit-compute fit --config FILE)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--device", default=None, help="a device whose memory to fit into: a table key (h100-sxm, a100, l4, ...) or a device name ('NVIDIA H200')")
+    where.add_argument(
+        "--device",
+        default=None,
+        help="a device whose memory to fit into: a table key (h100-sxm, a100, l4, ...) or a device name ('NVIDIA H200')",
+    )
     where.add_argument("--memory", default=None, help="the memory to fit into: 80GB, 24GiB, 512MB")
-    parser.add_argument("--micro-batch", default=None,
-                        help="micro-batch sizes, comma-separated (default: the config's, half and twice it)")
-    parser.add_argument("--json", action="store_true",
-                        help="one JSON row per micro-batch, then one with the largest that fits, for scripts")
+    parser.add_argument(
+        "--micro-batch",
+        default=None,
+        help="micro-batch sizes, comma-separated (default: the config's, half and twice it)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON row per micro-batch, then one with the largest that fits, for scripts",
+    )
     args, overrides = parser.parse_known_args(argv)
     unknown = _unknown_option(overrides)
     if unknown:
@@ -84,16 +119,19 @@ def main(argv: list[str]) -> int:
     try:
         sizes = [int(s) for s in args.micro_batch.split(",") if s.strip()] if args.micro_batch else None
     except ValueError:
-        sys.stderr.write(f"lit-compute estimate: error: --micro-batch {args.micro_batch!r}: give whole numbers, "
-                         "comma-separated (8,16,32)\n")
+        sys.stderr.write(
+            f"lit-compute estimate: error: --micro-batch {args.micro_batch!r}: give whole numbers, "
+            "comma-separated (8,16,32)\n"
+        )
         return 2
     if os.getcwd() not in sys.path:  # the config's class paths import from here, as lit-compute fit's do
         sys.path.insert(0, os.getcwd())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = estimate(args.config, micro_batches=sizes, device=args.device, memory=args.memory,
-                            overrides=overrides)
+            plan = estimate(
+                args.config, micro_batches=sizes, device=args.device, memory=args.memory, overrides=overrides
+            )
     except (EstimateError, CapacityError) as err:
         sys.stderr.write(f"lit-compute estimate: error: {err}\n")
         return 2

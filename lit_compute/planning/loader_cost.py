@@ -24,8 +24,16 @@ from typing import Any
 
 from lit_compute import files
 
-__all__ = ["KEPT_FILE", "LoaderCost", "fit_counts", "kept_loader_cost", "loader_cost", "run_config", "time_batches",
-           "time_loader"]
+__all__ = [
+    "KEPT_FILE",
+    "LoaderCost",
+    "fit_counts",
+    "kept_loader_cost",
+    "loader_cost",
+    "run_config",
+    "time_batches",
+    "time_loader",
+]
 
 #: The file in a run folder that keeps its loader's timing (:func:`kept_loader_cost`).
 KEPT_FILE = "loader_cost.json"
@@ -47,9 +55,15 @@ class LoaderCost:
         return f"{self.per_batch * 1e3:.3g} ms a batch + {self.per_sample * 1e3:.3g} ms a sample"
 
 
-def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
-                 clock: Callable[[], float] = time.perf_counter, min_seconds: float = 0.2,
-                 max_batches: int = 64) -> tuple[float, int]:
+def time_batches(
+    dataset: Any,
+    collate_fn: Any,
+    size: int,
+    batches: int,
+    clock: Callable[[], float] = time.perf_counter,
+    min_seconds: float = 0.2,
+    max_batches: int = 64,
+) -> tuple[float, int]:
     """``(seconds, batches timed)`` for the first samples of ``dataset`` in batches of ``size`` through
     ``collate_fn`` in this process, after a first batch (which may fill caches): at least ``batches`` batches, and
     more (up to ``max_batches``, or the end of the dataset) until ``min_seconds`` have been timed, so that a loader of
@@ -57,8 +71,7 @@ def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
     from torch.utils.data import DataLoader
 
     # full batches only: every timed batch holds ``size`` samples
-    loader = DataLoader(dataset, batch_size=size, collate_fn=collate_fn, num_workers=0, shuffle=False,
-                        drop_last=True)
+    loader = DataLoader(dataset, batch_size=size, collate_fn=collate_fn, num_workers=0, shuffle=False, drop_last=True)
     next(iter(loader))  # the warm-up: a pass of its own, so the timed pass starts at the first sample
     it, timed, start = iter(loader), 0, clock()
     while timed < max_batches and (timed < batches or clock() - start < min_seconds):
@@ -72,8 +85,9 @@ def time_batches(dataset: Any, collate_fn: Any, size: int, batches: int,
     return clock() - start, timed
 
 
-def _time_samples(dataset: Any, collate_fn: Any, size: int, samples: int,
-                  clock: Callable[[], float]) -> tuple[float, int]:
+def _time_samples(
+    dataset: Any, collate_fn: Any, size: int, samples: int, clock: Callable[[], float]
+) -> tuple[float, int]:
     """``(seconds, batches)`` for the first ``samples`` samples in full batches of ``size`` (after a warm-up batch):
     the batches that hold them, so up to ``size - 1`` samples more when ``size`` does not divide ``samples``."""
     batches = -(-samples // size)
@@ -86,12 +100,16 @@ def run_config(config: Path) -> dict[str, Any]:
     import yaml
 
     saved = yaml.safe_load(config.read_text()) or {}
-    return {k: v for k, v in saved.items() if k in ("seed_everything", "trainer", "model", "data", "optimizer",
-                                                     "lr_scheduler")}
+    return {
+        k: v
+        for k, v in saved.items()
+        if k in ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler")
+    }
 
 
-def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
-                clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
+def loader_cost(
+    run_dir: str | Path, batch_size: int, batches: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> LoaderCost:
     """Time the training loader of the run in ``run_dir`` (its ``config.yaml``) at ``batch_size`` and half of it
     (1 and 2 for a batch of 1). Raises ``FileNotFoundError`` without a config, ``ValueError`` when its loader cannot
     be built or timed (the message says why)."""
@@ -116,8 +134,9 @@ def loader_cost(run_dir: str | Path, batch_size: int, batches: int = 3,
     return time_loader(pieces.loader, batch_size, batches, clock)
 
 
-def time_loader(loader: Any, batch_size: int, batches: int = 3,
-                clock: Callable[[], float] = time.perf_counter, rounds: int = 2) -> LoaderCost:
+def time_loader(
+    loader: Any, batch_size: int, batches: int = 3, clock: Callable[[], float] = time.perf_counter, rounds: int = 2
+) -> LoaderCost:
     """Time ``loader``'s dataset and collate at ``batch_size`` and half of it (1 and 2 for a batch of 1), in this
     process, over the same samples at both sizes (the larger size sets how many: at least ``batches`` batches and
     0.2 s), so a dataset whose samples differ in cost (random crops, images of different sizes) moves both sizes
@@ -162,12 +181,17 @@ def _kept_key(config: Path, batch_size: int) -> dict[str, Any]:
 
     from lit_compute.hardware.this_machine import cpu_name
 
-    return {"config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(), "batch_size": batch_size,
-            "cpu": cpu_name(), "torch": torch.__version__}
+    return {
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "batch_size": batch_size,
+        "cpu": cpu_name(),
+        "torch": torch.__version__,
+    }
 
 
-def kept_loader_cost(run_dir: str | Path, batch_size: int,
-                     timer: Callable[[Path, int], LoaderCost] | None = None) -> tuple[LoaderCost, str]:
+def kept_loader_cost(
+    run_dir: str | Path, batch_size: int, timer: Callable[[Path, int], LoaderCost] | None = None
+) -> tuple[LoaderCost, str]:
     """``(cost, note)``: the run's loader timed apart (:func:`loader_cost`) once and kept in ``run_dir/loader_cost.json``,
     then read back while the run's config, the batch size, this CPU and torch are the ones it was timed with (timed
     again when any differs, or the file is unreadable). A loader of a few milliseconds a batch moves by the machine's
@@ -181,17 +205,28 @@ def kept_loader_cost(run_dir: str | Path, batch_size: int,
     try:
         saved = json.loads(kept.read_text())
         if saved.get("key") == key:
-            cost = LoaderCost(float(saved["per_batch_s"]), float(saved["per_sample_s"]),
-                              (int(saved["sizes"][0]), int(saved["sizes"][1])),
-                              (float(saved["seconds"][0]), float(saved["seconds"][1])))
-            return cost, (f"its loader, timed apart on this CPU at {saved.get('timed_at', '?')}: {cost.describe()} "
-                          f"(kept in {kept}; delete it to time again)")
+            cost = LoaderCost(
+                float(saved["per_batch_s"]),
+                float(saved["per_sample_s"]),
+                (int(saved["sizes"][0]), int(saved["sizes"][1])),
+                (float(saved["seconds"][0]), float(saved["seconds"][1])),
+            )
+            return cost, (
+                f"its loader, timed apart on this CPU at {saved.get('timed_at', '?')}: {cost.describe()} "
+                f"(kept in {kept}; delete it to time again)"
+            )
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass  # nothing kept, another run's or machine's timing, or a damaged file: time it now
     cost = (timer or loader_cost)(run_dir, batch_size)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    record = {"key": key, "timed_at": stamp, "per_batch_s": cost.per_batch, "per_sample_s": cost.per_sample,
-              "sizes": list(cost.sizes), "seconds": list(cost.seconds)}
+    record = {
+        "key": key,
+        "timed_at": stamp,
+        "per_batch_s": cost.per_batch,
+        "per_sample_s": cost.per_sample,
+        "sizes": list(cost.sizes),
+        "seconds": list(cost.seconds),
+    }
     try:
         files.write_whole(kept, json.dumps(record, indent=1))
         where = f"kept in {kept}; later whatifs of this run read it"

@@ -41,9 +41,23 @@ from lit_compute.formatting import first_line
 from lit_compute.hardware.chips import LINKS, Chip, Link, chip_for_name
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 
-__all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "RunFacts", "Scenario", "WhatifError",
-           "calibrate", "checked_on", "pays_transposes", "precision_class", "predict", "read_run", "sm_rate",
-           "with_loader_cost"]
+__all__ = [
+    "CHECKED_FILE",
+    "DEFAULT_EFFICIENCY",
+    "Calibration",
+    "Prediction",
+    "RunFacts",
+    "Scenario",
+    "WhatifError",
+    "calibrate",
+    "checked_on",
+    "pays_transposes",
+    "precision_class",
+    "predict",
+    "read_run",
+    "sm_rate",
+    "with_loader_cost",
+]
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
@@ -57,9 +71,20 @@ __all__ = ["CHECKED_FILE", "DEFAULT_EFFICIENCY", "Calibration", "Prediction", "R
 #: check set (other models, eight other chips, this project's H200 runs) is never fitted on; docs/whatif.md quotes
 #: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
 #: all-reduce reaches of a link (NCCL's tests: about 80%).
-DEFAULT_EFFICIENCY = {"tensor": 0.967, "vector": 0.913, "tf32": 1.0, "conv_tensor": 0.457, "conv_vector": 0.735,
-                      "conv_tf32": 0.231, "grouped": 0.225, "depthwise": 0.192, "bandwidth": 0.85, "network": 0.8,
-                      "launch_s": 1e-06, "sm": 3.95}
+DEFAULT_EFFICIENCY = {
+    "tensor": 0.967,
+    "vector": 0.913,
+    "tf32": 1.0,
+    "conv_tensor": 0.457,
+    "conv_vector": 0.735,
+    "conv_tf32": 0.231,
+    "grouped": 0.225,
+    "depthwise": 0.192,
+    "bandwidth": 0.85,
+    "network": 0.8,
+    "launch_s": 1e-06,
+    "sm": 3.95,
+}
 _HEAVY = ("matmul", "conv", "conv_grouped", "attention")  # the op classes that run on tensor cores (not depthwise)
 _DTYPE_BYTES = {"32": 4.0, "tf32": 4.0, "64": 8.0, "bf16-mixed": 2.0, "16-mixed": 2.0, "bf16-true": 2.0, "16-true": 2.0}
 
@@ -222,19 +247,35 @@ class Prediction:
     dispatch_s: float = 0.0  # the host's eager dispatch of the step's kernels (an accelerator target), hidden or not
 
     def as_json(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
-                "network": self.network, "precision": self.precision, "micro_batch": self.micro_batch,
-                "step_time_s": self.step_time_s, "compute_s": self.compute_s, "input_s": self.input_s,
-                "host_s": self.host_s, "dispatch_s": self.dispatch_s,
-                "comm_s": self.comm_s, "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
-                "mfu": self.mfu, "bottleneck": self.bottleneck, "fits": self.fits,
-                "peak_memory_bytes": self.peak_memory_bytes, "cost": self.cost_per_million, "notes": list(self.notes)}
+        return {
+            "hardware": self.hardware,
+            "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node,
+            "network": self.network,
+            "precision": self.precision,
+            "micro_batch": self.micro_batch,
+            "step_time_s": self.step_time_s,
+            "compute_s": self.compute_s,
+            "input_s": self.input_s,
+            "host_s": self.host_s,
+            "dispatch_s": self.dispatch_s,
+            "comm_s": self.comm_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "bottleneck": self.bottleneck,
+            "fits": self.fits,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "cost": self.cost_per_million,
+            "notes": list(self.notes),
+        }
 
     @property
     def label(self) -> str:
         """The row as a reader names it: ``a100 8 x 8 over 100gbps``."""
         return f"{self.hardware} {self.nodes} x {self.devices_per_node}" + (
-            f" over {self.network}" if self.nodes > 1 else "")
+            f" over {self.network}" if self.nodes > 1 else ""
+        )
 
 
 # -- reading a run ---------------------------------------------------------------------------------------------
@@ -252,46 +293,75 @@ def read_run(path: str | Path) -> RunFacts:
         raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
     notes = list(run.notes)
     if len(runs) > 1:
-        notes.append(f"{folder} holds {len(runs)} runs: priced the last, {runs[-1].relative_to(folder) if runs[-1] != folder else runs[-1]} "
-                     "(name a version folder to price another)")
+        notes.append(
+            f"{folder} holds {len(runs)} runs: priced the last, {runs[-1].relative_to(folder) if runs[-1] != folder else runs[-1]} "
+            "(name a version folder to price another)"
+        )
     record = run.record
     table = record.op_classes if record is not None else None
     if record is None or not table:
-        raise WhatifError(f"{folder} has no counted op-class table (compute/op_classes): train with "
-                          "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
-                          "lit-compute whatif at that run")
+        raise WhatifError(
+            f"{folder} has no counted op-class table (compute/op_classes): train with "
+            "lit_compute.FlopsLogger (and StepTimeMonitor for the measured step time) and point "
+            "lit-compute whatif at that run"
+        )
     accumulate = int(table.get("accumulate_grad_batches") or 1)
     if accumulate > 1 and "optimizer" not in table["by_class"] and int(table.get("trainable_parameters", 0)):
-        notes.append("its counted batch stepped no optimizer (an accumulated step's first batch, as FlopsLogger before "
-                     "0.4 counted it): the optimizer's step is not priced; a run with this FlopsLogger counts it")
+        notes.append(
+            "its counted batch stepped no optimizer (an accumulated step's first batch, as FlopsLogger before "
+            "0.4 counted it): the optimizer's step is not priced; a run with this FlopsLogger counts it"
+        )
     step_ms, wait_ms = run.mean_step_ms, run.total("time/data_wait_ms")
     samples_rate, token_rate = run.total("time/samples_per_sec"), run.total("time/tokens_per_sec")
     busbw = run.last("comm/allreduce_busbw_gbps")
     memory = None
     if "memory/peak_gb" in run.scalars:
         step, _ = max(run.scalars["memory/peak_gb"], key=lambda p: p[1])
-        memory = {p: dict(run.scalars.get(f"memory/{p}_gb", [])).get(step, 0.0) * 1e9
-                  for p in ("parameters", "gradients", "optimizer", "activations", "other")}
+        memory = {
+            p: dict(run.scalars.get(f"memory/{p}_gb", [])).get(step, 0.0) * 1e9
+            for p in ("parameters", "gradients", "optimizer", "activations", "other")
+        }
     return RunFacts(
-        path=run.path, by_class={k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0)
-                                 for k, v in table["by_class"].items()},
-        samples=int(table["samples"]), model_flops=float(table.get("model_flops", 0)),
-        channels_first=_triple(table.get("channels_first_conv")), accumulate=accumulate,
+        path=run.path,
+        by_class={
+            k: (float(v[0]), float(v[1]), float(v[2]) if len(v) > 2 else 0.0) for k, v in table["by_class"].items()
+        },
+        samples=int(table["samples"]),
+        model_flops=float(table.get("model_flops", 0)),
+        channels_first=_triple(table.get("channels_first_conv")),
+        accumulate=accumulate,
         conv_weights=_conv_weights(table),
         parameters=int(table.get("parameters", 0)),
-        trainable=int(table.get("trainable_parameters", 0)), parameter_bytes=int(table.get("parameter_bytes", 0)),
-        precision=str(table.get("precision") or record.precision), device=record.device, chip=record.chip,
-        cpu=record.cpu, world_size=record.world_size, data_parallel=record.data_parallel,
-        tensor_parallel=record.tensor_parallel, strategy=record.strategy,
-        step_s=step_ms / 1e3 if step_ms else None, wait_s=wait_ms / 1e3 if wait_ms is not None else None,
+        trainable=int(table.get("trainable_parameters", 0)),
+        parameter_bytes=int(table.get("parameter_bytes", 0)),
+        precision=str(table.get("precision") or record.precision),
+        device=record.device,
+        chip=record.chip,
+        cpu=record.cpu,
+        world_size=record.world_size,
+        data_parallel=record.data_parallel,
+        tensor_parallel=record.tensor_parallel,
+        strategy=record.strategy,
+        step_s=step_ms / 1e3 if step_ms else None,
+        wait_s=wait_ms / 1e3 if wait_ms is not None else None,
         tokens_per_sample=token_rate / samples_rate if token_rate and samples_rate else None,
-        comm_fraction=run.mean("profiler/comm_fraction"), comm_overlap=run.mean("profiler/comm_overlap_fraction"),
-        busbw=busbw * 1e9 if busbw else None, memory=memory, loader_workers=record.loader_workers,
-        cpu_cores=record.cpu_cores, torch_threads=record.torch_threads, devices_per_node=record.devices_per_node,
-        curves={op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
-                for op in ("allreduce", "allgather", "reducescatter") if f"comm/{op}_busbw_gbps" in run.scalars},
-        ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0), fsdp_units=int(table.get("fsdp_units") or 0),
-        notes=notes)
+        comm_fraction=run.mean("profiler/comm_fraction"),
+        comm_overlap=run.mean("profiler/comm_overlap_fraction"),
+        busbw=busbw * 1e9 if busbw else None,
+        memory=memory,
+        loader_workers=record.loader_workers,
+        cpu_cores=record.cpu_cores,
+        torch_threads=record.torch_threads,
+        devices_per_node=record.devices_per_node,
+        curves={
+            op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
+            for op in ("allreduce", "allgather", "reducescatter")
+            if f"comm/{op}_busbw_gbps" in run.scalars
+        },
+        ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0),
+        fsdp_units=int(table.get("fsdp_units") or 0),
+        notes=notes,
+    )
 
 
 def _conv_weights(table: dict[str, Any]) -> float:
@@ -305,8 +375,11 @@ def _conv_weights(table: dict[str, Any]) -> float:
 
 def _triple(value: Any) -> tuple[float, float, float]:
     """A run record's ``[a, b, c]`` as floats; zeros when the record has none (a run counted before it was kept)."""
-    return (float(value[0]), float(value[1]), float(value[2])) if isinstance(value, list) and len(value) == 3 \
+    return (
+        (float(value[0]), float(value[1]), float(value[2]))
+        if isinstance(value, list) and len(value) == 3
         else (0.0, 0.0, 0.0)
+    )
 
 
 # -- the model -------------------------------------------------------------------------------------------------
@@ -331,6 +404,7 @@ def _autocast_casts(run: RunFacts, precision: str, cpu: bool = False) -> tuple[f
     """(bytes, kernels) autocast adds to a step of mixed precision beyond what a float32 step moves: every trainable
     weight cast to the compute dtype for the forward and its gradient back (4 + 2 bytes each way); on CPUs also a cast
     kernel before and after every matmul (its float32 neighbours). Negative from a mixed run to a float32 target."""
+
     def mixed(p: str) -> bool:
         return p.lower().endswith("-mixed")
 
@@ -422,15 +496,18 @@ def sm_rate(chip: Chip) -> float:
     return (chip.peak("bfloat16") or chip.peak("float16") or chip.peak("float32") or 0.0) / 2
 
 
-def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str,
-              cal: Calibration) -> tuple[float, float, float]:
+def _roofline(
+    classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str, cal: Calibration
+) -> tuple[float, float, float]:
     """(seconds, of which compute-bound, of which bandwidth-bound) of one batch on ``chip``."""
     dtype = compute_dtype(precision)
     tensor_peak = chip.peak(dtype) or chip.peak("float32") or 0.0
     vector_peak = chip.peak("float32") or tensor_peak
     if not tensor_peak:
-        raise WhatifError(f"{chip.name} has no {dtype} peak in the table ({', '.join(sorted(chip.peaks))}); choose "
-                          "another --precision or add the peak with --hardware-file")
+        raise WhatifError(
+            f"{chip.name} has no {dtype} peak in the table ({', '.join(sorted(chip.peaks))}); choose "
+            "another --precision or add the peak with --hardware-file"
+        )
     total = flops_bound = bytes_bound = 0.0
     for kind, (flops, moved, kernels) in classes.items():
         # fused attention runs on tensor cores in half precision only: flash attention takes fp16/bf16, and float32
@@ -453,8 +530,9 @@ def _roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precis
     return total, flops_bound, bytes_bound
 
 
-def _step_roofline(classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str, cal: Calibration,
-                   accumulate: int) -> tuple[float, float, float]:
+def _step_roofline(
+    classes: dict[str, tuple[float, float, float]], chip: Chip, precision: str, cal: Calibration, accumulate: int
+) -> tuple[float, float, float]:
     """(seconds, of which compute-bound, of which bandwidth-bound) of one optimizer step: ``accumulate`` batches of
     every class but the optimizer's, which steps once."""
     batch = {k: v for k, v in classes.items() if k != "optimizer"}
@@ -474,8 +552,10 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     cost) that makes the roofline of one measured step equal its measured compute time (step minus data wait, minus
     the collectives the profiler saw not overlapped)."""
     if run.step_s is None:
-        raise WhatifError(f"{run.path} has no measured step time (time/step_ms): train with lit_compute.StepTimeMonitor "
-                          "to calibrate on this hardware")
+        raise WhatifError(
+            f"{run.path} has no measured step time (time/step_ms): train with lit_compute.StepTimeMonitor "
+            "to calibrate on this hardware"
+        )
     exposed = 0.0
     if run.comm_fraction is not None:
         exposed = run.comm_fraction * (1.0 - (run.comm_overlap or 0.0)) * run.step_s
@@ -495,16 +575,30 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     factor = ideal / measured
     source = f"measured on {run.path.name}: {100 * factor:.3g}% of the peaks"
     if not apart:
-        source += (f" (the convolutions' set-up measured on this CPU, {setup * 1e3:,.4g} ms, is not less than the run's "
-                   f"measured compute, {measured * 1e3:,.4g} ms: the one factor holds it, not priced apart)")
+        source += (
+            f" (the convolutions' set-up measured on this CPU, {setup * 1e3:,.4g} ms, is not less than the run's "
+            f"measured compute, {measured * 1e3:,.4g} ms: the one factor holds it, not priced apart)"
+        )
     return Calibration(factor, factor, factor, 0.0, DEFAULT_EFFICIENCY["network"], source, conv_setup=apart)
 
 
 def default_calibration() -> Calibration:
     d = DEFAULT_EFFICIENCY
-    return Calibration(d["tensor"], d["vector"], d["bandwidth"], d["launch_s"], d["network"],
-                       "defaults (docs/whatif.md: fitted on the fit set of published GPU results)", d["conv_tensor"],
-                       d["conv_vector"], d["tf32"], d["conv_tf32"], d["grouped"], d["depthwise"], d["sm"])
+    return Calibration(
+        d["tensor"],
+        d["vector"],
+        d["bandwidth"],
+        d["launch_s"],
+        d["network"],
+        "defaults (docs/whatif.md: fitted on the fit set of published GPU results)",
+        d["conv_tensor"],
+        d["conv_vector"],
+        d["tf32"],
+        d["conv_tf32"],
+        d["grouped"],
+        d["depthwise"],
+        d["sm"],
+    )
 
 
 #: the check rows of ``published_gpu.csv`` priced at :data:`DEFAULT_EFFICIENCY`, as ``lit-compute bench whatif --only
@@ -536,17 +630,25 @@ def checked_on(chip: str, precision: str, path: Path = CHECKED_FILE) -> str | No
     source = f"lit-compute bench whatif at {data['commit']}, docs/whatif.md"
     fitted_here = " were fitted on this chip's published results" if fitted else ""
     if not rows:
-        return (f"{where}{fitted_here}; no other result checks them there ({source})" if fitted else
-                f"at {bits}, no published result checks whatif's default efficiencies on this chip ({source}): take "
-                "the figures as unchecked")
+        return (
+            f"{where}{fitted_here}; no other result checks them there ({source})"
+            if fitted
+            else f"at {bits}, no published result checks whatif's default efficiencies on this chip ({source}): take "
+            "the figures as unchecked"
+        )
     errors = sorted(((r["predicted"] / r["published"] - 1) * 100, r["model"]) for r in rows)
     if len(errors) <= 4:
         found = ", ".join(f"{model} {error:+.1f}%" for error, model in errors)
     else:
-        found = (f"median {statistics.median(e for e, _ in errors):+.1f}%, from {errors[0][0]:+.1f}% "
-                 f"({errors[0][1]}) to {errors[-1][0]:+.1f}% ({errors[-1][1]})")
-    missed = (f"{fitted_here}; they missed {len(rows)} other(s) they were not fitted on by" if fitted else
-              f" missed {len(rows)} published result(s) of this chip they were not fitted on by")
+        found = (
+            f"median {statistics.median(e for e, _ in errors):+.1f}%, from {errors[0][0]:+.1f}% "
+            f"({errors[0][1]}) to {errors[-1][0]:+.1f}% ({errors[-1][1]})"
+        )
+    missed = (
+        f"{fitted_here}; they missed {len(rows)} other(s) they were not fitted on by"
+        if fitted
+        else f" missed {len(rows)} published result(s) of this chip they were not fitted on by"
+    )
     return f"{where}{missed}: {found} (+: predicted faster than published; {source})"
 
 
@@ -620,15 +722,19 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     if setup:
         compute += setup
         rate = chip.extras["conv_setup"][compute_dtype(scenario.precision)]
-        notes.append(f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "
-                     "oneDNN reorders each weight into its blocked layouts every call "
-                     f"({setup / max(1, run.accumulate) / rate / 1e6:.3g} MB "
-                     f"of weights a batch at {rate * 1e9:.3g} ns a byte, measured on this CPU)")
+        notes.append(
+            f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "
+            "oneDNN reorders each weight into its blocked layouts every call "
+            f"({setup / max(1, run.accumulate) / rate / 1e6:.3g} MB "
+            f"of weights a batch at {rate * 1e9:.3g} ns a byte, measured on this CPU)"
+        )
     if "transpose" in classes:
         spent = _roofline({"transpose": classes["transpose"]}, chip, scenario.precision, cal)[0] * run.accumulate
-        notes.append(f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
-                     "the tensor cores (cuDNN convolves 16-bit tensors channels-last): lit_compute.speedup.ChannelsLast "
-                     "saves it")
+        notes.append(
+            f"{spent * 1e3:.3g} ms of the device's step transposes channels-first convolutions' tensors for "
+            "the tensor cores (cuDNN convolves 16-bit tensors channels-last): lit_compute.speedup.ChannelsLast "
+            "saves it"
+        )
     # input: the host's work for each batch that a faster chip does not shorten
     host, loader_rate = _host_input(run, scenario, notes)
     link = _slowest_link(scenario)
@@ -639,8 +745,10 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     slowdown = host_contention(run, scenario)
     if comm and slowdown > 1.0 and overlap:
         comm *= 1.0 + overlap * (slowdown - 1.0)
-        notes.append(f"collectives overlapped with compute run {slowdown:.2g}x slower: on a CPU their thread shares "
-                     "the cores with the computing ones")
+        notes.append(
+            f"collectives overlapped with compute run {slowdown:.2g}x slower: on a CPU their thread shares "
+            "the cores with the computing ones"
+        )
     exposed = comm * (1.0 - overlap)
     device = compute + exposed
     # an accelerator runs its queued kernels while the host fetches the next batch: the step is the longer of the two;
@@ -661,19 +769,37 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     elif exposed > compute and exposed > host + dispatch:
         bottleneck = "communication"
     if accelerator and bottleneck in ("input", "host dispatch") and host + dispatch:
-        parts = [f"{dispatch * 1e3:.3g} ms dispatching {kernels:,.0f} eager kernels "
-                 f"({scenario.host_dispatch_s * 1e6:.3g} us each)"] if dispatch else []
+        parts = (
+            [
+                f"{dispatch * 1e3:.3g} ms dispatching {kernels:,.0f} eager kernels "
+                f"({scenario.host_dispatch_s * 1e6:.3g} us each)"
+            ]
+            if dispatch
+            else []
+        )
         measured = run.step_s is not None and run.wait_s is not None  # a run's wait holds Lightning's fetch too
         parts += [f"{host * 1e3:.3g} ms of loading" + (" and Lightning's own work" if measured else "")] if host else []
-        notes.append(f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
-                     "the device" + ("; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) "
-                                     "would shorten it" if dispatch > host else ""))
-    if not accelerator and not setup and scenario.micro_batch != run.samples and any(
-            kind.startswith("conv") and flops for kind, (flops, _, _) in classes.items()):
+        notes.append(
+            f"the host is the bottleneck: {' and '.join(parts)} per step against {device * 1e3:.3g} ms on "
+            "the device"
+            + (
+                "; fewer, larger kernels (torch.compile, CUDA graphs, a larger micro-batch) would shorten it"
+                if dispatch > host
+                else ""
+            )
+        )
+    if (
+        not accelerator
+        and not setup
+        and scenario.micro_batch != run.samples
+        and any(kind.startswith("conv") and flops for kind, (flops, _, _) in classes.items())
+    ):
         side = "slow (an upper bound)" if scenario.micro_batch > run.samples else "fast (a lower bound)"
-        notes.append(f"on a CPU a convolution's time grows less than its FLOPs with the batch, which one efficiency "
-                     f"per class does not follow (docs/whatif.md, This CPU): micro-batch {scenario.micro_batch} "
-                     f"against the run's {run.samples} leans {side}")
+        notes.append(
+            f"on a CPU a convolution's time grows less than its FLOPs with the batch, which one efficiency "
+            f"per class does not follow (docs/whatif.md, This CPU): micro-batch {scenario.micro_batch} "
+            f"against the run's {run.samples} leans {side}"
+        )
     replicas = scenario.devices // max(1, run.tensor_parallel)
     samples_per_s = replicas * samples_per_step / step
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
@@ -686,14 +812,29 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     cost = None
     if scenario.price_per_hour is not None:
         cost = 1e6 / samples_per_s / 3600 * scenario.devices * scenario.price_per_hour
-    return Prediction(hardware=chip.name, nodes=scenario.nodes, devices_per_node=scenario.devices_per_node,
-                      network=link.name, precision=scenario.precision, micro_batch=scenario.micro_batch,
-                      step_time_s=step, compute_s=compute, input_s=max(0.0, step - device), host_s=host,
-                      dispatch_s=dispatch,
-                      comm_s=exposed, comm_total_s=comm, samples_per_s=samples_per_s,
-                      tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
-                      mfu=mfu, bottleneck=bottleneck, fits=fits, peak_memory_bytes=peak_memory,
-                      cost_per_million=cost, notes=notes)
+    return Prediction(
+        hardware=chip.name,
+        nodes=scenario.nodes,
+        devices_per_node=scenario.devices_per_node,
+        network=link.name,
+        precision=scenario.precision,
+        micro_batch=scenario.micro_batch,
+        step_time_s=step,
+        compute_s=compute,
+        input_s=max(0.0, step - device),
+        host_s=host,
+        dispatch_s=dispatch,
+        comm_s=exposed,
+        comm_total_s=comm,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * run.tokens_per_sample if run.tokens_per_sample else None,
+        mfu=mfu,
+        bottleneck=bottleneck,
+        fits=fits,
+        peak_memory_bytes=peak_memory,
+        cost_per_million=cost,
+        notes=notes,
+    )
 
 
 def _host_input(run: RunFacts, scenario: Scenario, notes: list[str]) -> tuple[float, float | None]:
@@ -721,8 +862,10 @@ def _host_input(run: RunFacts, scenario: Scenario, notes: list[str]) -> tuple[fl
         else:
             per_batch = waited
             if scenario.micro_batch != run.samples:
-                notes.append("the loader's cost per sample is not known (its loader was not timed apart): the run's "
-                             "data wait is priced per batch, at any micro-batch")
+                notes.append(
+                    "the loader's cost per sample is not known (its loader was not timed apart): the run's "
+                    "data wait is priced per batch, at any micro-batch"
+                )
         return per_batch * run.accumulate, None
     if run.wait_s > 0.05 * run.step_s:
         return 0.0, run.samples_per_step / run.step_s  # the run waited for it: the rate it fed at
@@ -785,6 +928,8 @@ def _memory(run: RunFacts, scenario: Scenario) -> tuple[bool | None, float | Non
     weights = (2.0 if half_weights(scenario.precision) else 4.0) / (2.0 if half_weights(run.precision) else 4.0)
     shards = max(1, scenario.devices // max(1, run.tensor_parallel)) if run.sharded else 1
     run_shards = run.data_parallel if run.sharded else 1
-    kept = (run.memory["parameters"] + run.memory["gradients"] + run.memory["optimizer"]) * weights * run_shards / shards
+    kept = (
+        (run.memory["parameters"] + run.memory["gradients"] + run.memory["optimizer"]) * weights * run_shards / shards
+    )
     peak = kept + (run.memory["activations"] + run.memory["other"]) * ratio * value
     return peak <= scenario.chip.memory, peak

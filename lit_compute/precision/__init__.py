@@ -10,5 +10,12 @@ from lit_compute.precision.fp32_batchnorm_precision import (
 from lit_compute.precision.fsdp2_norms import fully_shard_fp32_norms
 from lit_compute.precision.loss_scale_monitor import LossScaleMonitor
 
-__all__ = ["FP32BatchNormFSDPPrecision", "FP32BatchNormHalfPrecision", "FP32BatchNormPrecision", "LossScaleMonitor", "fp32_norm_precision",
-           "fully_shard_fp32_norms", "is_fp32_norm"]
+__all__ = [
+    "FP32BatchNormFSDPPrecision",
+    "FP32BatchNormHalfPrecision",
+    "FP32BatchNormPrecision",
+    "LossScaleMonitor",
+    "fp32_norm_precision",
+    "fully_shard_fp32_norms",
+    "is_fp32_norm",
+]

@@ -22,19 +22,31 @@ _WHY_16_TRUE = (
     "GradScaler cannot unscale them without float32 master weights. "
 )
 # each class names what it accepts itself, and the other class for the rest
-_REFUSED_16_TRUE = _WHY_16_TRUE + ("Use precision='16-mixed' (float16 compute, float32 weights, dynamic loss "
-                                   "scaling), or FP32BatchNormHalfPrecision('bf16-true')")
-_REFUSED_16_TRUE_HALF = _WHY_16_TRUE + ("Use precision='bf16-true' (bfloat16 keeps float32's range), or "
-                                        "FP32BatchNormPrecision('16-mixed') for float16 with loss scaling")
+_REFUSED_16_TRUE = _WHY_16_TRUE + (
+    "Use precision='16-mixed' (float16 compute, float32 weights, dynamic loss "
+    "scaling), or FP32BatchNormHalfPrecision('bf16-true')"
+)
+_REFUSED_16_TRUE_HALF = _WHY_16_TRUE + (
+    "Use precision='bf16-true' (bfloat16 keeps float32's range), or "
+    "FP32BatchNormPrecision('16-mixed') for float16 with loss scaling"
+)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_USE_HALF = ("is a HalfPrecision, not a MixedPrecision: use FP32BatchNormHalfPrecision('bf16-true') (or "
-             "lit_compute.fp32_norm_precision('bf16-true'))")
+_USE_HALF = (
+    "is a HalfPrecision, not a MixedPrecision: use FP32BatchNormHalfPrecision('bf16-true') (or "
+    "lit_compute.fp32_norm_precision('bf16-true'))"
+)
 _REFUSED = tuple((value, _REFUSED_16_TRUE) for value in ("16-true", "16", "half")) + (("bf16-true", _USE_HALF),)
 _REFUSED_HALF = tuple((value, _REFUSED_16_TRUE_HALF) for value in ("16-true", "16", "half")) + (
     ("16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('16-mixed')"),
-    ("bf16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('bf16-mixed')"))
-_REFUSED_FSDP = tuple((value, "is refused: float16 gradients reduced without loss scaling underflow to zero; use "
-                       "'16-mixed' or 'bf16-mixed'") for value in ("16-true", "16", "half"))
+    ("bf16-mixed", "is a MixedPrecision: use FP32BatchNormPrecision('bf16-mixed')"),
+)
+_REFUSED_FSDP = tuple(
+    (
+        value,
+        "is refused: float16 gradients reduced without loss scaling underflow to zero; use '16-mixed' or 'bf16-mixed'",
+    )
+    for value in ("16-true", "16", "half")
+)
 
 
 def slow_bf16_cpu() -> str | None:
@@ -62,9 +74,11 @@ def warn_if_bf16_is_slow_here(name: str, precision: str, device: str | None) -> 
     _SLOW_BF16_WARNED.add(name)
     from lightning.pytorch.utilities import rank_zero_warn
 
-    rank_zero_warn(f"{name}(precision={precision!r}) on this CPU: {reason}, so bfloat16 matmuls and convolutions "
-                   "run many times slower than float32 here. Train in '32-true' on this machine (leave the plugin "
-                   "out), or use a CPU with AVX512-BF16 or AMX, or a GPU.")
+    rank_zero_warn(
+        f"{name}(precision={precision!r}) on this CPU: {reason}, so bfloat16 matmuls and convolutions "
+        "run many times slower than float32 here. Train in '32-true' on this machine (leave the plugin "
+        "out), or use a CPU with AVX512-BF16 or AMX, or a GPU."
+    )
 
 
 def bf16_is_fast_here(device: str) -> tuple[bool, str]:
@@ -95,12 +109,16 @@ def check_fp32_norms(owner: str, fp32_norms: Any) -> list[str]:
     if fp32_norms is None:
         return ["BatchNorm"]
     if isinstance(fp32_norms, str) or not isinstance(fp32_norms, (list, tuple)):
-        raise ValueError(f"{owner}(fp32_norms={fp32_norms!r}) must be a list of norm class names such as "
-                         "['BatchNorm', 'LayerNorm'], not a single string")
+        raise ValueError(
+            f"{owner}(fp32_norms={fp32_norms!r}) must be a list of norm class names such as "
+            "['BatchNorm', 'LayerNorm'], not a single string"
+        )
     bad = [n for n in fp32_norms if not isinstance(n, str) or len(n) < 3 or not _NAME.fullmatch(n)]
     if bad:
-        raise ValueError(f"{owner}(fp32_norms={list(fp32_norms)!r}): {bad!r} cannot be norm class names; use class-name "
-                         "fragments of at least 3 letters such as 'BatchNorm', 'GroupNorm', 'LayerNorm', 'RMSNorm'")
+        raise ValueError(
+            f"{owner}(fp32_norms={list(fp32_norms)!r}): {bad!r} cannot be norm class names; use class-name "
+            "fragments of at least 3 letters such as 'BatchNorm', 'GroupNorm', 'LayerNorm', 'RMSNorm'"
+        )
     return list(fp32_norms)
 
 
@@ -220,8 +238,10 @@ class FP32BatchNormPrecision(MixedPrecision):
     ) -> None:
         name = type(self).__name__
         if slow_bf16 == "float32" and precision != "bf16-mixed":
-            raise ValueError(f"{name}(precision={precision!r}, slow_bf16='float32'): the fallback is for 'bf16-mixed' "
-                             "only; use precision='bf16-mixed' or leave slow_bf16 at 'warn'")
+            raise ValueError(
+                f"{name}(precision={precision!r}, slow_bf16='float32'): the fallback is for 'bf16-mixed' "
+                "only; use precision='bf16-mixed' or leave slow_bf16 at 'warn'"
+            )
         self.slow_bf16 = slow_bf16
         self.float32 = False  # slow_bf16='float32' and bf16 is slow on the device picked for
         self._picked_for: str | None = None  # that device, once picked
@@ -244,8 +264,13 @@ class FP32BatchNormPrecision(MixedPrecision):
                 self.scaler = None
 
     def _build_scaler(self, device: str) -> torch.amp.GradScaler:
-        return torch.amp.GradScaler(device, init_scale=self.init_scale, growth_factor=self.growth_factor,
-                                    backoff_factor=self.backoff_factor, growth_interval=self.growth_interval)
+        return torch.amp.GradScaler(
+            device,
+            init_scale=self.init_scale,
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+        )
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         return keep_norms_fp32(module, self.fp32_norms)
@@ -334,8 +359,12 @@ class FP32BatchNormHalfPrecision(HalfPrecision):
     """
 
     @validated
-    def __init__(self, precision: Annotated[str, Check(choices=("bf16-true",), refuse=_REFUSED_HALF)] = "bf16-true",
-                 *, fp32_norms: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        precision: Annotated[str, Check(choices=("bf16-true",), refuse=_REFUSED_HALF)] = "bf16-true",
+        *,
+        fp32_norms: list[str] | None = None,
+    ) -> None:
         name = type(self).__name__
         self.fp32_norms = check_fp32_norms(name, fp32_norms)
         super().__init__(cast(Any, precision))
@@ -387,9 +416,15 @@ class FP32BatchNormFSDPPrecision(FSDPPrecision):
     """
 
     @validated
-    def __init__(self, precision: Annotated[str, Check(choices=("32-true", "16-mixed", "bf16-mixed", "bf16-true"),
-                                                       refuse=_REFUSED_FSDP)] = "bf16-mixed",
-                 scaler: Any = None, *, fp32_norms: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        precision: Annotated[
+            str, Check(choices=("32-true", "16-mixed", "bf16-mixed", "bf16-true"), refuse=_REFUSED_FSDP)
+        ] = "bf16-mixed",
+        scaler: Any = None,
+        *,
+        fp32_norms: list[str] | None = None,
+    ) -> None:
         self.fp32_norms = check_fp32_norms(type(self).__name__, fp32_norms)
         self.norm_classes: tuple[type, ...] = (_BatchNorm,)
         super().__init__(precision, scaler)  # type: ignore[arg-type]

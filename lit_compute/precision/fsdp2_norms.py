@@ -56,13 +56,16 @@ def fully_shard_fp32_norms(
         ValueError: ``param_dtype`` is not a 16-bit float, or ``fp32_norms`` is not a list of class names.
     """
     if param_dtype not in _LOW:
-        raise ValueError(f"fully_shard_fp32_norms(param_dtype={param_dtype}) must be torch.bfloat16 or torch.float16 "
-                         "(with float32 parameters there is nothing to keep in float32: call fully_shard directly)")
+        raise ValueError(
+            f"fully_shard_fp32_norms(param_dtype={param_dtype}) must be torch.bfloat16 or torch.float16 "
+            "(with float32 parameters there is nothing to keep in float32: call fully_shard directly)"
+        )
     names = check_fp32_norms("fully_shard_fp32_norms", list(fp32_norms) if fp32_norms is not None else _DEFAULT_NORMS)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    norm_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=param_dtype,
-                                       cast_forward_inputs=True)
+    norm_policy = MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=param_dtype, cast_forward_inputs=True
+    )
     low_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for sub in module.modules():
         if sub is not module and is_fp32_norm(sub, names) and any(True for _ in sub.parameters(recurse=False)):

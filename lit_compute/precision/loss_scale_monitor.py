@@ -77,8 +77,11 @@ class LossScaleMonitor(MeasuringCallback):
         if self._scaler is None or not hasattr(self._scaler, "get_scale"):
             self._scaler = None
             if str(trainer.precision).startswith("16"):
-                self._warn_once("no-scaler", f"LossScaleMonitor: precision={trainer.precision!r} runs without a "
-                                "GradScaler, so there is no loss scale to log; it logs nothing.")
+                self._warn_once(
+                    "no-scaler",
+                    f"LossScaleMonitor: precision={trainer.precision!r} runs without a "
+                    "GradScaler, so there is no loss scale to log; it logs nothing.",
+                )
             return
         if self._last is not None:  # resumed: compare the first steps with the scale saved at the checkpoint
             return
@@ -100,11 +103,13 @@ class LossScaleMonitor(MeasuringCallback):
             return
         latest = self._pending[-1]
         self._count_pending()
-        event.log({
-            "amp/loss_scale": float(latest.float().cpu().reshape(())),
-            "amp/skipped_steps": float(self.skipped_steps),
-            "amp/skipped_step_fraction": self.skipped_steps / max(1, self.optimizer_steps),
-        })
+        event.log(
+            {
+                "amp/loss_scale": float(latest.float().cpu().reshape(())),
+                "amp/skipped_steps": float(self.skipped_steps),
+                "amp/skipped_step_fraction": self.skipped_steps / max(1, self.optimizer_steps),
+            }
+        )
 
     def _count_pending(self) -> None:
         """Count the steps since the last count: a step after which the scale went down was skipped (one sync)."""
@@ -121,7 +126,10 @@ class LossScaleMonitor(MeasuringCallback):
         self._pending = []
         latest = float(scales[-1])
         if latest < _FP16_SMALLEST:
-            self._warn_once("collapsed", f"LossScaleMonitor: the loss scale collapsed to {latest:.3g} (below float16's "
-                            "smallest subnormal, 2^-24): every scaled gradient underflows to zero and each optimizer "
-                            "step is skipped, so the run can no longer learn. Look for inf/NaN in the loss or the "
-                            "gradients (a learning rate too high, a log of 0, a division by 0).")
+            self._warn_once(
+                "collapsed",
+                f"LossScaleMonitor: the loss scale collapsed to {latest:.3g} (below float16's "
+                "smallest subnormal, 2^-24): every scaled gradient underflows to zero and each optimizer "
+                "step is skipped, so the run can no longer learn. Look for inf/NaN in the loss or the "
+                "gradients (a learning rate too high, a log of 0, a division by 0).",
+            )

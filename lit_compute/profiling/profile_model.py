@@ -81,8 +81,11 @@ def profile_model(
             import json
 
             events = json.loads(path.read_text()).get("traceEvents", [])
-        spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
-                 if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
+        spans = [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in events
+            if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
+        ]
         total_ms = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
         peak = torch.cuda.max_memory_allocated(dev) / 2**20 if on_cuda else summary.peak_memory_mb
         if peak is None:
@@ -90,8 +93,10 @@ def profile_model(
     finally:
         model.train(was_training)
     if show:
-        sys.stdout.write(f"{table}\npeak memory: {peak if peak is not None else float('nan'):.1f} MiB, "
-                         f"profiled call: {total_ms:.2f} ms\n")
+        sys.stdout.write(
+            f"{table}\npeak memory: {peak if peak is not None else float('nan'):.1f} MiB, "
+            f"profiled call: {total_ms:.2f} ms\n"
+        )
     return ModelProfile(table=table, peak_memory_mb=peak, total_ms=total_ms)
 
 

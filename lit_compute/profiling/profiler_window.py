@@ -25,10 +25,22 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 SORT_KEYS = (
-    "cpu_time", "cuda_time", "device_time", "cpu_time_total", "cuda_time_total", "device_time_total",
-    "self_cpu_time_total", "self_cuda_time_total", "self_device_time_total", "cpu_memory_usage",
-    "self_cpu_memory_usage", "cuda_memory_usage", "self_cuda_memory_usage", "device_memory_usage",
-    "self_device_memory_usage", "count",
+    "cpu_time",
+    "cuda_time",
+    "device_time",
+    "cpu_time_total",
+    "cuda_time_total",
+    "device_time_total",
+    "self_cpu_time_total",
+    "self_cuda_time_total",
+    "self_device_time_total",
+    "cpu_memory_usage",
+    "self_cpu_memory_usage",
+    "cuda_memory_usage",
+    "self_cuda_memory_usage",
+    "device_memory_usage",
+    "self_device_memory_usage",
+    "count",
 )
 
 
@@ -112,8 +124,10 @@ class ProfilerWindow(MeasuringCallback):
     ) -> None:
         super().__init__()
         if every_n_steps is not None and every_n_steps < warmup + active:
-            raise ValueError(f"ProfilerWindow(every_n_steps={every_n_steps}) must be >= warmup + active "
-                             f"({warmup + active}) so windows do not overlap")
+            raise ValueError(
+                f"ProfilerWindow(every_n_steps={every_n_steps}) must be >= warmup + active "
+                f"({warmup + active}) so windows do not overlap"
+            )
         self.start_step = start_step
         self.warmup = warmup
         self.active = active
@@ -142,8 +156,11 @@ class ProfilerWindow(MeasuringCallback):
     # -- state ----------------------------------------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"windows_done": list(self.windows_done), "slow_windows": self.slow_windows,
-                "windows_written": self.windows_written}
+        return {
+            "windows_done": list(self.windows_done),
+            "slow_windows": self.slow_windows,
+            "windows_written": self.windows_written,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -193,8 +210,11 @@ class ProfilerWindow(MeasuringCallback):
             last = first + self.active - 1
             if first not in self.windows_done and last < current:
                 self.windows_done.append(first)
-                self._warn_once(f"missed{first}", f"ProfilerWindow: the window of steps {first}-{last} was not "
-                                f"captured: this run starts at step {current}, after it (resumed from a checkpoint).")
+                self._warn_once(
+                    f"missed{first}",
+                    f"ProfilerWindow: the window of steps {first}-{last} was not "
+                    f"captured: this run starts at step {current}, after it (resumed from a checkpoint).",
+                )
 
     @override
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -237,9 +257,13 @@ class ProfilerWindow(MeasuringCallback):
         self._trainer = trainer
         self._window = {"planned": planned, "first": first, "last": last, "recorded": [], "current": begin}
         profiler = torch.profiler.profile(
-            activities=activities, schedule=schedule, on_trace_ready=self._on_trace_ready,
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self._on_trace_ready,
             record_shapes=self.record_shapes or (self.profile_memory and self.with_stack),
-            profile_memory=self.profile_memory, with_stack=self.with_stack, with_flops=self.with_flops,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
         )
         try:
             _compat.start_profiler_at_step(profiler, begin)
@@ -250,8 +274,9 @@ class ProfilerWindow(MeasuringCallback):
         self._profiler = profiler
 
     @override
-    def _batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                   record: StepRecord | None) -> None:
+    def _batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, record: StepRecord | None
+    ) -> None:
         window = self._window
         if self._profiler is None or window is None or record is None:
             return  # gradient accumulation: the step (and the profiler step) is not over yet
@@ -335,10 +360,16 @@ class ProfilerWindow(MeasuringCallback):
         scalars = summary.scalars()
         if top_fraction is not None:
             scalars["profiler/top_op_fraction"] = top_fraction
-        header = (f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
-                  f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n")
-        log_text(trainer, "profiler/top_ops", header + markdown_table(
-            ["op", "calls", "self time ms", "share"], top_rows), step=last)
+        header = (
+            f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
+            f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n"
+        )
+        log_text(
+            trainer,
+            "profiler/top_ops",
+            header + markdown_table(["op", "calls", "self time ms", "share"], top_rows),
+            step=last,
+        )
         log_text(trainer, "profiler/key_averages", "```\n" + table + "\n```", step=last)
         scalars["profiler/export_ms"] = (timeline.raw() - started) * 1e3
         scalars["profiler/window_first_step"] = float(first)
@@ -357,9 +388,12 @@ class ProfilerWindow(MeasuringCallback):
             return
         try:
             if window is not None and window["current"] < window["first"]:
-                self._warn_once(f"warmup{window['planned']}", f"ProfilerWindow: the window of steps {window['first']}-"
-                                f"{window['last']} was not captured: the run ended at step {window['current']}, during "
-                                "its warm-up.")
+                self._warn_once(
+                    f"warmup{window['planned']}",
+                    f"ProfilerWindow: the window of steps {window['first']}-"
+                    f"{window['last']} was not captured: the run ended at step {window['current']}, during "
+                    "its warm-up.",
+                )
             profiler.stop()  # a recording profiler saves what it recorded: a window cut short is still written
         finally:
             self._window = None
@@ -367,10 +401,12 @@ class ProfilerWindow(MeasuringCallback):
 
 def _top_ops(averages: Any, on_gpu: bool, limit: int) -> tuple[list[list[Any]], float | None]:
     attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    rows = [(e.key, e.count, float(getattr(e, attr, 0.0) or 0.0)) for e in averages
-            if not e.key.startswith("ProfilerStep") and not e.key.startswith("enumerate(DataLoader)")]
+    rows = [
+        (e.key, e.count, float(getattr(e, attr, 0.0) or 0.0))
+        for e in averages
+        if not e.key.startswith("ProfilerStep") and not e.key.startswith("enumerate(DataLoader)")
+    ]
     total = sum(t for _, _, t in rows)
     rows.sort(key=lambda r: r[2], reverse=True)
     table = [[f"`{k}`", n, f"{t / 1e3:.3f}", f"{100 * t / total:.1f}%" if total else "n/a"] for k, n, t in rows[:limit]]
     return table, (rows[0][2] / total if rows and total > 0 else None)
-

@@ -73,8 +73,9 @@ def _interval(e: dict[str, Any]) -> tuple[float, float]:
     return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
 
 
-def exposure(comm: list[tuple[float, float]], compute: list[tuple[float, float]], lo: float,
-             hi: float) -> tuple[float | None, float | None, float | None]:
+def exposure(
+    comm: list[tuple[float, float]], compute: list[tuple[float, float]], lo: float, hi: float
+) -> tuple[float | None, float | None, float | None]:
     """(share of the window in collectives, share of that overlapped by compute, share of the window in collectives
     that no compute hides) over merged intervals: a union, so collectives or kernels that overlap each other count
     once (summing their durations would count the overlap twice)."""
@@ -93,8 +94,11 @@ def _host_collectives(events: list[dict[str, Any]], lo: float, hi: float) -> tup
     if not comm_events:
         return None, None, None
     comm_threads = {e.get("tid") for e in comm_events}
-    compute = [_interval(e) for e in events if e.get("ph") == "X" and e.get("tid") not in comm_threads
-               and str(e.get("name", "")).startswith("aten::")]
+    compute = [
+        _interval(e)
+        for e in events
+        if e.get("ph") == "X" and e.get("tid") not in comm_threads and str(e.get("name", "")).startswith("aten::")
+    ]
     return exposure([_interval(e) for e in comm_events], compute, lo, hi)
 
 
@@ -130,11 +134,19 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
     lo, hi = min(s for _, s, _ in steps), max(e for _, _, e in steps)
     span = hi - lo
     summary.step_time_ms = sum(e - s for _, s, e in steps) / len(steps) / 1e3
-    loader = _merge([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
-                     if e.get("ph") == "X" and str(e.get("name", "")).startswith("enumerate(DataLoader)")])
+    loader = _merge(
+        [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in events
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("enumerate(DataLoader)")
+        ]
+    )
     summary.dataloader_fraction = _length(_clip(loader, lo, hi)) / span if span > 0 else 0.0
-    allocated = [float(e["args"]["Total Allocated"]) for e in events
-                 if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]]
+    allocated = [
+        float(e["args"]["Total Allocated"])
+        for e in events
+        if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and "Total Allocated" in e["args"]
+    ]
     if allocated:
         summary.peak_memory_mb = max(allocated) / 2**20
     kernels = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"]
@@ -146,11 +158,13 @@ def summarize_trace(trace: dict[str, Any] | str | Path) -> WindowSummary:
         comm = [s for s, e in zip(spans, kernels) if "nccl" in str(e.get("name", "")).lower()]
         compute = [s for s, e in zip(spans, kernels) if "nccl" not in str(e.get("name", "")).lower()]
         if comm:
-            (summary.comm_fraction, summary.comm_overlap_fraction,
-             summary.comm_exposed_fraction) = exposure(comm, compute, lo, gpu_hi)
+            (summary.comm_fraction, summary.comm_overlap_fraction, summary.comm_exposed_fraction) = exposure(
+                comm, compute, lo, gpu_hi
+            )
             return summary
     summary.comm_fraction, summary.comm_overlap_fraction, summary.comm_exposed_fraction = _host_collectives(
-        events, lo, hi)
+        events, lo, hi
+    )
     return summary
 
 
@@ -163,8 +177,11 @@ def host_collective_durations(trace: dict[str, Any] | str | Path) -> tuple[list[
     if not steps:
         return [], 0
     lo, hi = min(s for _, s, _ in steps), max(e for _, _, e in steps)
-    comm = sorted((float(e["ts"]), float(e.get("dur", 0))) for e in events if str(e.get("name", "")).startswith("gloo:")
-                  and lo <= float(e["ts"]) < hi)
+    comm = sorted(
+        (float(e["ts"]), float(e.get("dur", 0)))
+        for e in events
+        if str(e.get("name", "")).startswith("gloo:") and lo <= float(e["ts"]) < hi
+    )
     return [d / 1e6 for _, d in comm], len(steps)
 
 

@@ -28,8 +28,11 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
     lines = [f"## {run.name}", "", f"`{run.path}`", ""]
     stopped = run.stopped_early()
     if stopped is not None:
-        lines += [f"**Stopped early: at step {stopped[0]} of {stopped[1]}** (interrupted, failed or still running): "
-                  "its figures cover the steps it trained.", ""]
+        lines += [
+            f"**Stopped early: at step {stopped[0]} of {stopped[1]}** (interrupted, failed or still running): "
+            "its figures cover the steps it trained.",
+            "",
+        ]
     for note in run.notes:
         lines += [f"**Read with a fault:** {note}.", ""]
     peak = run.last("compute/peak_tflops")
@@ -42,8 +45,10 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         ("samples/s", human(run.samples_per_sec)),
     ]
     if run.tokens:
-        rows += [("tokens/s", human(run.total("time/tokens_per_sec"))),
-                 ("padding fraction", percent(run.mean("compute/padding_fraction")))]
+        rows += [
+            ("tokens/s", human(run.total("time/tokens_per_sec"))),
+            ("padding fraction", percent(run.mean("compute/padding_fraction"))),
+        ]
     rows += [
         ("achieved (all ranks)", flops_rate(run.total("compute/global_tflops_per_sec"))),
         ("MFU", f"{percent(run.total('compute/mfu'))} of {flops_rate(peak)} peak per device"),
@@ -56,12 +61,18 @@ def run_section(run: Run, plots: list[Path], report_dir: Path) -> list[str]:
         ("device", f"{_device(record)} x {record.world_size} ({record.strategy or 'n/a'})" if record else "n/a"),
     ]
     if record:
-        rows += [("parallel layout", f"{record.layout()} on {record.nodes} x {record.devices_per_node} nodes x devices")]
+        rows += [
+            ("parallel layout", f"{record.layout()} on {record.nodes} x {record.devices_per_node} nodes x devices")
+        ]
     comm = run.mean("profiler/comm_fraction")
     if comm is not None:
         overlap = run.mean("profiler/comm_overlap_fraction")
-        rows += [("collectives (share of profiled steps, overlapped by compute)",
-                  f"{percent(comm)}{f', {percent(overlap)} overlapped' if overlap is not None else ''}")]
+        rows += [
+            (
+                "collectives (share of profiled steps, overlapped by compute)",
+                f"{percent(comm)}{f', {percent(overlap)} overlapped' if overlap is not None else ''}",
+            )
+        ]
     if run.values("time/global_samples_per_sec"):
         rows.insert(5, ("samples/s (all ranks, each replica once)", human(run.total("time/global_samples_per_sec"))))
     lines += [markdown_table(["figure", "value"], [list(r) for r in rows]), ""]
@@ -87,8 +98,10 @@ def _memory_parts(run: Run) -> str:
     if not peaks:
         return "n/a (add MemoryMonitor)"
     step, peak = max(peaks, key=lambda p: p[1])
-    parts = [dict(run.scalars.get(f"memory/{p}_gb", [])).get(step) for p in
-             ("parameters", "gradients", "optimizer", "activations", "other")]
+    parts = [
+        dict(run.scalars.get(f"memory/{p}_gb", [])).get(step)
+        for p in ("parameters", "gradients", "optimizer", "activations", "other")
+    ]
     text = f"{human(peak)}: " + ", ".join(human(v) for v in parts)
     headroom = dict(run.scalars.get("memory/headroom_gb", [])).get(step)
     return text + (f" ({human(headroom)} left)" if headroom is not None else "")
@@ -98,7 +111,9 @@ def rank_section(run: Run) -> list[str]:
     """Per-rank means of step time, data wait, forward and time blocked in collectives (StepTimeMonitor's
     ``rank/<r>/*``), the slowest marked (the most own work: data wait and forward less the forward's collectives,
     as :func:`~lit_compute.monitoring.rank_skew.find_straggler` has it), and the straggler advice when it fired."""
-    ranks = sorted({int(tag.split("/")[1]) for tag in run.scalars if tag.startswith("rank/") and tag.endswith("/step_ms")})
+    ranks = sorted(
+        {int(tag.split("/")[1]) for tag in run.scalars if tag.startswith("rank/") and tag.endswith("/step_ms")}
+    )
     if len(ranks) < 2:
         return []
     logged = run.values("time/slowest_rank")
@@ -109,13 +124,25 @@ def rank_section(run: Run) -> list[str]:
         value = run.mean(f"rank/{r}/comm_wait_ms")
         return "n/a" if value is None else human(value)
 
-    rows = [[f"{r}{' (slowest)' if r == slowest else ''}", human(run.mean(f"rank/{r}/step_ms")),
-             human(run.mean(f"rank/{r}/data_wait_ms")), human(run.mean(f"rank/{r}/forward_ms")), comm(r)]
-            for r in ranks]
-    lines = ["### Ranks", "", f"Rank skew (own work of the slowest / the others' median; own work is the data wait "
-             f"and the forward less its time blocked in collectives): {human(run.mean('time/rank_skew'))}", "",
-             markdown_table(["rank", "step (ms)", "data wait (ms)", "forward (ms)", "blocked in collectives (ms)"],
-                            rows), ""]
+    rows = [
+        [
+            f"{r}{' (slowest)' if r == slowest else ''}",
+            human(run.mean(f"rank/{r}/step_ms")),
+            human(run.mean(f"rank/{r}/data_wait_ms")),
+            human(run.mean(f"rank/{r}/forward_ms")),
+            comm(r),
+        ]
+        for r in ranks
+    ]
+    lines = [
+        "### Ranks",
+        "",
+        f"Rank skew (own work of the slowest / the others' median; own work is the data wait "
+        f"and the forward less its time blocked in collectives): {human(run.mean('time/rank_skew'))}",
+        "",
+        markdown_table(["rank", "step (ms)", "data wait (ms)", "forward (ms)", "blocked in collectives (ms)"], rows),
+        "",
+    ]
     for text in run.texts.get("time/straggler_advice", []):
         lines += [text, ""]
     return lines
@@ -138,8 +165,11 @@ def comparison(runs: list[Run], price_per_hour: float | None) -> list[str]:
         groups.setdefault(run.workload, []).append(run)
     lines = ["## Comparison (ratios to the first run of the same workload)", ""]
     if len(groups) > 1:
-        lines += [f"These runs train {len(groups)} different workloads (different data or model FLOPs per sample): each "
-                  "is compared only with runs of its own workload, never across.", ""]
+        lines += [
+            f"These runs train {len(groups)} different workloads (different data or model FLOPs per sample): each "
+            "is compared only with runs of its own workload, never across.",
+            "",
+        ]
     for (data, flops), group in groups.items():
         if len(groups) > 1:
             lines += [f"### {data}, {flops}", ""]
@@ -166,8 +196,14 @@ def _comparison_table(runs: list[Run], price_per_hour: float | None) -> list[str
         per_item = 1e3 / r if r else None
         stopped = run.stopped_early()
         name = run.name + (f" (stopped at step {stopped[0]} of {stopped[1]})" if stopped else "")
-        row = [name, human(per_item), human(r), percent(run.total("compute/mfu")),
-               human(base_rate / r if r and base_rate else None), human(r / base_rate if r and base_rate else None)]
+        row = [
+            name,
+            human(per_item),
+            human(r),
+            percent(run.total("compute/mfu")),
+            human(base_rate / r if r and base_rate else None),
+            human(r / base_rate if r and base_rate else None),
+        ]
         if price_per_hour:
             cost = price_per_hour / 3600 * 1e6 / r if r else None
             base_cost = price_per_hour / 3600 * 1e6 / base_rate if base_rate else None
@@ -180,8 +216,15 @@ def _comparison_table(runs: list[Run], price_per_hour: float | None) -> list[str
     return [markdown_table(header, table), ""] + summary + ([""] if summary else [])
 
 
-def build_report(log_dirs: list[str], out: Path, plots_dir: Path | None, price_per_hour: float | None,
-                 latest: bool = False, plots: bool = True, skipped: list[str] | None = None) -> tuple[str, list[Run]]:
+def build_report(
+    log_dirs: list[str],
+    out: Path,
+    plots_dir: Path | None,
+    price_per_hour: float | None,
+    latest: bool = False,
+    plots: bool = True,
+    skipped: list[str] | None = None,
+) -> tuple[str, list[Run]]:
     """Write the report; the text and the runs in it. Runs without lit_compute's tags are left out (their reasons
     appended to ``skipped``); none left at all is an error."""
     paths = [p for d in log_dirs for p in find_runs(d, latest)]
@@ -200,31 +243,39 @@ def build_report(log_dirs: list[str], out: Path, plots_dir: Path | None, price_p
     plots_dir = plots_dir or report_dir / f"{out.stem}_plots"
     lines = ["# lit_compute run report", ""]
     if reasons:
-        lines += [f"Skipped {len(reasons)} folder(s) without lit_compute's tags: "
-                  + ", ".join(f"`{r.split(' has none')[0]}`" for r in reasons), ""]
+        lines += [
+            f"Skipped {len(reasons)} folder(s) without lit_compute's tags: "
+            + ", ".join(f"`{r.split(' has none')[0]}`" for r in reasons),
+            "",
+        ]
     if len(runs) > 1:
         lines += comparison(runs, price_per_hour)
     for i, run in enumerate(runs, 1):
         try:
             drawn = write_plots(run, plots_dir, i) if plots else []
         except OSError as err:
-            raise ReportError(f"lit-compute report: cannot write the plots to {plots_dir}: {err.strerror or err}; "
-                              "pass --plots DIR (a writable folder) or --no-plots") from None
+            raise ReportError(
+                f"lit-compute report: cannot write the plots to {plots_dir}: {err.strerror or err}; "
+                "pass --plots DIR (a writable folder) or --no-plots"
+            ) from None
         lines += run_section(run, drawn, report_dir)
     text = "\n".join(lines) + "\n"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     except IsADirectoryError:
-        raise ReportError(f"lit-compute report: --out {out} is a folder; name a file such as {out / 'report.md'}") from None
+        raise ReportError(
+            f"lit-compute report: --out {out} is a folder; name a file such as {out / 'report.md'}"
+        ) from None
     except OSError as err:
         raise ReportError(f"lit-compute report: cannot write --out {out}: {err.strerror or err}") from None
     return text, runs
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute report", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute report", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("log_dirs", nargs="+", metavar="LOG_DIR", help="folders holding TensorBoard event files")
     parser.add_argument("--out", default="report.md", help="Markdown report path")
     parser.add_argument("--plots", default=None, help="folder for the PNG plots (default: <out>_plots/ next to it)")
@@ -238,8 +289,15 @@ def main(argv: list[str]) -> int:
         return 2
     skipped: list[str] = []
     try:
-        _, runs = build_report(args.log_dirs, out, Path(args.plots) if args.plots else None, args.price_per_hour,
-                               args.latest, plots=not args.no_plots, skipped=skipped)
+        _, runs = build_report(
+            args.log_dirs,
+            out,
+            Path(args.plots) if args.plots else None,
+            args.price_per_hour,
+            args.latest,
+            plots=not args.no_plots,
+            skipped=skipped,
+        )
     except ReportError as err:
         sys.stderr.write(f"{err}\n")
         return 2

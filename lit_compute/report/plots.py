@@ -51,15 +51,21 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
         steps = [s for s, _ in compute]
         waits = dict(wait)
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.stackplot(steps, [[v for _, v in compute], [waits.get(s, 0.0) for s in steps]],
-                     labels=["compute", "data wait"], colors=["#4c72b0", "#dd8452"], alpha=0.85)
+        ax.stackplot(
+            steps,
+            [[v for _, v in compute], [waits.get(s, 0.0) for s in steps]],
+            labels=["compute", "data wait"],
+            colors=["#4c72b0", "#dd8452"],
+            alpha=0.85,
+        )
         _marks(ax, run)
         ax.set_xlabel("step")
         ax.set_ylabel("ms per step")
         ax.set_title(f"Step time: compute and data wait ({run.name})")
         paths.append(_save(plt, fig, out_dir / f"{prefix}_step_time.png"))
-    rate_tag, rate_unit = (("time/global_tokens_per_sec", "tokens/s") if run.tokens
-                           else ("time/global_samples_per_sec", "samples/s"))
+    rate_tag, rate_unit = (
+        ("time/global_tokens_per_sec", "tokens/s") if run.tokens else ("time/global_samples_per_sec", "samples/s")
+    )
     rate, where = run.scalars.get(rate_tag), "all ranks"
     if not rate:
         rate, where = run.scalars.get(rate_tag.replace("global_", "")), "this device"
@@ -76,8 +82,13 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     if tflops:
         scale, unit = flops_rate_unit(max(abs(v) for _, v in tflops))
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot([s for s, _ in tflops], [v / scale for _, v in tflops], color="#4c72b0", marker=".",
-                label=f"model {unit}, all ranks")
+        ax.plot(
+            [s for s, _ in tflops],
+            [v / scale for _, v in tflops],
+            color="#4c72b0",
+            marker=".",
+            label=f"model {unit}, all ranks",
+        )
         _marks(ax, run)
         ax.set_xlabel("step")
         ax.set_ylabel(unit)
@@ -86,13 +97,22 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     mfu, hfu = run.scalars.get("compute/mfu") or [], run.scalars.get("compute/hfu") or []
     if mfu:
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        same = bool(hfu) and dict(hfu).keys() == dict(mfu).keys() and all(
-            abs(dict(hfu)[s] - v) <= 1e-6 * max(abs(v), 1e-12) for s, v in mfu)
+        same = (
+            bool(hfu)
+            and dict(hfu).keys() == dict(mfu).keys()
+            and all(abs(dict(hfu)[s] - v) <= 1e-6 * max(abs(v), 1e-12) for s, v in mfu)
+        )
         label = "MFU = HFU (nothing recomputed)" if same else "MFU (model FLOPs)"
         ax.plot([s for s, _ in mfu], [100 * v for _, v in mfu], color="#c44e52", marker=".", label=label)
         if hfu and not same:
-            ax.plot([s for s, _ in hfu], [100 * v for _, v in hfu], color="#55a868", marker=".", linestyle=":",
-                    label="HFU (hardware FLOPs)")
+            ax.plot(
+                [s for s, _ in hfu],
+                [100 * v for _, v in hfu],
+                color="#55a868",
+                marker=".",
+                linestyle=":",
+                label="HFU (hardware FLOPs)",
+            )
         _marks(ax, run)
         ax.set_xlabel("step")
         ax.set_ylabel("% of peak")
@@ -102,8 +122,13 @@ def write_plots(run: Run, out_dir: Path, index: int) -> list[Path]:
     scale_points = run.scalars.get("amp/loss_scale")
     if scale_points:
         fig, ax = plt.subplots(figsize=(7, 3))
-        ax.step([s for s, _ in scale_points], [v for _, v in scale_points], where="post", color="#55a868",
-                label="loss scale")
+        ax.step(
+            [s for s, _ in scale_points],
+            [v for _, v in scale_points],
+            where="post",
+            color="#55a868",
+            label="loss scale",
+        )
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step")
         ax.set_ylabel("loss scale")

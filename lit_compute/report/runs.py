@@ -15,9 +15,14 @@ __all__ = ["OUR_PREFIXES", "ReportError", "Run", "find_runs", "load_run", "name_
 
 OUR_PREFIXES = ("compute/", "time/", "amp/", "device/", "profiler/", "comm/", "tune/", "memory/")
 # a tune trial's steady-state measurement (TrialRecorder) read as the run's one timed window
-_TRIAL_FIGURES = {"tune/samples_per_sec": "time/samples_per_sec", "tune/tokens_per_sec": "time/tokens_per_sec",
-                  "tune/step_ms": "time/step_ms", "tune/timed_steps": "time/timed_steps",
-                  "tune/data_wait_fraction": "time/data_wait_fraction", "tune/mfu": "compute/mfu"}
+_TRIAL_FIGURES = {
+    "tune/samples_per_sec": "time/samples_per_sec",
+    "tune/tokens_per_sec": "time/tokens_per_sec",
+    "tune/step_ms": "time/step_ms",
+    "tune/timed_steps": "time/timed_steps",
+    "tune/data_wait_fraction": "time/data_wait_fraction",
+    "tune/mfu": "compute/mfu",
+}
 
 
 class ReportError(ValueError):
@@ -57,8 +62,9 @@ class Run:
         """The run's :class:`~lit_compute.run_record.RunRecord`: its ``run.json``, or for a run written by 0.3.0 the
         record read from its run-info table and op-class texts (None: neither)."""
         if self._record is None:
-            self._record = read_record(self.path) or from_legacy(self.texts.get("lit_compute/run", []),
-                                                                 self.texts.get("compute/op_classes", []))
+            self._record = read_record(self.path) or from_legacy(
+                self.texts.get("lit_compute/run", []), self.texts.get("compute/op_classes", [])
+            )
         return self._record
 
     def stopped_early(self) -> tuple[int, int] | None:
@@ -67,7 +73,9 @@ class Run:
         if "tune/trial" in self.texts:  # a tune trial stops once measured, by design
             return None
         want = self.record.planned_steps if self.record else None
-        steps = [s for tag in ("train/loss", "time/step_ms", "compute/flops_per_step") for s, _ in self.scalars.get(tag, [])]
+        steps = [
+            s for tag in ("train/loss", "time/step_ms", "compute/flops_per_step") for s, _ in self.scalars.get(tag, [])
+        ]
         if not want or not steps:
             return None
         done = max(steps) + 1
@@ -132,7 +140,10 @@ class Run:
         its model's forward FLOPs per sample (3 significant figures; a different model or input size differs).
         Precision, memory format, loaders and compilation leave it unchanged, so tuned variants compare."""
         gflops = self.forward_gflops
-        return ((self.record.data if self.record else "") or "?", f"{gflops:.3g} GFLOPs forward per sample" if gflops else "FLOPs unknown")
+        return (
+            (self.record.data if self.record else "") or "?",
+            f"{gflops:.3g} GFLOPs forward per sample" if gflops else "FLOPs unknown",
+        )
 
     @property
     def tokens(self) -> bool:
@@ -194,7 +205,7 @@ def unreadable_tail(path: Path) -> tuple[int, int] | None:
     data = path.read_bytes()
     at = 0
     while at + 12 <= len(data):
-        (length,) = struct.unpack("<Q", data[at:at + 8])
+        (length,) = struct.unpack("<Q", data[at : at + 8])
         end = at + 12 + length + 4
         if end > len(data):
             break
@@ -207,16 +218,20 @@ def load_run(path: Path) -> Run:
     import yaml
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0, "images": 1, "histograms": 1,
-                                                     "audio": 1, "compressedHistograms": 1})
+    acc = EventAccumulator(
+        str(path),
+        size_guidance={"scalars": 0, "tensors": 0, "images": 1, "histograms": 1, "audio": 1, "compressedHistograms": 1},
+    )
     acc.Reload()
     tags = acc.Tags()
     run = Run(path=path, name=f"{path.parent.name}/{path.name}")
     if not any(v for v in tags.values() if isinstance(v, list)):
         files = sorted(path.glob("events.out.tfevents.*"))
         sizes = ", ".join(f"{f.stat().st_size} bytes" for f in files[:4]) + (", ..." if len(files) > 4 else "")
-        raise ReportError(f"lit-compute report: {path} holds no readable TensorBoard events ({len(files)} event "
-                          f"file(s): {sizes}): empty or cut short, as when a run is killed while writing")
+        raise ReportError(
+            f"lit-compute report: {path} holds no readable TensorBoard events ({len(files)} event "
+            f"file(s): {sizes}): empty or cut short, as when a run is killed while writing"
+        )
     for tag in tags.get("scalars", []):
         run.scalars[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
     if not any(t.startswith(OUR_PREFIXES) for t in run.scalars):
@@ -233,8 +248,10 @@ def load_run(path: Path) -> Run:
     for events in sorted(path.glob("events.out.tfevents.*")):
         tail = unreadable_tail(events)
         if tail is not None:
-            run.notes.append(f"{events.name} ends in a partial or damaged record after {tail[0]:,} of its {tail[1]:,} "
-                             "bytes (cut short while writing?): only what comes before it is read")
+            run.notes.append(
+                f"{events.name} ends in a partial or damaged record after {tail[0]:,} of its {tail[1]:,} "
+                "bytes (cut short while writing?): only what comes before it is read"
+            )
     hp = path / "hparams.yaml"
     if hp.is_file():
         try:

@@ -48,8 +48,13 @@ class CompileModules(Callback):
     """
 
     @validated
-    def __init__(self, mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
-                 dynamic: bool | None = None, fullgraph: bool = False, backend: str = "inductor") -> None:
+    def __init__(
+        self,
+        mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
+        dynamic: bool | None = None,
+        fullgraph: bool = False,
+        backend: str = "inductor",
+    ) -> None:
         self.mode = mode
         self.dynamic = dynamic
         self.fullgraph = fullgraph

@@ -31,8 +31,10 @@ class Float32MatmulPrecision(Callback):
 
     def __init__(self, precision: str = "high") -> None:
         if precision not in _CHOICES:
-            raise ValueError(f"Float32MatmulPrecision(precision={precision!r}): give one of {', '.join(_CHOICES)} "
-                             "(torch.set_float32_matmul_precision's names; 'high' for TF32)")
+            raise ValueError(
+                f"Float32MatmulPrecision(precision={precision!r}): give one of {', '.join(_CHOICES)} "
+                "(torch.set_float32_matmul_precision's names; 'high' for TF32)"
+            )
         self.precision = precision
         self._before: tuple[str, bool] | None = None
 

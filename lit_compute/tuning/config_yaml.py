@@ -24,15 +24,18 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """The YAML file at ``path`` as a dict, or a ConfigError naming the file and the problem."""
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"--config {str(path)!r}: no such file; pass the YAML you train with "
-                          "(lit-compute fit --config FILE)")
+        raise ConfigError(
+            f"--config {str(path)!r}: no such file; pass the YAML you train with (lit-compute fit --config FILE)"
+        )
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"--config {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {str(path)!r} must be a mapping with trainer:, model: (and data:) sections, "
-                          f"got {type(data).__name__}")
+        raise ConfigError(
+            f"--config {str(path)!r} must be a mapping with trainer:, model: (and data:) sections, "
+            f"got {type(data).__name__}"
+        )
     return data
 
 
@@ -109,8 +112,12 @@ def paths_differing(old: Any, new: Any, prefix: ConfigPath = ()) -> list[ConfigP
             else:
                 out += paths_differing(old[key], new[key], (*prefix, key))
         return out
-    if isinstance(old, list) and isinstance(new, list) and len(new) >= len(old) and all(
-            class_name(a) == class_name(b) for a, b in zip(old, new)):
+    if (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(new) >= len(old)
+        and all(class_name(a) == class_name(b) for a, b in zip(old, new))
+    ):
         out = []
         for i, item in enumerate(new):
             out += paths_differing(old[i], item, (*prefix, i)) if i < len(old) else [(*prefix, i)]
@@ -171,7 +178,7 @@ def user_comments(text: str) -> tuple[dict[ConfigPath, str], dict[ConfigPath, li
         path = starts[number]
         if pending:
             above[path], pending = pending, []
-        rest = line[token_end.get(number, len(line)):].lstrip().lstrip(":").strip()
+        rest = line[token_end.get(number, len(line)) :].lstrip().lstrip(":").strip()
         if rest.startswith("#"):
             inline[path] = rest[1:].strip()
     return inline, above
@@ -188,8 +195,15 @@ def _comment(comments: Mapping[ConfigPath, str], path: ConfigPath) -> str:
     return f"  # {text}" if text else ""
 
 
-def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPath, str], lines: list[str],
-          first_prefix: str | None = None, above: Mapping[ConfigPath, list[str]] | None = None) -> None:
+def _emit(
+    value: Any,
+    path: ConfigPath,
+    indent: int,
+    comments: Mapping[ConfigPath, str],
+    lines: list[str],
+    first_prefix: str | None = None,
+    above: Mapping[ConfigPath, list[str]] | None = None,
+) -> None:
     pad = " " * indent
     above = above or {}
     items = value.items() if isinstance(value, dict) else enumerate(value)
@@ -197,8 +211,11 @@ def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPat
         here = (*path, key)
         # full-line comments before the line: a list item's and its first key's both go above the dash line
         comment_pad = first_prefix.replace("-", " ") if n == 0 and first_prefix is not None else pad
-        for text in above.get(here, []) + (above.get((*here, next(iter(item))), []) if isinstance(value, list)
-                                            and isinstance(item, dict) and item else []):
+        for text in above.get(here, []) + (
+            above.get((*here, next(iter(item))), [])
+            if isinstance(value, list) and isinstance(item, dict) and item
+            else []
+        ):
             lines.append(f"{comment_pad}# {text}" if text else f"{comment_pad}#")
         if isinstance(value, dict):
             head = f"{pad}{_scalar(key)}:"
@@ -208,8 +225,15 @@ def _emit(value: Any, path: ConfigPath, indent: int, comments: Mapping[ConfigPat
             head = first_prefix + head.lstrip()
         if isinstance(item, (dict, list)) and item:
             if isinstance(value, list) and isinstance(item, dict):
-                _emit(item, here, indent + 2, comments, lines, first_prefix=f"{pad}- ",
-                      above={k: v for k, v in above.items() if k != (*here, next(iter(item)))})
+                _emit(
+                    item,
+                    here,
+                    indent + 2,
+                    comments,
+                    lines,
+                    first_prefix=f"{pad}- ",
+                    above={k: v for k, v in above.items() if k != (*here, next(iter(item)))},
+                )
                 if comments.get(here):
                     lines[_first_line_of(lines, pad)] += _comment(comments, here)
                 continue
@@ -227,8 +251,12 @@ def _first_line_of(lines: list[str], pad: str) -> int:
     return len(lines) - 1
 
 
-def dump_yaml(config: Mapping[str, Any], comments: Mapping[ConfigPath, str] | None = None,
-              header: list[str] | None = None, above: Mapping[ConfigPath, list[str]] | None = None) -> str:
+def dump_yaml(
+    config: Mapping[str, Any],
+    comments: Mapping[ConfigPath, str] | None = None,
+    header: list[str] | None = None,
+    above: Mapping[ConfigPath, list[str]] | None = None,
+) -> str:
     """``config`` as block-style YAML with ``comments[path]`` at the end of the line that sets ``path`` and the
     lines ``above[path]`` as full-line comments before it."""
     lines = [f"# {line}" if line else "#" for line in (header or [])]

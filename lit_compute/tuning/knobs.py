@@ -82,7 +82,11 @@ def _precision_edit(norms: list[str]) -> Callable[[dict[str, Any], Any], None]:
         if not norms:
             trainer["precision"] = value
             return
-        plugin = "lit_compute.FP32BatchNormHalfPrecision" if value.endswith("-true") else "lit_compute.FP32BatchNormPrecision"
+        plugin = (
+            "lit_compute.FP32BatchNormHalfPrecision"
+            if value.endswith("-true")
+            else "lit_compute.FP32BatchNormPrecision"
+        )
         init_args: dict[str, Any] = {"precision": value}
         if others:
             init_args["fp32_norms"] = others
@@ -154,29 +158,43 @@ def _precision(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     elif machine.bf16_fast:
         values = ["bf16-mixed", "bf16-true"]
     else:
-        return NotApplicable("precision", f"bfloat16 is not faster than float32 on this {machine.device} "
-                                          f"({machine.note}); 16-mixed needs a GPU")
+        return NotApplicable(
+            "precision",
+            f"bfloat16 is not faster than float32 on this {machine.device} ({machine.note}); 16-mixed needs a GPU",
+        )
     norms = list(facts.get("norms") or [])
     kept = f" with {', '.join(norms)} in float32" if norms else ""
-    return Knob("precision", values, _precision_edit(norms), lambda v: f"precision {v}{kept}",
-                changes_results="lower-precision arithmetic changes the losses slightly")
+    return Knob(
+        "precision",
+        values,
+        _precision_edit(norms),
+        lambda v: f"precision {v}{kept}",
+        changes_results="lower-precision arithmetic changes the losses slightly",
+    )
 
 
 def _tf32(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if machine.device != "cuda":
-        return NotApplicable("tf32", f"TF32 tensor cores are an NVIDIA GPU's (Ampere and later); this run is on the "
-                                     f"{machine.device}")
+        return NotApplicable(
+            "tf32", f"TF32 tensor cores are an NVIDIA GPU's (Ampere and later); this run is on the {machine.device}"
+        )
     if not machine.extras.get("tf32"):
-        return NotApplicable("tf32", f"{machine.extras.get('device_name', 'this GPU')} has no TF32 tensor cores "
-                                     "(compute capability below 8.0)")
+        return NotApplicable(
+            "tf32",
+            f"{machine.extras.get('device_name', 'this GPU')} has no TF32 tensor cores (compute capability below 8.0)",
+        )
     if str(facts.get("precision", "32-true")) not in ("32-true", "32"):
         return NotApplicable("tf32", f"the run is {facts.get('precision')}: its matmuls are not float32")
     if facts.get("float32_matmul_precision", "highest") != "highest":
         return NotApplicable("tf32", f"float32 matmul precision is {facts.get('float32_matmul_precision')!r} already")
-    return Knob("tf32", ["high"], _float32_matmul_edit(),
-                lambda v: f"float32 matmuls and convolutions on TF32 tensor cores (Float32MatmulPrecision('{v}'))",
-                changes_results="TF32 rounds matmul inputs to 10 mantissa bits",
-                excluded_by={"precision": "the matmuls run in 16 bits once the precision changed"})
+    return Knob(
+        "tf32",
+        ["high"],
+        _float32_matmul_edit(),
+        lambda v: f"float32 matmuls and convolutions on TF32 tensor cores (Float32MatmulPrecision('{v}'))",
+        changes_results="TF32 rounds matmul inputs to 10 mantissa bits",
+        excluded_by={"precision": "the matmuls run in 16 bits once the precision changed"},
+    )
 
 
 def _float32_matmul_edit() -> Callable[[dict[str, Any], Any], None]:
@@ -188,8 +206,9 @@ def _float32_matmul_edit() -> Callable[[dict[str, Any], Any], None]:
 
 def _cudnn_benchmark(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if machine.device != "cuda":
-        return NotApplicable("cudnn_benchmark", f"cuDNN's autotuner picks GPU convolution kernels; this run is on the "
-                                                f"{machine.device}")
+        return NotApplicable(
+            "cudnn_benchmark", f"cuDNN's autotuner picks GPU convolution kernels; this run is on the {machine.device}"
+        )
     if not facts.get("conv2d"):
         return NotApplicable("cudnn_benchmark", "the model has no 2-D convolutions for cuDNN to autotune")
     if facts.get("cudnn_benchmark"):
@@ -198,8 +217,12 @@ def _cudnn_benchmark(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     def edit(config: dict[str, Any], value: Any) -> None:
         section(config, "trainer")["benchmark"] = value
 
-    return Knob("cudnn_benchmark", [True], edit,
-                lambda v: "cuDNN autotuning of each convolution shape (Trainer(benchmark=True))")
+    return Knob(
+        "cudnn_benchmark",
+        [True],
+        edit,
+        lambda v: "cuDNN autotuning of each convolution shape (Trainer(benchmark=True))",
+    )
 
 
 def _channels_last(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -207,8 +230,12 @@ def _channels_last(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         return NotApplicable("channels_last", "the model has no 2-D convolutions")
     if facts.get("channels_last"):
         return NotApplicable("channels_last", "the convolution weights are channels-last already")
-    return Knob("channels_last", [True], _callback_edit("lit_compute.speedup.ChannelsLast"),
-                lambda v: "channels-last convolution weights (ChannelsLast)")
+    return Knob(
+        "channels_last",
+        [True],
+        _callback_edit("lit_compute.speedup.ChannelsLast"),
+        lambda v: "channels-last convolution weights (ChannelsLast)",
+    )
 
 
 def _data_class(facts: Facts) -> str:
@@ -225,15 +252,21 @@ def _dali(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if (reason := _own_loaders(facts)) is not None:
         return NotApplicable("dali", reason)
     if short(_data_class(facts)) != "TorchvisionImageDataModule":
-        return NotApplicable("dali", f"{short(_data_class(facts))} is not an image-folder datamodule "
-                                     "DALIImageDataModule replaces")
+        return NotApplicable(
+            "dali", f"{short(_data_class(facts))} is not an image-folder datamodule DALIImageDataModule replaces"
+        )
     if not machine.dali:
         return NotApplicable("dali", "NVIDIA DALI is not installed (pip install 'lit-compute[dali]')")
     dali_args = list(machine.extras.get("dali_args") or [])
-    return Knob("dali", [True], _dali_edit(_data_class(facts), dali_args),
-                lambda v: "DALIImageDataModule (decode and augment in DALI) instead of torchvision",
-                changes_results="DALI's resize and crop differ from torchvision's: different pixels", same_batches=False,
-                warmup_s=60.0)  # DALI's import, pipeline build and first prefetch before the steps run at speed
+    return Knob(
+        "dali",
+        [True],
+        _dali_edit(_data_class(facts), dali_args),
+        lambda v: "DALIImageDataModule (decode and augment in DALI) instead of torchvision",
+        changes_results="DALI's resize and crop differ from torchvision's: different pixels",
+        same_batches=False,
+        warmup_s=60.0,
+    )  # DALI's import, pipeline build and first prefetch before the steps run at speed
 
 
 def _workers(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -256,9 +289,13 @@ def _workers(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if "prefetch_factor" in args:
         fixed["prefetch_factor"] = 4
     extra = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
-    return Knob("loader", [workers], _data_edit(_data_class(facts), **fixed),
-                lambda v: f"DataLoader num_workers={v}" + (f", {extra}" if extra else ""),
-                excluded_by={"dali": "DALIImageDataModule decodes in DALI's own threads: no DataLoader workers"})
+    return Knob(
+        "loader",
+        [workers],
+        _data_edit(_data_class(facts), **fixed),
+        lambda v: f"DataLoader num_workers={v}" + (f", {extra}" if extra else ""),
+        excluded_by={"dali": "DALIImageDataModule decodes in DALI's own threads: no DataLoader workers"},
+    )
 
 
 def _packing(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -266,9 +303,14 @@ def _packing(facts: Facts, machine: Machine) -> Knob | NotApplicable:
         return NotApplicable("packing", "not a TokenDataModule (only its documents can be packed into rows)")
     if facts.get("datamodule_mode") != "padded":
         return NotApplicable("packing", f"documents are {facts.get('datamodule_mode')} already")
-    return Knob("packing", ["packed"], _data_edit(_data_class(facts), mode=None),
-                lambda v: "documents packed into full rows instead of padded",
-                changes_results="packed rows hold more real tokens per step: different batches", same_batches=False)
+    return Knob(
+        "packing",
+        ["packed"],
+        _data_edit(_data_class(facts), mode=None),
+        lambda v: "documents packed into full rows instead of padded",
+        changes_results="packed rows hold more real tokens per step: different batches",
+        same_batches=False,
+    )
 
 
 def _fused(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -281,8 +323,12 @@ def _fused(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if not_fusable:
         return NotApplicable("fused_optimizer", str(not_fusable[0].get("why_not")))
     names = ", ".join(sorted({short(o["class"]) for o in optimizers}))
-    return Knob("fused_optimizer", [True], _callback_edit("lit_compute.speedup.FusedOptimizer"),
-                lambda v: f"fused {names} step (FusedOptimizer)")
+    return Knob(
+        "fused_optimizer",
+        [True],
+        _callback_edit("lit_compute.speedup.FusedOptimizer"),
+        lambda v: f"fused {names} step (FusedOptimizer)",
+    )
 
 
 def _micro_batch(facts: Facts, machine: Machine) -> Knob | NotApplicable:
@@ -296,51 +342,98 @@ def _micro_batch(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if not isinstance(batch, int) or batch < 4 or batch % 2:
         return NotApplicable("micro_batch", f"batch size {batch} cannot be halved evenly")
     accumulate = int(facts.get("accumulate_grad_batches") or 1)
-    note = " (BatchNorm statistics over the smaller batch)" if any("BatchNorm" in n for n in facts.get("norms") or []) else ""
+    note = (
+        " (BatchNorm statistics over the smaller batch)"
+        if any("BatchNorm" in n for n in facts.get("norms") or [])
+        else ""
+    )
     # half the micro-batch with twice the accumulation; with accumulation, twice the micro-batch with half of it
     # (fewer, larger steps where memory allows: `--device-memory` leaves out what is predicted not to fit)
     values = [batch // 2] + ([batch * 2] if accumulate % 2 == 0 else [])
-    return Knob("micro_batch", values, _micro_batch_edit(_data_class(facts), batch, accumulate),
-                lambda v: f"micro-batch {v} x {accumulate * batch // v} accumulated (same global batch {batch * accumulate})",
-                changes_results=f"the same global batch in other micro-batches{note}" if note else "")
+    return Knob(
+        "micro_batch",
+        values,
+        _micro_batch_edit(_data_class(facts), batch, accumulate),
+        lambda v: f"micro-batch {v} x {accumulate * batch // v} accumulated (same global batch {batch * accumulate})",
+        changes_results=f"the same global batch in other micro-batches{note}" if note else "",
+    )
 
 
 def _ddp(facts: Facts, machine: Machine) -> list[Knob | NotApplicable]:
     if not facts.get("ddp") or int(facts.get("world_size") or 1) < 2:
-        reason = "one process: no gradient all-reduce to tune" if int(facts.get("world_size") or 1) < 2 else (
-            f"{short(str(facts.get('strategy')))} is not a DDP strategy")
+        reason = (
+            "one process: no gradient all-reduce to tune"
+            if int(facts.get("world_size") or 1) < 2
+            else (f"{short(str(facts.get('strategy')))} is not a DDP strategy")
+        )
         return [NotApplicable(name, reason) for name in ("ddp_buckets", "ddp_static_graph", "ddp_comm_hook")]
     hook = "bf16" if machine.bf16_supported or machine.device == "cpu" else "fp16"
     return [
-        Knob("ddp_buckets", [100], _ddp_edit(bucket_cap_mb=None, gradient_as_bucket_view=True),
-             lambda v: f"TunedDDPStrategy bucket_cap_mb={v}, gradient_as_bucket_view"),
+        Knob(
+            "ddp_buckets",
+            [100],
+            _ddp_edit(bucket_cap_mb=None, gradient_as_bucket_view=True),
+            lambda v: f"TunedDDPStrategy bucket_cap_mb={v}, gradient_as_bucket_view",
+        ),
         Knob("ddp_static_graph", [True], _ddp_edit(static_graph=None), lambda v: "DDP static_graph"),
-        Knob("ddp_comm_hook", [hook], _ddp_edit(comm_hook=None), lambda v: f"{v}-compressed gradient all-reduce",
-             changes_results="gradients are averaged in 16 bits"),
+        Knob(
+            "ddp_comm_hook",
+            [hook],
+            _ddp_edit(comm_hook=None),
+            lambda v: f"{v}-compressed gradient all-reduce",
+            changes_results="gradients are averaged in 16 bits",
+        ),
     ]
 
 
 def _compile(facts: Facts, machine: Machine) -> Knob | NotApplicable:
     if facts.get("compiled"):
         return NotApplicable("compile", "the model is compiled already")
-    return Knob("compile", [True], _callback_edit("lit_compute.speedup.CompileModules"),
-                lambda v: "torch.compile of the submodules (CompileModules)", warmup_s=120.0)
+    return Knob(
+        "compile",
+        [True],
+        _callback_edit("lit_compute.speedup.CompileModules"),
+        lambda v: "torch.compile of the submodules (CompileModules)",
+        warmup_s=120.0,
+    )
 
 
 #: the order the greedy search visits the knobs: the largest expected gains first; the slow ones to try (DALI's
 #: pipeline build, compilation) after the cheap ones, so a spent budget leaves out the slow ones, never the cheap
-KNOB_ORDER = ("precision", "tf32", "cudnn_benchmark", "channels_last", "loader", "packing", "fused_optimizer",
-              "micro_batch", "dali", "ddp_buckets", "ddp_static_graph", "ddp_comm_hook", "compile")
+KNOB_ORDER = (
+    "precision",
+    "tf32",
+    "cudnn_benchmark",
+    "channels_last",
+    "loader",
+    "packing",
+    "fused_optimizer",
+    "micro_batch",
+    "dali",
+    "ddp_buckets",
+    "ddp_static_graph",
+    "ddp_comm_hook",
+    "compile",
+)
 
 
-def find_knobs(facts: Facts, machine: Machine, only: list[str] | None = None,
-               skip: list[str] | None = None) -> tuple[list[Knob], list[NotApplicable]]:
+def find_knobs(
+    facts: Facts, machine: Machine, only: list[str] | None = None, skip: list[str] | None = None
+) -> tuple[list[Knob], list[NotApplicable]]:
     """The knobs that apply to this model (in :data:`KNOB_ORDER`) and the ones that do not, with reasons."""
-    found: list[Knob | NotApplicable] = [_precision(facts, machine), _tf32(facts, machine),
-                                         _cudnn_benchmark(facts, machine), _channels_last(facts, machine),
-                                         _dali(facts, machine), _workers(facts, machine), _packing(facts, machine),
-                                         _fused(facts, machine), _micro_batch(facts, machine), *_ddp(facts, machine),
-                                         _compile(facts, machine)]
+    found: list[Knob | NotApplicable] = [
+        _precision(facts, machine),
+        _tf32(facts, machine),
+        _cudnn_benchmark(facts, machine),
+        _channels_last(facts, machine),
+        _dali(facts, machine),
+        _workers(facts, machine),
+        _packing(facts, machine),
+        _fused(facts, machine),
+        _micro_batch(facts, machine),
+        *_ddp(facts, machine),
+        _compile(facts, machine),
+    ]
     knobs: list[Knob] = []
     skipped: list[NotApplicable] = []
     for item in found:
@@ -368,5 +461,3 @@ def apply_settings(config: dict[str, Any], knobs: list[Knob], settings: Mapping[
 def describe(knobs: list[Knob], settings: Mapping[str, Any]) -> str:
     parts = [k.describe(settings[k.name]) for k in knobs if k.name in settings]
     return " + ".join(parts) if parts else "baseline (your config)"
-
-

@@ -37,8 +37,23 @@ from lit_compute.tuning.measurement import Measurement
 from lit_compute.writer import log_scalars, log_text
 
 # two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-        15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+_T95 = {
+    1: 12.71,
+    2: 4.30,
+    3: 3.18,
+    4: 2.78,
+    5: 2.57,
+    6: 2.45,
+    7: 2.36,
+    8: 2.31,
+    9: 2.26,
+    10: 2.23,
+    12: 2.18,
+    15: 2.13,
+    20: 2.09,
+    25: 2.06,
+    30: 2.04,
+}
 
 
 def t95(dof: int) -> float:
@@ -68,7 +83,7 @@ def steady_start(durations: list[float], batch: int = MSER_BATCH) -> int:
     squared standard error of the mean of what is left, ``sum((x - mean)^2) / (n - d)^2``, searched over the first
     half. A run whose first steps are slow (oneDNN preparing bf16 or channels-last kernels, caches filling) drops
     them; a run that is steady from the start drops none. Fewer than two batches: none."""
-    means = [statistics.fmean(durations[i:i + batch]) for i in range(0, len(durations) - batch + 1, batch)]
+    means = [statistics.fmean(durations[i : i + batch]) for i in range(0, len(durations) - batch + 1, batch)]
     if len(means) < 2:
         return 0
     best, best_d = math.inf, 0
@@ -93,8 +108,10 @@ def _loss_of(outputs: Any) -> float | None:
 def _logged_loss(trainer: pl.Trainer) -> tuple[str, float] | None:
     """A loss the step logged (``self.log("train_loss", ...)``: manual optimization returns none), by name."""
     metrics = cast(Any, trainer).callback_metrics
-    names = sorted((k for k in metrics if "loss" in k.lower() and not k.endswith("_epoch")),
-                   key=lambda k: (not k.endswith("_step"), len(k)))
+    names = sorted(
+        (k for k in metrics if "loss" in k.lower() and not k.endswith("_epoch")),
+        key=lambda k: (not k.endswith("_step"), len(k)),
+    )
     for name in names:
         value = metrics[name]
         if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -120,16 +137,26 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
 
     record = run_record(trainer)
     modules = list(pl_module.modules())
-    norms = sorted({type(m).__name__ for m in modules if isinstance(m, (torch.nn.modules.batchnorm._NormBase,
-                                                                         torch.nn.LayerNorm, torch.nn.GroupNorm))
-                    or type(m).__name__.endswith("Norm")})
+    norms = sorted(
+        {
+            type(m).__name__
+            for m in modules
+            if isinstance(m, (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm))
+            or type(m).__name__.endswith("Norm")
+        }
+    )
     datamodule = getattr(trainer, "datamodule", None)
     loader = trainer.train_dataloader
     loader_facts: dict[str, Any] = {}
     if isinstance(loader, torch.utils.data.DataLoader):
-        loader_facts = {"class": _path(loader), "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-                        "persistent_workers": loader.persistent_workers, "prefetch_factor": loader.prefetch_factor,
-                        "batch_size": loader.batch_size}
+        loader_facts = {
+            "class": _path(loader),
+            "num_workers": loader.num_workers,
+            "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers,
+            "prefetch_factor": loader.prefetch_factor,
+            "batch_size": loader.batch_size,
+        }
     elif loader is not None:
         loader_facts = {"class": _path(loader)}
     return {
@@ -145,8 +172,15 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
         "datamodule_args": _init_args(datamodule),
         "datamodule_mode": getattr(datamodule, "mode", None),
         "loader": loader_facts,
-        "optimizers": [{"class": _path(o), "fusable": fusable(o) is None, "why_not": fusable(o),
-                        "fused": bool(o.param_groups and o.param_groups[0].get("fused"))} for o in trainer.optimizers],
+        "optimizers": [
+            {
+                "class": _path(o),
+                "fusable": fusable(o) is None,
+                "why_not": fusable(o),
+                "fused": bool(o.param_groups and o.param_groups[0].get("fused")),
+            }
+            for o in trainer.optimizers
+        ],
         "automatic_optimization": pl_module.automatic_optimization,
         "strategy": _path(trainer.strategy),
         "ddp": isinstance(trainer.strategy, DDPStrategy),
@@ -181,10 +215,18 @@ class TrialRecorder(MeasuringCallback):
     """
 
     @validated
-    def __init__(self, out: str, warmup_steps: Annotated[int, Check(ge=0)] = 3, min_steps: Annotated[int, Check(ge=2)] = 5,
-                 max_timed_steps: Annotated[int, Check(ge=2)] = 400, seconds: Annotated[float, Check(gt=0)] = 30.0,
-                 target_ci: Annotated[float, Check(gt=0)] = 0.03, loss_steps: Annotated[int, Check(ge=0)] = 8,
-                 check_steps: Annotated[int, Check(ge=0)] = 0, validate: bool = False) -> None:
+    def __init__(
+        self,
+        out: str,
+        warmup_steps: Annotated[int, Check(ge=0)] = 3,
+        min_steps: Annotated[int, Check(ge=2)] = 5,
+        max_timed_steps: Annotated[int, Check(ge=2)] = 400,
+        seconds: Annotated[float, Check(gt=0)] = 30.0,
+        target_ci: Annotated[float, Check(gt=0)] = 0.03,
+        loss_steps: Annotated[int, Check(ge=0)] = 8,
+        check_steps: Annotated[int, Check(ge=0)] = 0,
+        validate: bool = False,
+    ) -> None:
         super().__init__()
         self.check_steps = check_steps
         self.validate = validate and check_steps > 0
@@ -222,8 +264,9 @@ class TrialRecorder(MeasuringCallback):
         self._trainer = trainer
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = _loss_of(outputs)
         if loss is None and not pl_module.automatic_optimization and (logged := _logged_loss(trainer)) is not None:
             self.loss_source, loss = f"logged as {logged[0]}", logged[1]
@@ -247,8 +290,9 @@ class TrialRecorder(MeasuringCallback):
             self._timing_since = time.perf_counter()
             self._cpu_start = cpu_sample()  # what other processes take of the CPUs while this trial is timed
         if record.clean and record.samples:
-            self.steps.append({"s": record.duration_s, "wait": record.wait_s, "samples": record.samples,
-                               "batches": record.batches})
+            self.steps.append(
+                {"s": record.duration_s, "wait": record.wait_s, "samples": record.samples, "batches": record.batches}
+            )
             self._real_tokens.append(record.real_tokens if record.real_tokens is not None else record.tokens)
         self._maybe_stop(trainer)
 
@@ -268,8 +312,11 @@ class TrialRecorder(MeasuringCallback):
         if not self.validate or trainer.sanity_checking or self._seen < self.check_steps:
             return
         metrics = cast(Any, trainer).callback_metrics
-        self.val_metrics = {k: float(v) for k, v in metrics.items() if "val" in k.lower()
-                            and isinstance(v, torch.Tensor) and v.numel() == 1}
+        self.val_metrics = {
+            k: float(v)
+            for k, v in metrics.items()
+            if "val" in k.lower() and isinstance(v, torch.Tensor) and v.numel() == 1
+        }
         self._stop(trainer, f"validated after {self._seen} steps")
 
     def _maybe_stop(self, trainer: pl.Trainer) -> None:
@@ -300,7 +347,7 @@ class TrialRecorder(MeasuringCallback):
         most = max((s["samples"] for s in self.steps), default=0)
         full = [i for i, s in enumerate(self.steps) if s["samples"] == most and s["s"] > 0]
         self.settling_steps = steady_start([self.steps[i]["s"] for i in full])
-        return full[self.settling_steps:]
+        return full[self.settling_steps :]
 
     def _rates(self) -> list[float]:
         return [self.steps[i]["samples"] / self.steps[i]["s"] for i in self._full()]
@@ -320,16 +367,25 @@ class TrialRecorder(MeasuringCallback):
             return
         result = self.result()
         step = max(0, int(trainer.global_step) - 1)
-        figures = {"tune/samples_per_sec": result["samples_per_sec"], "tune/tokens_per_sec": result.get("tokens_per_sec"),
-                   "tune/timed_steps": float(result["timed_steps"]), "tune/data_wait_fraction": result["data_wait"]}
+        figures = {
+            "tune/samples_per_sec": result["samples_per_sec"],
+            "tune/tokens_per_sec": result.get("tokens_per_sec"),
+            "tune/timed_steps": float(result["timed_steps"]),
+            "tune/data_wait_fraction": result["data_wait"],
+        }
         if result["samples_per_sec"] and result["samples_per_step"]:
             figures["tune/step_ms"] = 1e3 * result["samples_per_step"] / result["samples_per_sec"]
         mfu = _mfu(trainer, result)
         if mfu is not None:
             figures["tune/mfu"] = mfu
         log_scalars(trainer, {k: float(v) for k, v in figures.items() if v is not None}, step=step)
-        log_text(trainer, "tune/trial", f"lit-compute tune trial: stopped after {result['steps_seen']} steps "
-                 f"({self.stop_reason or 'the run ended'}); {result['timed_steps']} timed steps.", step=step)
+        log_text(
+            trainer,
+            "tune/trial",
+            f"lit-compute tune trial: stopped after {result['steps_seen']} steps "
+            f"({self.stop_reason or 'the run ended'}); {result['timed_steps']} timed steps.",
+            step=step,
+        )
 
     # -- the result -----------------------------------------------------------------------------------
     def result(self) -> Measurement:
@@ -357,8 +413,9 @@ class TrialRecorder(MeasuringCallback):
             "skipped_steps": self._skipped,
             "stop_reason": self.stop_reason,
             "peak_memory_gb": _peak_memory_gb(),
-            "other_cores": (others_cores(self._cpu_start, self._cpu_end or cpu_sample())
-                            if self._cpu_start is not None else None),
+            "other_cores": (
+                others_cores(self._cpu_start, self._cpu_end or cpu_sample()) if self._cpu_start is not None else None
+            ),
             "cpu_count": os.cpu_count() or 1,
         }
         if self.val_metrics:

@@ -39,8 +39,9 @@ def rate_text(value: float | None) -> str:
 class Budget:
     """Seconds allowed in all, those spent before this session (from the journal) and a clock."""
 
-    def __init__(self, total_s: float, spent_before_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, total_s: float, spent_before_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.total_s = total_s
         self.spent_before_s = spent_before_s
         self._clock = clock
@@ -114,8 +115,9 @@ class Outcome:
         return None
 
 
-def numerics_problem(result: TrialResult, baseline: TrialResult, options: Options,
-                     same_batches: bool = True) -> str | None:
+def numerics_problem(
+    result: TrialResult, baseline: TrialResult, options: Options, same_batches: bool = True
+) -> str | None:
     """Why ``result``'s numerics differ too much from the baseline's (None when they agree).
 
     Both start from the same seed: the first step's loss comes from the same weights and the same batch, so only
@@ -138,12 +140,16 @@ def numerics_problem(result: TrialResult, baseline: TrialResult, options: Option
         return None
     first, theirs = losses[0], reference[0]
     if same_batches and abs(first - theirs) > options.loss_tolerance * max(abs(theirs), 1e-8):
-        return (f"its first-step loss (same weights, same seed) is {first:.4g} vs the baseline's {theirs:.4g} "
-                f"({100 * (first - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.loss_tolerance:g}%)")
+        return (
+            f"its first-step loss (same weights, same seed) is {first:.4g} vs the baseline's {theirs:.4g} "
+            f"({100 * (first - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.loss_tolerance:g}%)"
+        )
     mine, theirs = statistics.fmean(losses[:n]), statistics.fmean(reference[:n])
     if abs(mine - theirs) > options.trajectory_tolerance * max(abs(theirs), 1e-8):
-        return (f"its mean training loss over the first {n} steps is {mine:.4g} vs the baseline's {theirs:.4g} "
-                f"({100 * (mine - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.trajectory_tolerance:g}%)")
+        return (
+            f"its mean training loss over the first {n} steps is {mine:.4g} vs the baseline's {theirs:.4g} "
+            f"({100 * (mine - theirs) / abs(theirs):+.1f}%; tolerance +-{100 * options.trajectory_tolerance:g}%)"
+        )
     return None
 
 
@@ -173,15 +179,18 @@ def short_verdict(result: TrialResult, incumbent: TrialResult, options: Options)
     if ratio >= 1 + options.min_gain / 2:
         return ""
     noise = math.hypot(result.ci or 0.0, incumbent.ci or 0.0)  # relative half-widths, the two runs independent
-    text = (f"{rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same steady-state steps "
-            f"({ratio:.2f}x, the runs' joint 95% interval +-{100 * noise:.1f}%)")
+    text = (
+        f"{rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same steady-state steps "
+        f"({ratio:.2f}x, the runs' joint 95% interval +-{100 * noise:.1f}%)"
+    )
     if ratio * (1 + noise) < 1.0:
         return f"slower beyond the noise: {text}"
     return f"{UNCLEAR}, measured as a pair: {text}"
 
 
-def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
-            same_batches: bool = True) -> str | None:
+def failure(
+    result: TrialResult, baseline: TrialResult | None, options: Options, same_batches: bool = True
+) -> str | None:
     """Why ``result`` cannot be used (a failure or the numerics), or None."""
     if baseline is not None:
         problem = numerics_problem(result, baseline, options, same_batches)
@@ -195,8 +204,22 @@ def failure(result: TrialResult, baseline: TrialResult | None, options: Options,
 
 
 #: Two-sided 95% Student t quantiles by degrees of freedom (beyond the table: the normal 1.96).
-_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+_T95 = {
+    1: 12.71,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 
 
 def t95(dof: int) -> float:
@@ -251,9 +274,15 @@ def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]], run_noise: float 
 class Search:
     """Run the greedy search over ``knobs`` with ``measure`` inside ``budget``."""
 
-    def __init__(self, knobs: list[Knob], measure: Callable[[TrialSpec, float, float], TrialResult], budget: Budget,
-                 options: Options, estimate_s: Callable[[TrialSpec], float],
-                 cached: Callable[[TrialSpec], bool] = lambda spec: False) -> None:
+    def __init__(
+        self,
+        knobs: list[Knob],
+        measure: Callable[[TrialSpec, float, float], TrialResult],
+        budget: Budget,
+        options: Options,
+        estimate_s: Callable[[TrialSpec], float],
+        cached: Callable[[TrialSpec], bool] = lambda spec: False,
+    ) -> None:
         self.knobs = knobs
         self.measure = measure
         self.budget = budget
@@ -314,11 +343,17 @@ class Search:
         outcome.rivals = self._rivals(outcome) if pairs else []
         racing = list(outcome.rivals)  # the rivals still in the finals
         for i in range(pairs):
-            specs = [TrialSpec(settings, "final", i, o.long_s)
-                     for settings in [{}, dict(outcome.settings), *(dict(r.settings) for r in racing)]]
+            specs = [
+                TrialSpec(settings, "final", i, o.long_s)
+                for settings in [{}, dict(outcome.settings), *(dict(r.settings) for r in racing)]
+            ]
             if racing and not self._affordable(self.budget.left(), *specs):
-                outcome.not_tried.append((f"final round {i + 1} of " + "; ".join(r.name() for r in racing),
-                                          "budget spent: the baseline and the tuned configuration ran on alone"))
+                outcome.not_tried.append(
+                    (
+                        f"final round {i + 1} of " + "; ".join(r.name() for r in racing),
+                        "budget spent: the baseline and the tuned configuration ran on alone",
+                    )
+                )
                 racing, specs = [], specs[:2]
             if i > 0 and not self._affordable(self.budget.left(), *specs):
                 break
@@ -359,6 +394,7 @@ class Search:
         says so."""
         best: Rival | None = None
         best_ratio, floor = 1.0, 1.0 + self.options.min_gain
+
         def finished(mine: list[TrialResult], theirs: list[TrialResult]) -> list[tuple[TrialResult, TrialResult]]:
             return [(a, b) for a, b in zip(mine, theirs) if a.ok and b.ok and a.rate and b.rate]  # same rounds
 
@@ -371,8 +407,10 @@ class Search:
         if best is None or best.paired is None:
             return
         replaced = Rival(dict(outcome.settings), outcome.final_tuned)
-        outcome.switched = (f"the finals measured {best.name()} {best.paired.text()} beside the search's answer "
-                            f"({replaced.name()}): it is the answer")
+        outcome.switched = (
+            f"the finals measured {best.name()} {best.paired.text()} beside the search's answer "
+            f"({replaced.name()}): it is the answer"
+        )
         outcome.settings, outcome.final_tuned = dict(best.settings), best.runs
         replaced.paired = paired_ratio(finished(replaced.runs, best.runs), self.run_noise())
         outcome.rivals = [replaced if r is best else r for r in outcome.rivals]
@@ -395,16 +433,21 @@ class Search:
                 outcome.not_tried.append((f"{knob.name}={value}", f"budget spent (a trial needs about {cost:.0f} s)"))
                 continue
             result = self.measure(spec, cost, self._search_left())
-            verdict = Verdict(result, knob.name,
-                              reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or "")
+            verdict = Verdict(
+                result, knob.name, reason=failure(result, outcome.baseline, o, self._same_batches(spec.settings)) or ""
+            )
             if not verdict.reason:
                 verdict.reason = short_verdict(result, incumbent, o)
             outcome.verdicts.append(verdict)
             short.append(verdict)
         # values are listed in order of preference: a later one must be min_gain faster to be measured first
         order = {repr(v): i for i, v in enumerate(knob.values)}
-        faster = sorted((v for v in short if not v.reason), key=lambda v: -(v.result.rate or 0.0) / (
-            1 + o.min_gain) ** order.get(repr(v.result.settings.get(knob.name)), 0))
+        faster = sorted(
+            (v for v in short if not v.reason),
+            key=lambda v: (
+                -(v.result.rate or 0.0) / (1 + o.min_gain) ** order.get(repr(v.result.settings.get(knob.name)), 0)
+            ),
+        )
         # the better half of the faster ones; every unclear one too (never a rejection inside the noise), after them
         unclear = sorted((v for v in short if v.reason.startswith(UNCLEAR)), key=lambda v: -(v.result.rate or 0.0))
         promising = faster[: max(1, len(short) // 2)] + unclear
@@ -414,8 +457,10 @@ class Search:
             if long_verdict is None:
                 continue
             outcome.verdicts.append(long_verdict)
-            if not long_verdict.reason and (best is None or (long_verdict.paired.ratio if long_verdict.paired else 0)
-                                            > (best.paired.ratio if best.paired else 0)):
+            if not long_verdict.reason and (
+                best is None
+                or (long_verdict.paired.ratio if long_verdict.paired else 0) > (best.paired.ratio if best.paired else 0)
+            ):
                 best = long_verdict
         if best is None:
             return incumbent
@@ -427,8 +472,9 @@ class Search:
         outcome.settings[knob.name] = best.result.settings[knob.name]
         return best.result
 
-    def _paired_long(self, knob: Knob, settings: dict[str, Any], incumbent: TrialResult,
-                     outcome: Outcome) -> Verdict | None:
+    def _paired_long(
+        self, knob: Knob, settings: dict[str, Any], incumbent: TrialResult, outcome: Outcome
+    ) -> Verdict | None:
         """A candidate measured long beside fresh runs of the incumbent, pair after pair (alternating which runs
         first) until the paired interval of its gain clears ``min_gain`` or falls below it; None when not even
         one pair fits the budget."""
@@ -442,7 +488,9 @@ class Search:
             rerun = TrialSpec(dict(incumbent.settings), "pair", self._reruns.get(key, 0), o.long_s)
             candidate = TrialSpec(settings, "long", index, o.long_s)
             if not self._affordable(self._search_left(), rerun, candidate):
-                outcome.not_tried.append((f"{knob.name}={settings[knob.name]} (long, pair {index + 1})", "budget spent"))
+                outcome.not_tried.append(
+                    (f"{knob.name}={settings[knob.name]} (long, pair {index + 1})", "budget spent")
+                )
                 break
             self._reruns[key] = rerun.repeat + 1
             order = (candidate, rerun) if index % 2 == 0 else (rerun, candidate)
@@ -460,9 +508,10 @@ class Search:
             if paired.low >= floor:
                 return verdict
             if paired.high < floor:
-                verdict.reason = (f"gain below {100 * o.min_gain:g}%: {paired.text()} beside the configuration "
-                                  "before it")
+                verdict.reason = f"gain below {100 * o.min_gain:g}%: {paired.text()} beside the configuration before it"
                 return verdict
-            verdict.reason = (f"inconclusive: {paired.text()} beside the configuration before it; the interval "
-                              f"straddles the {100 * o.min_gain:g}% minimum gain (the machine's noise)")
+            verdict.reason = (
+                f"inconclusive: {paired.text()} beside the configuration before it; the interval "
+                f"straddles the {100 * o.min_gain:g}% minimum gain (the machine's noise)"
+            )
         return verdict

@@ -27,8 +27,9 @@ def _rate(result: TrialResult) -> str:
     return f"{rate_text(result.rate)}{ci}"
 
 
-def mfu(result: TrialResult, peaks: Mapping[str, float], precision: str,
-        flops_by_shape: Mapping[Any, float] | None = None) -> float | None:
+def mfu(
+    result: TrialResult, peaks: Mapping[str, float], precision: str, flops_by_shape: Mapping[Any, float] | None = None
+) -> float | None:
     """Model FLOPs utilisation: counted FLOPs per sample x samples/s over the measured peak in the trial's
     dtype (None without a FLOP count or a peak). A trial too short for FlopsLogger's first logging step takes the
     count of another trial with the same batch shapes (``flops_by_shape``)."""
@@ -63,18 +64,31 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
     def row(result: TrialResult, verdict: str, knob: str | None, whole: str = "tuned: ") -> None:
         ratio = f"{result.rate / base.rate:.2f}x" if result.rate and base.rate else "n/a"
         if knob is None:  # the baseline and the side-by-side rows name the whole configuration
-            name = "baseline (your config)" if not result.settings else whole + ", ".join(
-                f"{k}={v}" for k, v in result.settings.items())
+            name = (
+                "baseline (your config)"
+                if not result.settings
+                else whole + ", ".join(f"{k}={v}" for k, v in result.settings.items())
+            )
         else:  # a search row names the knob it adds to the configuration accepted so far
             name = "+ " + by_knob[knob].describe(result.settings[knob])
             if verdict.startswith("accepted") and by_knob[knob].changes_results:
                 verdict += f" (changes results by design: {by_knob[knob].changes_results})"
         memory = result.measured.get("peak_memory_gb")
         others = result.measured.get("other_cores")
-        rows.append([result.slug.split("_", 1)[0], name, result.rung, _rate(result),
-                     _pct(mfu(result, peaks, trial_precision(result, base), flops_by_shape)), _pct(result.measured.get("data_wait")),
-                     f"{memory:.2f} GB" if memory else "n/a", "n/a" if others is None else f"{others:.2f}", ratio,
-                     verdict])
+        rows.append(
+            [
+                result.slug.split("_", 1)[0],
+                name,
+                result.rung,
+                _rate(result),
+                _pct(mfu(result, peaks, trial_precision(result, base), flops_by_shape)),
+                _pct(result.measured.get("data_wait")),
+                f"{memory:.2f} GB" if memory else "n/a",
+                "n/a" if others is None else f"{others:.2f}",
+                ratio,
+                verdict,
+            ]
+        )
 
     row(base, "baseline", None)
     for verdict in outcome.verdicts:
@@ -85,8 +99,9 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
                 row(run, "beside it: the configuration before it, run again", None, whole="before it: ")
             else:
                 row(run, "paired (the verdict is on its last run)", verdict.knob)
-    for base_run, tuned_run, *rivals in itertools.zip_longest(outcome.final_baseline, outcome.final_tuned,
-                                                              *(r.runs for r in outcome.rivals)):
+    for base_run, tuned_run, *rivals in itertools.zip_longest(
+        outcome.final_baseline, outcome.final_tuned, *(r.runs for r in outcome.rivals)
+    ):
         if base_run is not None:
             row(base_run, "side by side: baseline", None)
         if tuned_run is not None:
@@ -94,8 +109,18 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
         for rival_run in rivals:
             if rival_run is not None:
                 row(rival_run, "side by side: another combination the search measured", None, whole="rival: ")
-    header = ["trial", "configuration", "rung", f"{unit} per device (95% CI)", "MFU", "data wait", "peak memory",
-              "others' CPUs", "vs baseline", "verdict"]
+    header = [
+        "trial",
+        "configuration",
+        "rung",
+        f"{unit} per device (95% CI)",
+        "MFU",
+        "data wait",
+        "peak memory",
+        "others' CPUs",
+        "vs baseline",
+        "verdict",
+    ]
     return markdown_table(header, rows)
 
 
@@ -115,8 +140,15 @@ def _gains(outcome: Outcome) -> dict[str, Verdict]:
     return {v.knob: v for v in outcome.verdicts if v.accepted}
 
 
-def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, source: str,
-               skipped: list[NotApplicable], final: str, source_text: str | None = None) -> str:
+def tuned_yaml(
+    config: dict[str, Any],
+    knobs: list[Knob],
+    outcome: Outcome,
+    source: str,
+    skipped: list[NotApplicable],
+    final: str,
+    source_text: str | None = None,
+) -> str:
     """The user's config with the accepted knobs applied, a comment on each line a knob changed saying what it
     bought, and a header naming the source, the date and the measured speed-up. With ``source_text`` (the user's
     file) its comments are kept beside the same settings; on a line a knob changed, the user's comment moves
@@ -139,9 +171,13 @@ def tuned_yaml(config: dict[str, Any], knobs: list[Knob], outcome: Outcome, sour
             comments[path] = f"tune: {knob.describe(settings[knob.name])}: {bought}"
         tuned = after
     date = datetime.date.today().isoformat()
-    header = [f"Tuned by `lit-compute tune --config {source}` on {date}.", final, "",
-              "Changed lines end in a `# tune:` comment saying what each bought (throughput ratio to the configuration",
-              "before it). Knobs left as they were:"]
+    header = [
+        f"Tuned by `lit-compute tune --config {source}` on {date}.",
+        final,
+        "",
+        "Changed lines end in a `# tune:` comment saying what each bought (throughput ratio to the configuration",
+        "before it). Knobs left as they were:",
+    ]
     header += _left_and_tried(outcome, skipped, "Tried and rejected:")
     inline, above = user_comments(source_text) if source_text else ({}, {})
     above = {path: list(lines) for path, lines in above.items()}
@@ -158,8 +194,11 @@ def _left_and_tried(outcome: Outcome, skipped: list[NotApplicable], tried_title:
     that was not accepted, with why."""
     lines = [f"  {line[2:]}" for line in not_applied(skipped, outcome)] or ["  (none)"]
     tried = [v for v in outcome.verdicts if not v.accepted and v.reason]
-    return lines + [tried_title] + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}"
-                                     for v in tried] or ["  (none)"])
+    return (
+        lines
+        + [tried_title]
+        + ([f"  {v.knob}={v.result.settings.get(v.knob)} ({v.result.rung}): {v.reason}" for v in tried] or ["  (none)"])
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -188,9 +227,11 @@ def contention(outcome: Outcome) -> str:
         return ""
     worst, most = max(sampled, key=lambda item: item[1])
     cpus = worst.measured.get("cpu_count") or "?"
-    return (f"The machine was contended: other processes kept {statistics.fmean(v for _, v in sampled):.2f} of its "
-            f"{cpus} CPUs busy on average while trials were timed (the most, {most:.2f}, during "
-            f"{worst.slug.split('_', 1)[0]}); every ratio here carries that noise (column \"others' CPUs\").")
+    return (
+        f"The machine was contended: other processes kept {statistics.fmean(v for _, v in sampled):.2f} of its "
+        f"{cpus} CPUs busy on average while trials were timed (the most, {most:.2f}, during "
+        f'{worst.slug.split("_", 1)[0]}); every ratio here carries that noise (column "others\' CPUs").'
+    )
 
 
 def final_line(outcome: Outcome) -> str:
@@ -203,8 +244,11 @@ def rivals_line(outcome: Outcome) -> str:
     judged = [r for r in outcome.rivals if r.paired is not None]
     if not judged:
         return ""
-    text = "Beside the answer in the finals: " + "; ".join(
-        f"{r.name()} {r.paired.text()}" for r in judged if r.paired is not None) + "."
+    text = (
+        "Beside the answer in the finals: "
+        + "; ".join(f"{r.name()} {r.paired.text()}" for r in judged if r.paired is not None)
+        + "."
+    )
     if outcome.switched:
         text += f" The search's answer was replaced: {outcome.switched}."
     return text
@@ -222,36 +266,56 @@ def _final_line(outcome: Outcome) -> str:
     side_by_side = bool(base_runs)
     base_rate = statistics.fmean(r.rate or 0.0 for r in base_runs or [outcome.baseline])
     if not tuned_runs:
-        tried = "" if not outcome.settings else (" (the accepted knobs' final runs failed: "
-                                                  + ", ".join(f"{k}={v}" for k, v in outcome.settings.items()) + ")")
-        return (f"No faster configuration found{tried}: the baseline's {rate_text(base_rate)} {unit} per device stands "
-                f"({devices} device(s)); the table says what each knob did.")
+        tried = (
+            ""
+            if not outcome.settings
+            else (
+                " (the accepted knobs' final runs failed: "
+                + ", ".join(f"{k}={v}" for k, v in outcome.settings.items())
+                + ")"
+            )
+        )
+        return (
+            f"No faster configuration found{tried}: the baseline's {rate_text(base_rate)} {unit} per device stands "
+            f"({devices} device(s)); the table says what each knob did."
+        )
     tuned_rate = statistics.fmean(r.rate or 0.0 for r in tuned_runs)
     pairs = [(t, b) for t, b in zip(outcome.final_tuned, outcome.final_baseline) if t.ok and b.ok]
     interval = f" (95% interval {p.low:.2f}-{p.high:.2f}x)" if pairs and (p := paired_ratio(pairs)) else ""
-    how = (f"measured side by side ({len(tuned_runs)} run(s) each, alternating){interval}" if side_by_side else
-           "against the search's first baseline run (no side-by-side baseline run finished: not side by side)")
+    how = (
+        f"measured side by side ({len(tuned_runs)} run(s) each, alternating){interval}"
+        if side_by_side
+        else "against the search's first baseline run (no side-by-side baseline run finished: not side by side)"
+    )
     if tuned_rate <= base_rate:
-        return (f"No faster configuration found: the accepted knobs ({', '.join(f'{k}={v}' for k, v in outcome.settings.items())}) "
-                f"measured {tuned_rate / base_rate:.2f}x {how}; your config stands ({rate_text(base_rate)} {unit} per "
-                f"device, {devices} device(s)).")
+        return (
+            f"No faster configuration found: the accepted knobs ({', '.join(f'{k}={v}' for k, v in outcome.settings.items())}) "
+            f"measured {tuned_rate / base_rate:.2f}x {how}; your config stands ({rate_text(base_rate)} {unit} per "
+            f"device, {devices} device(s))."
+        )
     what = "tokens" if unit == "tokens/s" else "samples"
     measured = outcome.baseline.measured
     per_batch = measured.get("tokens_per_batch") if what == "tokens" else measured.get("samples_per_batch")
     batches = facts.get("num_training_batches")
-    lines = [f"Tuned: {tuned_rate / base_rate:.2f}x {unit} {how}: baseline {rate_text(base_rate)}, tuned "
-             f"{rate_text(tuned_rate)} {unit} per device, {devices} device(s)."]
+    lines = [
+        f"Tuned: {tuned_rate / base_rate:.2f}x {unit} {how}: baseline {rate_text(base_rate)}, tuned "
+        f"{rate_text(tuned_rate)} {unit} per device, {devices} device(s)."
+    ]
     parts = []
     epoch = facts.get("epoch_samples") if what == "samples" else None  # the dataset's own size (a last short batch)
     if not epoch and per_batch and batches:
         epoch = float(per_batch) * int(batches)
     if epoch:
         epoch = float(epoch) * devices
-        parts.append(f"an epoch ({epoch:,.0f} {what}) takes {_duration(epoch / (base_rate * devices))} -> "
-                     f"{_duration(epoch / (tuned_rate * devices))}")
+        parts.append(
+            f"an epoch ({epoch:,.0f} {what}) takes {_duration(epoch / (base_rate * devices))} -> "
+            f"{_duration(epoch / (tuned_rate * devices))}"
+        )
     million_base, million_tuned = 1e6 / (base_rate * devices), 1e6 / (tuned_rate * devices)
-    parts.append(f"a million {what} {_duration(million_base)} -> {_duration(million_tuned)} "
-                 f"({million_base * devices / 3600:,.3g} -> {million_tuned * devices / 3600:,.3g} device-hours)")
+    parts.append(
+        f"a million {what} {_duration(million_base)} -> {_duration(million_tuned)} "
+        f"({million_base * devices / 3600:,.3g} -> {million_tuned * devices / 3600:,.3g} device-hours)"
+    )
     return lines[0] + " " + "; ".join(parts).capitalize() + "."
 
 
@@ -264,8 +328,11 @@ def untuned_yaml(source_text: str, source: str, final: str, outcome: Outcome, sk
     """``--out`` when nothing beat the baseline: the user's file as it is (comments and all) under a header saying
     what was tried."""
     date = datetime.date.today().isoformat()
-    header = [f"lit-compute tune --config {source} on {date}: nothing beat the baseline; this is your config unchanged.",
-              final, "Knobs left as they were:"]
+    header = [
+        f"lit-compute tune --config {source} on {date}: nothing beat the baseline; this is your config unchanged.",
+        final,
+        "Knobs left as they were:",
+    ]
     header += _left_and_tried(outcome, skipped, "Tried:")
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + source_text
 
@@ -291,18 +358,28 @@ def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: fl
     A change for the worse beyond ``tolerance`` (relative; a loss higher, an accuracy lower) is called out; one as
     large for the better is reported as a different path, not a fault."""
     if not (base.status == "ok" and tuned.status == "ok"):
-        failed = [f"the {name} run {r.status}: {r.reason}" for name, r in (("baseline", base), ("tuned", tuned))
-                  if r.status != "ok"]
+        failed = [
+            f"the {name} run {r.status}: {r.reason}"
+            for name, r in (("baseline", base), ("tuned", tuned))
+            if r.status != "ok"
+        ]
         return f"Numerics not checked: {'; '.join(failed)}."
     b, t = base.measured.get("losses") or [], tuned.measured.get("losses") or []
     n = min(len(b), len(t))
     if n <= warmup + 1:
-        return (f"Numerics not checked: {n} step(s) with a loss on both sides (training_step returns no loss and "
-                "logs none the tune can read)." if n == 0 else f"Numerics not checked: only {n} step(s) with a loss.")
+        return (
+            f"Numerics not checked: {n} step(s) with a loss on both sides (training_step returns no loss and "
+            "logs none the tune can read)."
+            if n == 0
+            else f"Numerics not checked: only {n} step(s) with a loss."
+        )
     start, last = warmup, max(warmup, n - max(1, n // 4))
     changes: list[tuple[str, float]] = []  # (metric name, relative change tuned vs baseline)
     parts = []
-    for label, lo in ((f"after warm-up (steps {start + 1}-{n})", start), (f"over the last quarter (steps {last + 1}-{n})", last)):
+    for label, lo in (
+        (f"after warm-up (steps {start + 1}-{n})", start),
+        (f"over the last quarter (steps {last + 1}-{n})", last),
+    ):
         mb, mt = statistics.fmean(b[lo:n]), statistics.fmean(t[lo:n])
         rel = (mt - mb) / abs(mb) if mb else 0.0
         changes.append(("loss", rel))
@@ -324,10 +401,14 @@ def drift_text(base: TrialResult, tuned: TrialResult, warmup: int, tolerance: fl
     biggest = max((abs(rel) for _, rel in changes), default=0.0)
     if worse or unknown:
         name, value = max(worse + unknown, key=lambda item: abs(item[1]))
-        return text + (f" - {name} {'worse' if worse else 'different'} by {100 * abs(value):.1f}%, more than the "
-                       f"{100 * tolerance:g}% tolerance (--loss-tolerance): check the tuned config's accuracy before "
-                       "relying on it.")
+        return text + (
+            f" - {name} {'worse' if worse else 'different'} by {100 * abs(value):.1f}%, more than the "
+            f"{100 * tolerance:g}% tolerance (--loss-tolerance): check the tuned config's accuracy before "
+            "relying on it."
+        )
     if biggest > tolerance:
-        return text + (f" - the runs took different paths (up to {100 * biggest:.1f}% apart), every difference "
-                       "for the better: no sign that the tuned numerics hurt.")
+        return text + (
+            f" - the runs took different paths (up to {100 * biggest:.1f}% apart), every difference "
+            "for the better: no sign that the tuned numerics hurt."
+        )
     return text + f" - within the {100 * tolerance:g}% tolerance (--loss-tolerance)."

@@ -37,8 +37,11 @@ class DiskFullError(OSError):
             free = f"{shutil.disk_usage(folder).free / 1e6:.0f} MB free"
         except OSError:
             free = "free space unknown"
-        super().__init__(errno.ENOSPC, f"the disk holding {folder} is full ({free}) while {what}: no knob is "
-                         "blamed and the journal is kept; free some space and run the same command again to resume")
+        super().__init__(
+            errno.ENOSPC,
+            f"the disk holding {folder} is full ({free}) while {what}: no knob is "
+            "blamed and the journal is kept; free some space and run the same command again to resume",
+        )
 
 
 _DISK_FULL = ("no space left on device", "errno 28", "enospc", "disk quota exceeded")
@@ -90,8 +93,9 @@ class TrialResult:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: str, spec: TrialSpec,
-                 recorder: dict[str, Any]) -> dict[str, Any]:
+def trial_config(
+    config: dict[str, Any], out_json: Path, log_dir: Path, slug: str, spec: TrialSpec, recorder: dict[str, Any]
+) -> dict[str, Any]:
     """The trial's config: the user's (with the knob values) plus what a measurement needs: one TensorBoard logger
     under ``log_dir``, no checkpoints, no validation but Lightning's sanity check, no progress bar (the model
     summary stays as configured), a fixed seed, the recorder callback (and a
@@ -101,11 +105,18 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
     c["seed_everything"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
     c.pop("ckpt_path", None)
     trainer = section(c, "trainer")
-    trainer["logger"] = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                         "init_args": {"save_dir": str(log_dir), "name": "runs", "version": slug}}
+    trainer["logger"] = {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": str(log_dir), "name": "runs", "version": slug},
+    }
     # validation: only Lightning's sanity check at the start (it proves the setting validates), none during training
-    trainer.update(enable_checkpointing=False, enable_progress_bar=False, check_val_every_n_epoch=100_000,
-                   max_epochs=-1, max_steps=int(recorder.get("max_timed_steps", 400)) + 200)
+    trainer.update(
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        check_val_every_n_epoch=100_000,
+        max_epochs=-1,
+        max_steps=int(recorder.get("max_timed_steps", 400)) + 200,
+    )
     for key in ("val_check_interval", "max_time", "min_steps", "min_epochs"):
         trainer.pop(key, None)
     check = int(recorder.get("check_steps", 0) or 0)
@@ -114,8 +125,10 @@ def trial_config(config: dict[str, Any], out_json: Path, log_dir: Path, slug: st
         if recorder.get("validate"):  # on the whole validation set: a batch-count limit would cover fewer samples
             trainer.pop("limit_val_batches", None)  # at a smaller micro-batch, and the two runs would differ
             accumulate = trainer.get("accumulate_grad_batches", 1)
-            trainer.update(check_val_every_n_epoch=None,
-                           val_check_interval=check * (accumulate if isinstance(accumulate, int) else 1))
+            trainer.update(
+                check_val_every_n_epoch=None,
+                val_check_interval=check * (accumulate if isinstance(accumulate, int) else 1),
+            )
     if trainer.get("num_sanity_val_steps") == 0:  # a setting that breaks validation must fail its trial, not the fit
         trainer["num_sanity_val_steps"] = 2
     callbacks = [cb for cb in as_list(trainer, "callbacks") if short(class_name(cb)) not in _DROPPED_IN_TRIALS]
@@ -133,7 +146,11 @@ def _classify_failure(returncode: int, log_tail: str) -> tuple[str, str]:
     if returncode in (-signal.SIGKILL, 137):
         return "oom", "killed by SIGKILL (the kernel's out-of-memory killer?)"
     lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) or line.startswith("lit-compute: error")]
+    errors = [
+        line
+        for line in lines
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) or line.startswith("lit-compute: error")
+    ]
     return "crashed", (errors[-1] if errors else (lines[-1] if lines else f"exit status {returncode}"))[:300]
 
 
@@ -150,8 +167,9 @@ def _read_tb_scalar(run_dir: Path, tag: str) -> float | None:
     return None
 
 
-def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path, timeout: float,
-              recorder: dict[str, Any]) -> TrialResult:
+def run_trial(
+    config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path, timeout: float, recorder: dict[str, Any]
+) -> TrialResult:
     """Train ``config`` with the trial settings in a child process and read what it measured.
 
     Raises:
@@ -162,8 +180,12 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     try:
         trials.mkdir(parents=True, exist_ok=True)
         out_json.unlink(missing_ok=True)
-        yaml_file.write_text(dump_yaml(trial_config(config, out_json, log_dir, slug, spec, recorder),
-                                       header=[f"lit-compute tune trial {slug} (not for training: see the tuned file)"]))
+        yaml_file.write_text(
+            dump_yaml(
+                trial_config(config, out_json, log_dir, slug, spec, recorder),
+                header=[f"lit-compute tune trial {slug} (not for training: see the tuned file)"],
+            )
+        )
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(log_dir, f"writing trial {slug}") from None
@@ -171,8 +193,9 @@ def run_trial(config: dict[str, Any], spec: TrialSpec, index: int, log_dir: Path
     env = {k: v for k, v in os.environ.items() if k != "LIT_COMPUTE_RUN_FILE"}
     env["PYTHONUNBUFFERED"] = "1"
     start = time.monotonic()
-    result = TrialResult(key=spec.key, slug=slug, settings=spec.settings, rung=spec.rung, repeat=spec.repeat,
-                         status="ok")
+    result = TrialResult(
+        key=spec.key, slug=slug, settings=spec.settings, rung=spec.rung, repeat=spec.repeat, status="ok"
+    )
     with open(log_file, "w") as log:
         # forked from a helper that imported torch and Lightning once (a new interpreter where it cannot): each
         # trial saves the imports' seconds

@@ -92,8 +92,10 @@ def locked(folder: Path) -> Iterator[None]:
         except OSError:
             lock.seek(0)
             pid = lock.read().strip() or "?"
-            raise TuneError(f"another tune of this config is running in {folder} (pid {pid}); wait for it, or tune "
-                            "with another --log-dir") from None
+            raise TuneError(
+                f"another tune of this config is running in {folder} (pid {pid}); wait for it, or tune "
+                "with another --log-dir"
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(str(os.getpid()))
@@ -126,15 +128,18 @@ def parse_budget(text: str | float | int) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         seconds = float(text)
     else:
-        parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
-                             str(text))
+        parts = re.fullmatch(
+            r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", str(text)
+        )
         if not parts or not any(parts.groups()):
             raise ValueError(f"--budget {text!r} is not a duration; write it as 15m, 900s, 1h or 1h30m")
         h, m, s = (float(g) if g else 0.0 for g in parts.groups())
         seconds = 3600 * h + 60 * m + s
     if seconds < 30:
-        raise ValueError(f"--budget {text!r} is {seconds:g} s: a tune needs at least 30 s (the baseline alone "
-                         "trains for a while); try 15m")
+        raise ValueError(
+            f"--budget {text!r} is {seconds:g} s: a tune needs at least 30 s (the baseline alone "
+            "trains for a while); try 15m"
+        )
     return seconds
 
 
@@ -167,16 +172,27 @@ def measure_machine(device: str) -> Machine:
 
         from lit_compute.data import DALIImageDataModule
 
-        machine.extras["dali_args"] = sorted(p for p in inspect.signature(DALIImageDataModule.__init__).parameters
-                                             if p != "self")
+        machine.extras["dali_args"] = sorted(
+            p for p in inspect.signature(DALIImageDataModule.__init__).parameters if p != "self"
+        )
     return machine
 
 
 class _Tuner:
     """One tune: the journal, the budget, the trial counter and the progress lines."""
 
-    def __init__(self, config_path: Path, config: dict[str, Any], digest: str, budget_s: float, log_dir: Path,
-                 options: Options, recorder: dict[str, Any], fresh: bool, echo: Any) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        config: dict[str, Any],
+        digest: str,
+        budget_s: float,
+        log_dir: Path,
+        options: Options,
+        recorder: dict[str, Any],
+        fresh: bool,
+        echo: Any,
+    ) -> None:
         self.config_path = config_path
         self.config = config
         self.log_dir = log_dir
@@ -190,8 +206,10 @@ class _Tuner:
         if self.journal.other_config:
             echo(f"note: {journal} also holds trials of another config (or other trial settings); they are ignored")
         if self.journal.results:
-            echo(f"resuming from {journal}: {len(self.journal.results)} trial(s) done, "
-                 f"{self.journal.spent_s:.0f} s of the budget spent")
+            echo(
+                f"resuming from {journal}: {len(self.journal.results)} trial(s) done, "
+                f"{self.journal.spent_s:.0f} s of the budget spent"
+            )
         self.budget = Budget(budget_s, self.journal.spent_s)
         self.device_memory: int | None = None
         self.knobs: list[Knob] = []
@@ -207,8 +225,9 @@ class _Tuner:
         extra = sum(k.warmup_s for k in self.knobs if k.name in spec.settings)
         return self.startup_s + warmup + spec.seconds + extra
 
-    def measure(self, spec: TrialSpec, estimate: float, limit: float,
-                recorder_extra: dict[str, Any] | None = None) -> TrialResult:
+    def measure(
+        self, spec: TrialSpec, estimate: float, limit: float, recorder_extra: dict[str, Any] | None = None
+    ) -> TrialResult:
         if self.interrupted:  # a Ctrl-C something swallowed: stop before starting anything more
             raise KeyboardInterrupt
         index, self.index = self.index, self.index + 1
@@ -253,15 +272,24 @@ class _Tuner:
             self.journal.add_overhead("memory prediction", time.monotonic() - start)
         if peak <= self.device_memory:
             return None
-        return TrialResult(key=spec.key, slug=spec.slug(index), settings=spec.settings, rung=spec.rung,
-                           repeat=spec.repeat, status="skipped",
-                           reason=f"predicted peak {peak / 1e9:.3g} GB > --device-memory {self.device_memory / 1e9:.3g} GB "
-                                  "(not started)")
+        return TrialResult(
+            key=spec.key,
+            slug=spec.slug(index),
+            settings=spec.settings,
+            rung=spec.rung,
+            repeat=spec.repeat,
+            status="skipped",
+            reason=f"predicted peak {peak / 1e9:.3g} GB > --device-memory {self.device_memory / 1e9:.3g} GB "
+            "(not started)",
+        )
 
     def _progress(self, result: TrialResult, cached: bool = False) -> None:
         what = ", ".join(f"{k}={v}" for k, v in result.settings.items()) or "baseline"
-        figure = (f"{rate_text(result.rate)} {result.unit}" + (f" +-{100 * result.ci:.1f}%" if result.ci else "")
-                  if result.rate else f"{result.status}: {result.reason}")
+        figure = (
+            f"{rate_text(result.rate)} {result.unit}" + (f" +-{100 * result.ci:.1f}%" if result.ci else "")
+            if result.rate
+            else f"{result.status}: {result.reason}"
+        )
         tail = " (from the journal)" if cached else f" [{result.wall_s:.0f} s]"
         self.echo(f"  {result.slug.split('_', 1)[0]} {result.rung:<5} {what}: {figure}{tail}")
 
@@ -274,14 +302,18 @@ class _Tuner:
             self.echo(f"  the journal's baseline failed ({earlier.status}); running it again")
         result = self.measure(spec, self.estimate(spec), max(120.0, 0.5 * self.budget.total_s))
         if result.status == "skipped":  # predicted not to fit --device-memory: the fix is memory, not the config
-            raise TuneError(f"the baseline (your config unchanged) is not started: {result.reason}. Give the device's "
-                            "real memory with --device-memory, or lower the config's batch size (lit-compute estimate "
-                            f"--config {self.config_path} --memory <size> finds the largest micro-batch that fits)")
+            raise TuneError(
+                f"the baseline (your config unchanged) is not started: {result.reason}. Give the device's "
+                "real memory with --device-memory, or lower the config's batch size (lit-compute estimate "
+                f"--config {self.config_path} --memory <size> finds the largest micro-batch that fits)"
+            )
         if not result.ok:
-            raise TuneError(f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
-                            f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "
-                            f"{self.config_path}` must train before it can be tuned (once it does, the same command "
-                            "runs the baseline again; --fresh also starts a new journal)")
+            raise TuneError(
+                f"the baseline (your config unchanged) failed: {result.status}: {result.reason}. "
+                f"See {self.log_dir / 'trials' / (result.slug + '.log')}; `lit-compute fit --config "
+                f"{self.config_path}` must train before it can be tuned (once it does, the same command "
+                "runs the baseline again; --fresh also starts a new journal)"
+            )
         facts = result.measured.get("facts", {})
         timed = result.measured.get("timed_steps") or 0
         per_step = (result.measured.get("samples_per_step") or 0) / (result.measured.get("samples_per_sec") or 1)
@@ -307,12 +339,27 @@ class _Tuner:
         return machine
 
 
-def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None = None,
-         log_dir: str | Path = "tune_logs", knobs: list[str] | None = None, skip: list[str] | None = None,
-         min_gain: float = 0.03, loss_tolerance: float = 0.05, trajectory_tolerance: float = 0.35, loss_steps: int = 8, warmup_steps: int = 3,
-         short_seconds: float | None = None, long_seconds: float | None = None, side_by_side: int = 3, fresh: bool = False,
-         echo: Any = None, device_memory: str | float | None = None, check_steps: int = 0,
-         validate: bool = False) -> TuneResult:
+def tune(
+    config: str | Path,
+    budget: str | float = "15m",
+    out: str | Path | None = None,
+    log_dir: str | Path = "tune_logs",
+    knobs: list[str] | None = None,
+    skip: list[str] | None = None,
+    min_gain: float = 0.03,
+    loss_tolerance: float = 0.05,
+    trajectory_tolerance: float = 0.35,
+    loss_steps: int = 8,
+    warmup_steps: int = 3,
+    short_seconds: float | None = None,
+    long_seconds: float | None = None,
+    side_by_side: int = 3,
+    fresh: bool = False,
+    echo: Any = None,
+    device_memory: str | float | None = None,
+    check_steps: int = 0,
+    validate: bool = False,
+) -> TuneResult:
     """Tune ``config`` (a ``lit-compute fit`` YAML) within ``budget`` and write the fastest configuration to ``out``.
 
     Args:
@@ -354,8 +401,10 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
         if unknown:
             raise TuneError(f"--{name} {','.join(unknown)}: no such knob; choose from {', '.join(KNOB_ORDER)}")
     if check_steps and check_steps < warmup_steps + 2:
-        raise TuneError(f"--check-steps {check_steps}: a drift check needs more steps than the warm-up "
-                        f"({warmup_steps}); give at least {warmup_steps + 2}, e.g. --check-steps 200")
+        raise TuneError(
+            f"--check-steps {check_steps}: a drift check needs more steps than the warm-up "
+            f"({warmup_steps}); give at least {warmup_steps + 2}, e.g. --check-steps 200"
+        )
     if check_steps < 0:
         raise TuneError(f"--check-steps {check_steps} must be positive (e.g. --check-steps 200), or 0 for none")
     if validate and not check_steps:
@@ -367,9 +416,14 @@ def tune(config: str | Path, budget: str | float = "15m", out: str | Path | None
             raise TuneError(f"--{name} {tolerance} must be a fraction in (0, 10), such as 0.05")
     config_path = Path(config)
     out_path = Path(out) if out else config_path.with_name(config_path.stem + ".tuned.yaml")
-    options = Options(short_s=short_seconds or min(20.0, max(2.0, 0.015 * budget_s)),
-                      long_s=long_seconds or min(45.0, max(4.0, 0.04 * budget_s)),
-                      min_gain=min_gain, loss_tolerance=loss_tolerance, trajectory_tolerance=trajectory_tolerance, final_pairs=max(1, side_by_side))
+    options = Options(
+        short_s=short_seconds or min(20.0, max(2.0, 0.015 * budget_s)),
+        long_s=long_seconds or min(45.0, max(4.0, 0.04 * budget_s)),
+        min_gain=min_gain,
+        loss_tolerance=loss_tolerance,
+        trajectory_tolerance=trajectory_tolerance,
+        final_pairs=max(1, side_by_side),
+    )
     recorder = {"warmup_steps": warmup_steps, "loss_steps": loss_steps}
     check_paths(out_path, Path(log_dir))
     capacity = None
@@ -424,8 +478,10 @@ def _drift_check(tuner: _Tuner, outcome: Outcome, steps: int, validate: bool, ec
     (and with ``--validate`` validated right after), outside the budget; how far the tuned one drifted."""
     rung = f"check{steps}{'v' if validate else ''}"
     extra = {"check_steps": steps, "validate": validate}
-    echo(f"drift check: baseline and tuned, {steps} steps each{' and a validation run' if validate else ''} "
-         "(outside the budget)")
+    echo(
+        f"drift check: baseline and tuned, {steps} steps each{' and a validation run' if validate else ''} "
+        "(outside the budget)"
+    )
     results = []
     for settings in ({}, dict(outcome.settings)):
         spec = TrialSpec(settings, rung, 0, 1.0)
@@ -434,18 +490,35 @@ def _drift_check(tuner: _Tuner, outcome: Outcome, steps: int, validate: bool, ec
     return drift_text(results[0], results[1], tuner.recorder["warmup_steps"], tuner.options.loss_tolerance)
 
 
-def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, knobs: list[str] | None,
-          skip: list[str] | None, echo: Any, check_steps: int = 0, validate: bool = False) -> TuneResult:
+def _tune(
+    tuner: _Tuner,
+    config_path: Path,
+    out_path: Path,
+    budget_s: float,
+    knobs: list[str] | None,
+    skip: list[str] | None,
+    echo: Any,
+    check_steps: int = 0,
+    validate: bool = False,
+) -> TuneResult:
     log_dir, options = tuner.log_dir, tuner.options
     echo(f"lit-compute tune: {config_path}, budget {budget_s:.0f} s, trials in {log_dir}/")
     baseline = tuner.baseline()
     facts = baseline.measured["facts"]
     machine = tuner.machine(str(facts.get("device", "cpu")))
     tuner.knobs, skipped = find_knobs(facts, machine, only=knobs, skip=skip)
-    echo(f"knobs to try: {', '.join(k.name for k in tuner.knobs) or 'none'}; not applicable: "
-         f"{', '.join(s.name for s in skipped) or 'none'}")
-    search = Search(tuner.knobs, tuner.measure, tuner.budget, options, tuner.estimate,
-                    cached=lambda spec: spec.key in tuner.journal.results)
+    echo(
+        f"knobs to try: {', '.join(k.name for k in tuner.knobs) or 'none'}; not applicable: "
+        f"{', '.join(s.name for s in skipped) or 'none'}"
+    )
+    search = Search(
+        tuner.knobs,
+        tuner.measure,
+        tuner.budget,
+        options,
+        tuner.estimate,
+        cached=lambda spec: spec.key in tuner.journal.results,
+    )
     outcome = search.run(baseline)
     peaks = machine.extras.get("peaks", {})
     summary = final_line(outcome)
@@ -455,8 +528,18 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     lines = not_applied(skipped, outcome)
     out_written: Path | None = None
     if tuned_faster(outcome):
-        write_whole(out_path, tuned_yaml(tuner.config, tuner.knobs, outcome, str(config_path), skipped, summary,
-                                         source_text=config_path.read_text()))
+        write_whole(
+            out_path,
+            tuned_yaml(
+                tuner.config,
+                tuner.knobs,
+                outcome,
+                str(config_path),
+                skipped,
+                summary,
+                source_text=config_path.read_text(),
+            ),
+        )
         out_written = out_path
     else:  # always an --out: the user's file as it is, saying what was tried
         write_whole(out_path, untuned_yaml(config_path.read_text(), str(config_path), summary, outcome, skipped))
@@ -464,9 +547,11 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     echo(text)
     if lines:
         echo("\nNot applied:\n" + "\n".join(lines))
-    echo(f"\nJournal: {tuner.journal.path}; TensorBoard runs: {log_dir / 'runs'} "
-         f"(lit-compute report {log_dir / 'runs'} --out tune_report.md); budget {budget_s:.0f} s, "
-         f"spent {tuner.budget.spent():.0f} s")
+    echo(
+        f"\nJournal: {tuner.journal.path}; TensorBoard runs: {log_dir / 'runs'} "
+        f"(lit-compute report {log_dir / 'runs'} --out tune_report.md); budget {budget_s:.0f} s, "
+        f"spent {tuner.budget.spent():.0f} s"
+    )
     if out_written:
         echo(f"Tuned config: {out_written} (lit-compute fit --config {out_written})")
     else:
@@ -474,68 +559,122 @@ def _tune(tuner: _Tuner, config_path: Path, out_path: Path, budget_s: float, kno
     echo(summary)
     tuned_rates = [r.rate for r in outcome.final_tuned if r.ok and r.rate]
     base_rates = [r.rate for r in outcome.final_baseline if r.ok and r.rate]
-    return TuneResult(out=out_written, settings=dict(outcome.settings), speedup=outcome.speedup,
-                      baseline_rate=sum(base_rates) / len(base_rates) if base_rates else baseline.rate,
-                      tuned_rate=sum(tuned_rates) / len(tuned_rates) if tuned_rates else None,
-                      unit=baseline.unit, table=text, summary=summary, journal=tuner.journal.path, outcome=outcome)
+    return TuneResult(
+        out=out_written,
+        settings=dict(outcome.settings),
+        speedup=outcome.speedup,
+        baseline_rate=sum(base_rates) / len(base_rates) if base_rates else baseline.rate,
+        tuned_rate=sum(tuned_rates) / len(tuned_rates) if tuned_rates else None,
+        unit=baseline.unit,
+        table=text,
+        summary=summary,
+        journal=tuner.journal.path,
+        outcome=outcome,
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lit-compute tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lit-compute tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="the YAML you train with (lit-compute fit --config FILE)")
-    parser.add_argument("--budget", default="15m", help="wall-clock time for the whole tune: 15m, 900s, 1h (default 15m)")
+    parser.add_argument(
+        "--budget", default="15m", help="wall-clock time for the whole tune: 15m, 900s, 1h (default 15m)"
+    )
     parser.add_argument("--out", default=None, help="the tuned YAML (default: CONFIG.tuned.yaml beside the config)")
-    parser.add_argument("--log-dir", default="tune_logs", help="trials, TensorBoard runs, the journal (default tune_logs)")
+    parser.add_argument(
+        "--log-dir", default="tune_logs", help="trials, TensorBoard runs, the journal (default tune_logs)"
+    )
     parser.add_argument("--knobs", default=None, help=f"only these knobs, comma-separated ({', '.join(KNOB_ORDER)})")
     parser.add_argument("--skip", default=None, help="knobs left out, comma-separated")
     parser.add_argument("--min-gain", type=float, default=0.03, help="keep a knob only when at least this much faster")
-    parser.add_argument("--loss-tolerance", type=float, default=0.05,
-                        help="reject a trial whose first-step loss differs more from the baseline's (0.05 = 5%%)")
-    parser.add_argument("--trajectory-tolerance", type=float, default=0.35,
-                        help="reject a trial whose mean loss over the first --loss-steps differs more (divergence)")
+    parser.add_argument(
+        "--loss-tolerance",
+        type=float,
+        default=0.05,
+        help="reject a trial whose first-step loss differs more from the baseline's (0.05 = 5%%)",
+    )
+    parser.add_argument(
+        "--trajectory-tolerance",
+        type=float,
+        default=0.35,
+        help="reject a trial whose mean loss over the first --loss-steps differs more (divergence)",
+    )
     parser.add_argument("--loss-steps", type=int, default=8, help="steps whose losses are compared")
     parser.add_argument("--short-seconds", type=float, default=None, help="timed seconds of a short trial")
     parser.add_argument("--long-seconds", type=float, default=None, help="timed seconds of a long trial")
-    parser.add_argument("--side-by-side", type=int, default=3,
-                        help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from")
+    parser.add_argument(
+        "--side-by-side",
+        type=int,
+        default=3,
+        help="pairs of final trials (baseline, tuned, alternating) the speed-up comes from",
+    )
     parser.add_argument("--fresh", action="store_true", help="start anew instead of resuming from the journal")
-    parser.add_argument("--markdown", default=None,
-                        help="also write the table and the result, with the command, commit, date and machine, to FILE")
-    parser.add_argument("--check-steps", type=int, default=0,
-                        help="after the search, train the baseline and the tuned config N steps each from the same "
-                             "seed and say how far the tuned loss drifted (outside the budget)")
-    parser.add_argument("--validate", action="store_true",
-                        help="with --check-steps: also validate both after their N steps and compare the metrics")
-    parser.add_argument("--device-memory", default=None,
-                        help="tune for a device of this memory (24GB): trials predicted not to fit are not started")
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="also write the table and the result, with the command, commit, date and machine, to FILE",
+    )
+    parser.add_argument(
+        "--check-steps",
+        type=int,
+        default=0,
+        help="after the search, train the baseline and the tuned config N steps each from the same "
+        "seed and say how far the tuned loss drifted (outside the budget)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="with --check-steps: also validate both after their N steps and compare the metrics",
+    )
+    parser.add_argument(
+        "--device-memory",
+        default=None,
+        help="tune for a device of this memory (24GB): trials predicted not to fit are not started",
+    )
     args = parser.parse_args(argv)
 
     def split(text: str | None) -> list[str] | None:
         return [s.strip() for s in text.split(",") if s.strip()] if text else None
 
     try:
-        result = tune(args.config, args.budget, args.out, args.log_dir, knobs=split(args.knobs), skip=split(args.skip),
-             min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
-             trajectory_tolerance=args.trajectory_tolerance, loss_steps=args.loss_steps,
-             short_seconds=args.short_seconds, long_seconds=args.long_seconds, side_by_side=args.side_by_side,
-             fresh=args.fresh, device_memory=args.device_memory, check_steps=args.check_steps,
-             validate=args.validate)
+        result = tune(
+            args.config,
+            args.budget,
+            args.out,
+            args.log_dir,
+            knobs=split(args.knobs),
+            skip=split(args.skip),
+            min_gain=args.min_gain,
+            loss_tolerance=args.loss_tolerance,
+            trajectory_tolerance=args.trajectory_tolerance,
+            loss_steps=args.loss_steps,
+            short_seconds=args.short_seconds,
+            long_seconds=args.long_seconds,
+            side_by_side=args.side_by_side,
+            fresh=args.fresh,
+            device_memory=args.device_memory,
+            check_steps=args.check_steps,
+            validate=args.validate,
+        )
         if args.markdown:
             from lit_compute.figures import figure_header
             from lit_compute.hardware.this_machine import machine_line
 
             command = "lit-compute tune " + " ".join(a for a in argv if a != "--markdown" and a != args.markdown)
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.markdown).write_text(figure_header(command, machine_line()) + result.table + "\n\n"
-                                           + result.summary + "\n")
+            Path(args.markdown).write_text(
+                figure_header(command, machine_line()) + result.table + "\n\n" + result.summary + "\n"
+            )
     except TuneError as err:
         sys.stderr.write(f"lit-compute tune: error: {err}\n")
         return 2
     except KeyboardInterrupt as err:
         _compat.forget_keyboard_interrupt()  # exit 130, not killed by SIGINT at exit
         where = err.journal if isinstance(err, TuneInterrupted) else Path(args.log_dir)
-        sys.stderr.write(f"\nlit-compute tune: interrupted; finished trials are kept in {where}: "
-                         "run the same command again to resume\n")
+        sys.stderr.write(
+            f"\nlit-compute tune: interrupted; finished trials are kept in {where}: "
+            "run the same command again to resume\n"
+        )
         return 130
     return 0

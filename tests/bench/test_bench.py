@@ -12,28 +12,83 @@ from lit_compute.cli import main
 
 
 def _rows(out: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.splitlines()
-            if line.startswith("|") and not line.startswith("|-") and not line.startswith("|--")]
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in out.splitlines()
+        if line.startswith("|") and not line.startswith("|-") and not line.startswith("|--")
+    ]
 
 
 @pytest.mark.parametrize(
     ("argv", "header"),
     [
         (["flops", "--models", "resnet18", "vit_b_32", "--plain-on", "meta"], "ours / published"),
-        (["overhead", "--callback", "flops", "--steps", "5", "--rounds", "2", "--image-size", "32", "--batch-size", "4"],
-         "ratio to without"),
-        (["overhead", "--callback", "profiler", "--steps", "5", "--rounds", "1", "--image-size", "32",
-          "--batch-size", "4"], "ratio to without"),
-        (["precision", "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--steps", "4", "--rounds", "1"],
-         "speed-up vs 32-true"),
-        (["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
-         "ratio to torchvision"),
+        (
+            [
+                "overhead",
+                "--callback",
+                "flops",
+                "--steps",
+                "5",
+                "--rounds",
+                "2",
+                "--image-size",
+                "32",
+                "--batch-size",
+                "4",
+            ],
+            "ratio to without",
+        ),
+        (
+            [
+                "overhead",
+                "--callback",
+                "profiler",
+                "--steps",
+                "5",
+                "--rounds",
+                "1",
+                "--image-size",
+                "32",
+                "--batch-size",
+                "4",
+            ],
+            "ratio to without",
+        ),
+        (
+            [
+                "precision",
+                "--model",
+                "resnet18",
+                "--image-size",
+                "32",
+                "--batch-size",
+                "4",
+                "--steps",
+                "4",
+                "--rounds",
+                "1",
+            ],
+            "speed-up vs 32-true",
+        ),
+        (
+            ["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
+            "ratio to torchvision",
+        ),
         (["allreduce", "--nprocs", "2", "--max-mb", "0.1", "--seconds", "2"], "busbw (GB/s)"),
         (["flops", "--zoo", "transformers"], "ours / analytic"),
         (["overhead", "--callback", "flops", "--variable-length", "--steps", "6", "--rounds", "2"], "ratio to without"),
     ],
-    ids=["flops", "overhead-flops", "overhead-profiler", "precision", "loaders", "allreduce", "flops-zoo",
-         "overhead-variable-length"],
+    ids=[
+        "flops",
+        "overhead-flops",
+        "overhead-profiler",
+        "precision",
+        "loaders",
+        "allreduce",
+        "flops-zoo",
+        "overhead-variable-length",
+    ],
 )
 @pytest.mark.slow
 def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
@@ -49,8 +104,27 @@ def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, capsys):
-    assert main(["bench", "recipe", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--steps", "6",
-                 "--images-per-class", "8", "--log-dir", str(tmp_path / "logs")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "recipe",
+                "--model",
+                "resnet18",
+                "--image-size",
+                "32",
+                "--batch-size",
+                "8",
+                "--steps",
+                "6",
+                "--images-per-class",
+                "8",
+                "--log-dir",
+                str(tmp_path / "logs"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = _rows(out)[1:]
     assert [r[0].split(":")[0].split(" (")[0] for r in rows][:2] == ["baseline", "+ DataLoader workers"]
@@ -79,8 +153,22 @@ def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvisi
     import lit_compute.bench.recipe as recipe
 
     monkeypatch.setattr(recipe, "dali_available", lambda: False)
-    argv = ["bench", "recipe", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--steps", "6",
-            "--images-per-class", "8", "--log-dir", str(tmp_path / "logs")]
+    argv = [
+        "bench",
+        "recipe",
+        "--model",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "6",
+        "--images-per-class",
+        "8",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
@@ -100,8 +188,27 @@ def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvisi
 def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, capsys):
     from lit_compute.bench import recipe_gpt
 
-    argv = ["recipe", "--model", "gpt", "--steps", "6", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
-            "--seq-len", "64", "--max-tokens", "20000", "--batch-size", "4", "--log-dir", str(tmp_path)]
+    argv = [
+        "recipe",
+        "--model",
+        "gpt",
+        "--steps",
+        "6",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "2",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "20000",
+        "--batch-size",
+        "4",
+        "--log-dir",
+        str(tmp_path),
+    ]
     assert main(["bench", *argv]) == 0
     rows = _rows(capsys.readouterr().out)
     header, body = rows[0], rows[1:]
@@ -113,8 +220,7 @@ def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, c
     for t, ratio in zip(tokens, ratios):
         assert ratio == pytest.approx(t / tokens[0], abs=0.01)
     assert body[0][4] != "0.0%" and body[2][4] == "0.0%"  # padded rows pad, packed rows do not
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in
-                                                                 recipe_gpt.rows_for("cpu"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in recipe_gpt.rows_for("cpu"))
 
 
 def test_markdown_writes_what_the_bench_printed_under_the_figure_header(tmp_path, capsys):
@@ -150,13 +256,33 @@ def test_bench_configs_alternates_the_order_and_pairs_each_round(tmp_path, capsy
         name = config["model"]["name"]
         ran.append((spec.repeat, name))
         rate = 10.0 * (2 if name == "b" else 1) * (1 + 0.1 * spec.repeat)  # the machine slows down in round 2
-        return TrialResult(key=spec.key, slug=spec.slug(index), settings={}, rung=spec.rung, repeat=spec.repeat,
-                           status="ok", rate=rate, measured={"step_rates": [rate * f for f in (0.99, 1.0, 1.01)] * 3,
-                                                             "other_cores": 0.5})
+        return TrialResult(
+            key=spec.key,
+            slug=spec.slug(index),
+            settings={},
+            rung=spec.rung,
+            repeat=spec.repeat,
+            status="ok",
+            rate=rate,
+            measured={"step_rates": [rate * f for f in (0.99, 1.0, 1.01)] * 3, "other_cores": 0.5},
+        )
 
     monkeypatch.setattr(configs_bench, "run_trial", fake_trial)
-    assert main(["bench", "configs", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"), "--rounds", "2",
-                 "--log-dir", str(tmp_path / "logs")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "configs",
+                str(tmp_path / "a.yaml"),
+                str(tmp_path / "b.yaml"),
+                "--rounds",
+                "2",
+                "--log-dir",
+                str(tmp_path / "logs"),
+            ]
+        )
+        == 0
+    )
     assert ran == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
     rows = {r[0]: r for r in _rows(capsys.readouterr().out)}
     assert rows["b"][3] == "2.00x, 95% interval 2.00-2.00x over 2 pair(s)"
@@ -191,8 +317,11 @@ def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
 def _check_rows_agree(kept: dict, table: list[list[str]]) -> int:
     """How many check rows of ``--errors``' JSON are the table's own check rows (predicted, published and error as
     printed); every JSON row must be one of them."""
-    printed = {(r[1].split(" on ")[0], r[1].split(" on ")[1].split(",")[0], r[3], r[4], r[5]) for r in table[1:]
-               if r[0] == "check"}
+    printed = {
+        (r[1].split(" on ")[0], r[1].split(" on ")[1].split(",")[0], r[3], r[4], r[5])
+        for r in table[1:]
+        if r[0] == "check"
+    }
     for row in kept["rows"]:
         error = f"{(row['predicted'] / row['published'] - 1) * 100:+.1f}%"
         assert (row["model"], row["chip"], f"{row['predicted']:,.0f}", f"{row['published']:,.0f}", error) in printed
@@ -204,16 +333,25 @@ def test_the_check_sets_errors_by_generation_are_signed_medians_over_its_rows_on
     and precision class, each group's signed median and range, oldest generation first."""
     from lit_compute.bench.whatif_bench import generation, generations_summary
 
-    assert [generation(c) for c in ("v100-sxm", "a100-40gb", "a10", "rtx-3090", "rtx-4090", "h100-pcie", "h200-sxm",
-                                    "tpu-v3")] == ["Volta", "Ampere", "Ampere", "Ampere", "Ada", "Hopper", "Hopper",
-                                                   "tpu-v3"]
-    rows = [{"set": s, "chip": c, "precision": p, "predicted": x, "samples_per_s": 100.0} for s, c, p, x in (
-        ("check", "h100-sxm", "16-mixed", 150.0), ("check", "h200-sxm", "bf16-mixed", 110.0),
-        ("check", "h200-sxm", "tf32", 80.0), ("check", "v100-sxm", "32-true", 90.0), ("fit", "a100", "16-mixed", 500.0))]
+    assert [
+        generation(c)
+        for c in ("v100-sxm", "a100-40gb", "a10", "rtx-3090", "rtx-4090", "h100-pcie", "h200-sxm", "tpu-v3")
+    ] == ["Volta", "Ampere", "Ampere", "Ampere", "Ada", "Hopper", "Hopper", "tpu-v3"]
+    rows = [
+        {"set": s, "chip": c, "precision": p, "predicted": x, "samples_per_s": 100.0}
+        for s, c, p, x in (
+            ("check", "h100-sxm", "16-mixed", 150.0),
+            ("check", "h200-sxm", "bf16-mixed", 110.0),
+            ("check", "h200-sxm", "tf32", 80.0),
+            ("check", "v100-sxm", "32-true", 90.0),
+            ("fit", "a100", "16-mixed", 500.0),
+        )
+    ]
     assert generations_summary(rows) == (
         "- **check set by generation** (signed: + predicted faster than published): Volta at float32: 1 row(s), "
         "median -10.0% (-10.0% to -10.0%); Hopper at 16 bits: 2 row(s), median +30.0% (+10.0% to +50.0%); Hopper at "
-        "TF32: 1 row(s), median -20.0% (-20.0% to -20.0%)")
+        "TF32: 1 row(s), median -20.0% (-20.0% to -20.0%)"
+    )
     assert generations_summary([r for r in rows if r["set"] == "fit"]) == ""
 
 
@@ -244,8 +382,11 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     from lit_compute.bench import whatif_bench
 
     every = whatif_bench.published_rows()
-    chosen = [r for r in every if r["model"] in ("resnet50", "gpt") and r["chip"] != "h200-sxm" or
-              (r["model"], r["batch"]) == ("gpt", 16)]
+    chosen = [
+        r
+        for r in every
+        if r["model"] in ("resnet50", "gpt") and r["chip"] != "h200-sxm" or (r["model"], r["batch"]) == ("gpt", 16)
+    ]
     assert len({r["set"] for r in chosen}) == 2 and len(chosen) < len(every)
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: chosen)
     out, errors = tmp_path / "whatif.md", tmp_path / "errors.json"
@@ -263,8 +404,9 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     assert kept_errors["command"] == f"lit-compute bench whatif --only gpu --errors {errors}"
     assert _check_rows_agree(kept_errors, _table_rows(written, title)) == sum(r["set"] == "check" for r in chosen)
     (by_generation,) = [x for x in written.splitlines() if x.startswith("- **check set by generation**")]
-    hopper = sum(r["set"] == "check" and r["chip"].startswith(("h100", "h200")) and "16" in r["precision"]
-                 for r in chosen)
+    hopper = sum(
+        r["set"] == "check" and r["chip"].startswith(("h100", "h200")) and "16" in r["precision"] for r in chosen
+    )
     assert f"Hopper at 16 bits: {hopper} row(s)" in by_generation and "Volta at 16 bits: 1 row(s)" in by_generation
     assert "- **check set by generation**" in committed
     # the chosen rows hold every check row that convolved channels-first at 16 bits (Lambda's ResNet-50 runs): the
@@ -283,8 +425,15 @@ def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
     text = out.read_text()
     assert text.startswith("<!-- written by `lit-compute bench memory --only GPT, 2 layers` at commit ")
     header, *rows = _rows(text)
-    assert header == ["workload", "micro-batch", "predicted peak MB", "allocator peak MB", "error",
-                      "profiler timeline MB", "MemoryMonitor MB (tracing check)"]
+    assert header == [
+        "workload",
+        "micro-batch",
+        "predicted peak MB",
+        "allocator peak MB",
+        "error",
+        "profiler timeline MB",
+        "MemoryMonitor MB (tracing check)",
+    ]
     assert [row[1] for row in rows] == ["4", "16"]
     for name, _, predicted, measured, error, timeline, monitor in rows:
         assert name == "GPT, 2 layers, packed (gpt.yaml)"
@@ -308,8 +457,15 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     rows = whatif_bench.published_rows()
     assert len(rows) >= 20 and {r["set"] for r in rows} == {"fit", "check"}
     assert all(r["source"] and r["samples_per_s"] > 0 and r["batch"] > 0 for r in rows)
-    generations = {"v100": "Volta", "a100": "Ampere", "a10": "Ampere", "rtx-3090": "Ampere", "rtx-4090": "Ada",
-                   "h100": "Hopper", "h200": "Hopper"}
+    generations = {
+        "v100": "Volta",
+        "a100": "Ampere",
+        "a10": "Ampere",
+        "rtx-3090": "Ampere",
+        "rtx-4090": "Ada",
+        "h100": "Hopper",
+        "h200": "Hopper",
+    }
     assert len({g for r in rows for prefix, g in generations.items() if r["chip"].startswith(prefix)}) >= 3
     for r in rows:
         find_chip(r["chip"])  # every chip is in the table
@@ -317,8 +473,15 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     assert len(keys) == len(set(keys))
     # a cheap stand-in for the traced step (the fit's arithmetic is the same; its work puts the fit inside the
     # bounds with the published rates a tenth), two parameters fitted
-    facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100), "conv": (1e12, 1e9, 100)},
-                     samples=8, model_flops=2e12, trainable=1000, precision="32-true", device="traced")
+    facts = RunFacts(
+        path=Path("traced"),
+        by_class={"matmul": (1e12, 1e9, 100), "conv": (1e12, 1e9, 100)},
+        samples=8,
+        model_flops=2e12,
+        trainable=1000,
+        precision="32-true",
+        device="traced",
+    )
     monkeypatch.setattr(whatif_bench, "traced_facts", lambda model, batch, memory_format: facts)
     monkeypatch.setattr(whatif_bench, "FITTED", {"tensor": (0.05, 1.0), "conv_tensor": (0.05, 1.0)})
     base = [{**r, "samples_per_s": r["samples_per_s"] / 10} for r in rows]
@@ -347,9 +510,11 @@ def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misse
     monkeypatch.setattr("lit_compute.planning.whatif.read_run", lambda path: SimpleNamespace(step_s=0.1))
     for predicted, passes in ((0.125, True), (0.135, False)):
         folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
-        rows = {"own": {"hardware": "h200-sxm", "step_time_s": 0.1, "bottleneck": "compute"},
-                "cpu": {"hardware": "h200-sxm", "step_time_s": predicted, "bottleneck": "input"},
-                "h100": {"hardware": "h100-sxm", "step_time_s": 0.12, "bottleneck": "compute"}}
+        rows = {
+            "own": {"hardware": "h200-sxm", "step_time_s": 0.1, "bottleneck": "compute"},
+            "cpu": {"hardware": "h200-sxm", "step_time_s": predicted, "bottleneck": "input"},
+            "h100": {"hardware": "h100-sxm", "step_time_s": 0.12, "bottleneck": "compute"},
+        }
 
         def answer(args, rows=rows):
             if args[0].endswith("cpu_run"):
@@ -360,7 +525,8 @@ def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misse
         monkeypatch.setattr(gpu_checks, "_whatif_json", answer)
         if passes:
             assert "125.0 ms a step (input-bound) against the h200-sxm run's measured 100.0 ms, +25.0%" in (
-                gpu_checks.check_whatif_runs("unused"))
+                gpu_checks.check_whatif_runs("unused")
+            )
         else:
             with pytest.raises(AssertionError, match=r"\+35\.0%.*missed by more than 30%"):
                 gpu_checks.check_whatif_runs("unused")
@@ -384,8 +550,11 @@ def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path
         return 1000.0 + batch
 
     monkeypatch.setattr(gpu_checks, "measure_rate", rate)
-    with pytest.raises(RuntimeError, match=r"5 of 6 fit rows written .*bert-large tf32 batch 128: RuntimeError: "
-                                           r"CUDA out of memory\. Tried to allocate 2\.00 GiB$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"5 of 6 fit rows written .*bert-large tf32 batch 128: RuntimeError: "
+        r"CUDA out of memory\. Tried to allocate 2\.00 GiB$",
+    ):
         gpu_checks.check_fit_rows("unused")
     written = (tmp_path / "fit_rows.csv").read_text()
     published = whatif_bench.PUBLISHED_FILE.read_text()
@@ -394,9 +563,12 @@ def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path
     monkeypatch.setattr(whatif_bench, "PUBLISHED_FILE", combined)
     rows = [r for r in whatif_bench.published_rows() if r["chip"] == "h200-sxm" and r["set"] == "fit"]
     assert [(r["model"], r["precision"], r["batch"], r["samples_per_s"]) for r in rows] == [
-        ("resnext101-32x4d", "bf16-mixed", 128, 1128.0), ("resnext101-32x4d", "tf32", 128, 1128.0),
-        ("efficientnet-b0", "bf16-mixed", 256, 1256.0), ("efficientnet-b0", "tf32", 256, 1256.0),
-        ("bert-large", "bf16-mixed", 256, 1256.0)]
+        ("resnext101-32x4d", "bf16-mixed", 128, 1128.0),
+        ("resnext101-32x4d", "tf32", 128, 1128.0),
+        ("efficientnet-b0", "bf16-mixed", 256, 1256.0),
+        ("efficientnet-b0", "tf32", 256, 1256.0),
+        ("bert-large", "bf16-mixed", 256, 1256.0),
+    ]
     assert all("commit abc1234" in r["source"] and "1x NVIDIA H200" in r["source"] for r in rows)
 
 
@@ -406,12 +578,21 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
     from lit_compute.bench import gpu_checks
     from lit_compute.planning.whatif import RunFacts
 
-    facts = RunFacts(path=Path("traced"), by_class={"matmul": (1e12, 1e9, 100)}, samples=8, model_flops=1e12,
-                     trainable=1000, precision="32-true", device="traced")
+    facts = RunFacts(
+        path=Path("traced"),
+        by_class={"matmul": (1e12, 1e9, 100)},
+        samples=8,
+        model_flops=1e12,
+        trainable=1000,
+        precision="32-true",
+        device="traced",
+    )
     monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     traced = []  # the memory format each model is traced in: NVIDIA's ResNet-50 runs, and bench gpu's, channels-last
-    monkeypatch.setattr("lit_compute.bench.whatif_bench.traced_facts",
-                        lambda model, batch, memory_format: traced.append(memory_format) or facts)
+    monkeypatch.setattr(
+        "lit_compute.bench.whatif_bench.traced_facts",
+        lambda model, batch, memory_format: traced.append(memory_format) or facts,
+    )
     monkeypatch.setattr(gpu_checks, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
     monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)  # the device's side
     from lit_compute.hardware.chips import find_chip
@@ -441,16 +622,19 @@ def test_the_transposes_check_compares_the_predicted_and_measured_ratio_of_both_
     monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)
     monkeypatch.setattr(gpu_checks, "TRANSPOSES_RUN", ("resnet50", 8, "bf16-mixed"))
     scenario = Scenario(find_chip("h100-sxm"), "bf16-mixed", 8)
-    rates = {layout: predict(traced_facts("resnet50", 8, layout), scenario, default_calibration()).samples_per_s
-             for layout in ("contiguous", "channels_last")}
+    rates = {
+        layout: predict(traced_facts("resnet50", 8, layout), scenario, default_calibration()).samples_per_s
+        for layout in ("contiguous", "channels_last")
+    }
     ratio = rates["channels_last"] / rates["contiguous"]
     assert ratio > 1.05  # channels-first pays the transposes at 16 bits
     for scale, passes in ((1.1, True), (1.3, False)):  # the measured channels-last rate this much faster
         measured = {"contiguous": 1000.0, "channels_last": 1000.0 * ratio * scale}
         monkeypatch.setattr(gpu_checks, "measure_rate", lambda model, batch, precision, layout, m=measured: m[layout])
         if passes:
-            assert gpu_checks.check_transposes("unused") == (f"channels-last over channels-first: predicted "
-                                                            f"{ratio:.2f}x, measured {ratio * 1.1:.2f}x (-9.1%)")
+            assert gpu_checks.check_transposes("unused") == (
+                f"channels-last over channels-first: predicted {ratio:.2f}x, measured {ratio * 1.1:.2f}x (-9.1%)"
+            )
         else:
             with pytest.raises(AssertionError, match="the predicted ratio missed by more than 15%"):
                 gpu_checks.check_transposes("unused")
@@ -465,9 +649,11 @@ def test_the_setup_probe_measures_inside_the_training_process_once(tmp_path, mon
     from ..conftest import make_trainer, tiny_data, tiny_model
 
     calls = []
-    monkeypatch.setattr(measure, "measure_conv_setup",
-                        lambda dtype: calls.append(dtype) or measure.ConvSetup(7e-10, True))
+    monkeypatch.setattr(
+        measure, "measure_conv_setup", lambda dtype: calls.append(dtype) or measure.ConvSetup(7e-10, True)
+    )
     path = tmp_path / "setup.json"
-    make_trainer(tmp_path, max_steps=3, callbacks=[SetupProbe(str(path), step=2)]).fit(tiny_model(),
-                                                                                        datamodule=tiny_data())
+    make_trainer(tmp_path, max_steps=3, callbacks=[SetupProbe(str(path), step=2)]).fit(
+        tiny_model(), datamodule=tiny_data()
+    )
     assert json.loads(path.read_text()) == [7e-10, True] and len(calls) == 1

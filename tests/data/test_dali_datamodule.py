@@ -80,8 +80,9 @@ def test_limited_epochs_start_fresh_shuffled_passes(tmp_path):
         def training_step(self, batch, batch_idx):
             return super().training_step(batch[:2], batch_idx)
 
-    trainer = make_trainer(tmp_path, max_epochs=3, max_steps=-1, limit_train_batches=3, callbacks=[Record()],
-                           limit_val_batches=0)
+    trainer = make_trainer(
+        tmp_path, max_epochs=3, max_steps=-1, limit_train_batches=3, callbacks=[Record()], limit_val_batches=0
+    )
     trainer.fit(Model(num_classes=4), datamodule=dm)
     assert len(seen) == 3 and all(len(s) == 24 and len(set(s)) == 24 for s in seen)
     # a continuation would have read the rest of pass 0; fresh passes read new permutations from their start
@@ -114,8 +115,9 @@ def test_sanity_check_does_not_eat_into_the_first_validation(tmp_path):
         def validation_step(self, batch, batch_idx):
             return super().validation_step(batch[:2], batch_idx)
 
-    trainer = make_trainer(tmp_path, max_steps=2, num_sanity_val_steps=1, limit_val_batches=None,
-                           callbacks=[Count()], val_check_interval=2)
+    trainer = make_trainer(
+        tmp_path, max_steps=2, num_sanity_val_steps=1, limit_val_batches=None, callbacks=[Count()], val_check_interval=2
+    )
     trainer.fit(Model(num_classes=4), datamodule=dm)
     n_val = len(list((dm.resolved_data_dir() / "val").rglob("*.jpg")))
     assert counts == [8, n_val]  # the sanity batch, then a whole validation epoch
@@ -153,8 +155,17 @@ class _PathModel(pl.LightningModule):
 def test_ddp_spawn_ranks_read_disjoint_shards_with_equal_batch_counts(tmp_path):
     dm = _dm(synthetic_images_per_class=9, num_threads=1)  # 36 images over 2 ranks, batches of 8
     dm.with_source_info = True
-    trainer = make_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=None, devices=2,
-                           strategy=SpawnDDP(), callbacks=[_WritePaths(tmp_path)], logger=False, limit_val_batches=0)
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=1,
+        max_steps=-1,
+        limit_train_batches=None,
+        devices=2,
+        strategy=SpawnDDP(),
+        callbacks=[_WritePaths(tmp_path)],
+        logger=False,
+        limit_val_batches=0,
+    )
     trainer.fit(_PathModel(), datamodule=dm)
     ranks = [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)]
     assert ranks[0][0] == ranks[1][0] == "3"  # equal batch counts: nobody waits on the last batch
@@ -169,10 +180,17 @@ def test_demo_trains_with_the_dali_datamodule(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     root = Path(__file__).resolve().parents[2]
-    cli = LitComputeCLI(args=[
-        "fit", "--config", str(root / "configs" / "dali.yaml"), "--trainer.max_steps=3", "--trainer.limit_val_batches=1",
-        "--data.init_args.synthetic_images_per_class=8", "--trainer.log_every_n_steps=1",
-    ])
+    cli = LitComputeCLI(
+        args=[
+            "fit",
+            "--config",
+            str(root / "configs" / "dali.yaml"),
+            "--trainer.max_steps=3",
+            "--trainer.limit_val_batches=1",
+            "--data.init_args.synthetic_images_per_class=8",
+            "--trainer.log_every_n_steps=1",
+        ]
+    )
     assert cli.trainer.global_step == 3
     assert isinstance(cli.datamodule, DALIImageDataModule)
 

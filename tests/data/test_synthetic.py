@@ -60,13 +60,15 @@ def test_two_writers_of_one_cold_cache_both_succeed(tmp_path, monkeypatch):
     def render_while_another_process_finishes(*args, **kwargs):
         if not raced:
             raced.append(True)
-            synthetic.make_synthetic_image_folder(tmp_path / "cache", num_classes=2, images_per_class=3,
-                                                  image_size=(16, 16))
+            synthetic.make_synthetic_image_folder(
+                tmp_path / "cache", num_classes=2, images_per_class=3, image_size=(16, 16)
+            )
         return real_render(*args, **kwargs)
 
     monkeypatch.setattr(synthetic, "render_image", render_while_another_process_finishes)
-    root = synthetic.make_synthetic_image_folder(tmp_path / "cache", num_classes=2, images_per_class=3,
-                                                 image_size=(16, 16))
+    root = synthetic.make_synthetic_image_folder(
+        tmp_path / "cache", num_classes=2, images_per_class=3, image_size=(16, 16)
+    )
     assert raced and (root / "manifest.json").is_file()
     assert sorted(p.name for p in (root / "train").iterdir()) == ["class_000", "class_001"]
     assert not list(tmp_path.glob(".cache.tmp-*"))  # this writer's own copy is cleaned up

@@ -83,8 +83,9 @@ def _fit_tokens(tmp_path, corpus, callback):
             return super().training_step(batch, batch_idx)
 
     model = Timed(vocab_size=258, block_size=128, n_layer=1, n_head=2, n_embd=16)
-    trainer = clocked_trainer(tmp_path, clock, max_steps=6, limit_train_batches=6, limit_val_batches=0,
-                              callbacks=[callback])
+    trainer = clocked_trainer(
+        tmp_path, clock, max_steps=6, limit_train_batches=6, limit_val_batches=0, callbacks=[callback]
+    )
     loader = corpus.val_dataloader()  # not shuffled: the batches listed here are the ones trained on
     batches = [b for _, b in zip(range(6), loader)]
     trainer.fit(model, train_dataloaders=loader)
@@ -95,9 +96,11 @@ def test_tokens_per_second_counts_real_tokens(tmp_path, corpus):
     acc, batches = _fit_tokens(tmp_path, corpus, StepTimeMonitor(log_every_n_steps=2))
     tokens = dict(scalar_values(acc, "time/tokens_per_sec"))
     real = [int(b["attention_mask"].sum()) for b in batches]
-    assert tokens == {1: pytest.approx(real[1] / 0.05, rel=1e-6),  # step 0 holds the start: left out
-                      3: pytest.approx((real[2] + real[3]) / 0.1, rel=1e-6),
-                      5: pytest.approx((real[4] + real[5]) / 0.1, rel=1e-6)}
+    assert tokens == {
+        1: pytest.approx(real[1] / 0.05, rel=1e-6),  # step 0 holds the start: left out
+        3: pytest.approx((real[2] + real[3]) / 0.1, rel=1e-6),
+        5: pytest.approx((real[4] + real[5]) / 0.1, rel=1e-6),
+    }
 
 
 def test_padding_fraction_is_the_masked_share(tmp_path, corpus):
@@ -105,7 +108,7 @@ def test_padding_fraction_is_the_masked_share(tmp_path, corpus):
     padding = dict(scalar_values(acc, "compute/padding_fraction"))
     assert sorted(padding) == [1, 3, 5]
     for step in (1, 3, 5):
-        pair = batches[step - 1: step + 1]
+        pair = batches[step - 1 : step + 1]
         real = sum(int(b["attention_mask"].sum()) for b in pair)
         total = sum(b["input_ids"].numel() for b in pair)
         assert padding[step] == pytest.approx(1 - real / total, rel=1e-6)
@@ -120,12 +123,18 @@ def test_a_token_spec_points_at_other_keys(tmp_path):
     ids = torch.randint(0, 250, (16, 24))
     keep = torch.ones(16, 24, dtype=torch.long)
     keep[:, 18:] = 0
-    data = [{"tokens": ids[i: i + 4], "keep": keep[i: i + 4]} for i in range(0, 16, 4)]
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=4, limit_val_batches=0,
-                              callbacks=[FlopsLogger(peak="none", log_every_n_steps=1,
-                                                     tokens=TokenSpec(key="tokens", mask_key="keep"))])
-    trainer.fit(Renamed(block_size=32, n_layer=1, n_head=2, n_embd=16),
-                train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+    data = [{"tokens": ids[i : i + 4], "keep": keep[i : i + 4]} for i in range(0, 16, 4)]
+    trainer = clocked_trainer(
+        tmp_path,
+        DrivenClock(),
+        max_steps=4,
+        limit_val_batches=0,
+        callbacks=[FlopsLogger(peak="none", log_every_n_steps=1, tokens=TokenSpec(key="tokens", mask_key="keep"))],
+    )
+    trainer.fit(
+        Renamed(block_size=32, n_layer=1, n_head=2, n_embd=16),
+        train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None),
+    )
     padding = [v for _, v in scalar_values(read_events(trainer.logger.log_dir), "compute/padding_fraction")]
     assert padding and all(v == pytest.approx(6 / 24) for v in padding)
 
@@ -151,13 +160,19 @@ def _sources(monkeypatch, tmp_path, files: dict[str, bytes]) -> None:
     monkeypatch.setattr("lit_compute.data.tokens.stdlib_sources", lambda: sorted(paths))
 
 
-@pytest.mark.parametrize("files", [{"blob.py": bytes(range(256)) * 40}, {"three.py": b"a = 1\nb = 2\nc = 3\n"}],
-                         ids=["one-binary-file", "one-three-line-file"])
+@pytest.mark.parametrize(
+    "files",
+    [{"blob.py": bytes(range(256)) * 40}, {"three.py": b"a = 1\nb = 2\nc = 3\n"}],
+    ids=["one-binary-file", "one-three-line-file"],
+)
 def test_a_corpus_too_small_to_split_says_so(monkeypatch, tmp_path, files):
     _sources(monkeypatch, tmp_path, files)
     dm = TokenDataModule(seq_len=64, max_tokens=20_000)
-    with pytest.raises(ValueError, match=r"TokenDataModule: the corpus is too small: \d+ tokens in \d document\(s\) "
-                                         r"from 1 file\(s\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"TokenDataModule: the corpus is too small: \d+ tokens in \d document\(s\) "
+        r"from 1 file\(s\)",
+    ):
         dm.prepare_data()
 
 

@@ -49,16 +49,24 @@ class _Report(pl.Callback):
 
 def _loader():
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(64, 16, generator=g), torch.randint(0, 2, (64,), generator=g)),
-                      batch_size=8)
+    return DataLoader(
+        TensorDataset(torch.randn(64, 16, generator=g), torch.randint(0, 2, (64,), generator=g)), batch_size=8
+    )
 
 
 def _fit(tmp_path: Path, name: str, strategy, callbacks=(), **kwargs) -> list[dict]:
     out = tmp_path / name
     out.mkdir()
     os.environ.pop("MASTER_PORT", None)  # a fresh port for every process group
-    trainer = make_trainer(out, max_steps=4, devices=2, strategy=strategy, callbacks=[_Report(str(out)), *callbacks],
-                           limit_val_batches=0, **kwargs)
+    trainer = make_trainer(
+        out,
+        max_steps=4,
+        devices=2,
+        strategy=strategy,
+        callbacks=[_Report(str(out)), *callbacks],
+        limit_val_batches=0,
+        **kwargs,
+    )
     trainer.fit(_MLP(), train_dataloaders=_loader())
     return [json.loads((out / f"fit_rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -72,7 +80,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_nodes(tmp_path: Path, configs: list[Path], timeout: float, extra_path: Path | None = None) -> list[tuple[int, str]]:
+def launch_nodes(
+    tmp_path: Path, configs: list[Path], timeout: float, extra_path: Path | None = None
+) -> list[tuple[int, str]]:
     """``lit-compute fit --config CONFIG`` on as many torchrun "nodes" as configs (``--nnodes N --nproc-per-node 1``,
     c10d rendezvous on 127.0.0.1), each node with its own file, as a job whose nodes were started by hand (or by
     srun) is. Returns each launcher's exit code and output (also in ``launcher<i>.log``); a launch past ``timeout``
@@ -80,22 +90,52 @@ def launch_nodes(tmp_path: Path, configs: list[Path], timeout: float, extra_path
     return launch_jobs(tmp_path, [configs], timeout, extra_path)[0]
 
 
-def launch_jobs(tmp_path: Path, jobs: list[list[Path]], timeout: float,
-                extra_path: Path | None = None) -> list[list[tuple[int, str]]]:
+def launch_jobs(
+    tmp_path: Path, jobs: list[list[Path]], timeout: float, extra_path: Path | None = None
+) -> list[list[tuple[int, str]]]:
     """Several such jobs at once (each its own rendezvous port): their exit codes and outputs, job by job."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "RANK", "NCCL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_", "GROUP_RANK", "RANK", "NCCL_"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(extra_path or tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
     launched: list[list[subprocess.Popen]] = []
     for j, configs in enumerate(jobs):
         port = _free_port()
         nodes = []
         for config in configs:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(configs)),
-                       "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                       "--rdzv-id", f"lit-compute-test-{j}", "-m", "lit_compute.cli", "fit", "--config", str(config)]
-            nodes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(len(configs)),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                f"lit-compute-test-{j}",
+                "-m",
+                "lit_compute.cli",
+                "fit",
+                "--config",
+                str(config),
+            ]
+            nodes.append(
+                subprocess.Popen(
+                    command,
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         launched.append(nodes)
     everyone = [n for nodes in launched for n in nodes]
     outputs: dict[int, str] = {}
@@ -122,5 +162,9 @@ def failure_lines(index: int, returncode: int, output: str) -> str:
     last lines; the whole output is in launcher<index>.log under the test's tmp_path."""
     lines = output.splitlines()
     first = [line for line in lines if any(k in line for k in ("Error", "error", "terminate", "exitcode", "Signal"))]
-    return (f"--- launcher {index}: exit {returncode}\nfirst error lines:\n" + "\n".join(first[:12])
-            + "\nlast lines:\n" + "\n".join(lines[-25:]))
+    return (
+        f"--- launcher {index}: exit {returncode}\nfirst error lines:\n"
+        + "\n".join(first[:12])
+        + "\nlast lines:\n"
+        + "\n".join(lines[-25:])
+    )

@@ -18,11 +18,22 @@ from ..conftest import make_trainer
 from .conftest import launch_jobs
 
 BASE = {
-    "trainer": {"accelerator": "cpu", "devices": 1, "num_nodes": 2, "strategy": "ddp_tuned", "max_steps": 4,
-                "log_every_n_steps": 2, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-                "enable_model_summary": False,
-                "callbacks": [{"class_path": "lit_compute.FlopsLogger", "init_args": {"peak": "none"}},
-                              {"class_path": "lit_compute.StepTimeMonitor"}]},
+    "trainer": {
+        "accelerator": "cpu",
+        "devices": 1,
+        "num_nodes": 2,
+        "strategy": "ddp_tuned",
+        "max_steps": 4,
+        "log_every_n_steps": 2,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "callbacks": [
+            {"class_path": "lit_compute.FlopsLogger", "init_args": {"peak": "none"}},
+            {"class_path": "lit_compute.StepTimeMonitor"},
+        ],
+    },
     "model": {"class_path": "tests.tuning.tune_models.SleepyRegression", "init_args": {"coef": 0.0}},
     "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 8}},
 }
@@ -37,9 +48,11 @@ def _different(c):
 
 # every rank's one line names the first three and counts the rest (the batch size among them; the callback list's
 # shift moves many of the config's keys)
-EXPECTED = ["log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1",
-            "max_steps: 4 on node 0 rank 0, 6 on node 1 rank 1",
-            "callbacks[0]: FlopsLogger on node 0 rank 0, StepTimeMonitor on node 1 rank 1"]
+EXPECTED = [
+    "log_every_n_steps: 2 on node 0 rank 0, 3 on node 1 rank 1",
+    "max_steps: 4 on node 0 rank 0, 6 on node 1 rank 1",
+    "callbacks[0]: FlopsLogger on node 0 rank 0, StepTimeMonitor on node 1 rank 1",
+]
 
 
 def _normalised(text: str) -> list[tuple[str, list[str]]]:
@@ -76,23 +89,34 @@ def _entries(*per_rank):
 
 def test_the_mismatch_names_the_first_setting_that_differs_and_where():
     same = {"max_steps": "4", "config.model.lr": "0.1"}
-    assert describe_mismatch(_entries({**same, "log_every_n_steps": "2"}, {**same, "log_every_n_steps": "3"},
-                                      {**same, "log_every_n_steps": "2"})).startswith(
+    assert describe_mismatch(
+        _entries(
+            {**same, "log_every_n_steps": "2"}, {**same, "log_every_n_steps": "3"}, {**same, "log_every_n_steps": "2"}
+        )
+    ).startswith(
         "the ranks of this job were started with different settings: log_every_n_steps: 2 on node 0 rank 0 (and 1 "
-        "other ranks), 3 on node 1 rank 1. Start every node with the same config")
+        "other ranks), 3 on node 1 rank 1. Start every node with the same config"
+    )
     five = describe_mismatch(_entries({f"config.k{i}": "1" for i in range(5)}, {f"config.k{i}": "2" for i in range(5)}))
     assert "config.k2: 1 on node 0 rank 0, 2 on node 1 rank 1; and 2 more." in five and "k3" not in five
     # trainer settings come before the rest; a setting only one rank has is "(not set)" elsewhere
     line = describe_mismatch(_entries({"config.a": "1", "max_steps": "4"}, {"config.a": "2", "max_steps": "5"}))
-    assert ": max_steps: 4 on node 0 rank 0, 5 on node 1 rank 1; config.a: 1 on node 0 rank 0, 2 on node 1 rank 1." in line
+    assert (
+        ": max_steps: 4 on node 0 rank 0, 5 on node 1 rank 1; config.a: 1 on node 0 rank 0, 2 on node 1 rank 1." in line
+    )
     line = describe_mismatch(_entries({"callbacks[1]": '"StepTimeMonitor"'}, {}))
     assert "callbacks[1]: StepTimeMonitor on node 0 rank 0, (not set) on node 1 rank 1" in line
 
 
 def test_what_is_compared_leaves_machine_local_values_out(tmp_path):
-    flat = flatten({"data": {"init_args": {"data_dir": "/node0/scratch", "batch_size": 8}},
-                    "trainer": {"default_root_dir": "/x", "callbacks": [{"init_args": {"port": 9464, "window": 5}}]},
-                    "seed_everything": 1234, "ckpt_path": None})
+    flat = flatten(
+        {
+            "data": {"init_args": {"data_dir": "/node0/scratch", "batch_size": 8}},
+            "trainer": {"default_root_dir": "/x", "callbacks": [{"init_args": {"port": 9464, "window": 5}}]},
+            "seed_everything": 1234,
+            "ckpt_path": None,
+        }
+    )
     assert flat == {"data.init_args.batch_size": "8", "trainer.callbacks[0].init_args.window": "5"}
     trainer = make_trainer(tmp_path, callbacks=[FlopsLogger(), StepTimeMonitor(window=7)])
     model = torch.nn.Linear(2, 2)
@@ -110,8 +134,10 @@ def test_strategies_written_two_ways_are_compared_by_their_resolved_settings(tmp
     from lit_compute.distributed import TunedDDPStrategy
 
     per_rank = []
-    for hook, written in (("none", "ddp_tuned"), ("bf16", {"class_path": "lit_compute.TunedDDPStrategy",
-                                                          "init_args": {"comm_hook": "bf16"}})):
+    for hook, written in (
+        ("none", "ddp_tuned"),
+        ("bf16", {"class_path": "lit_compute.TunedDDPStrategy", "init_args": {"comm_hook": "bf16"}}),
+    ):
         trainer = make_trainer(tmp_path / hook, strategy=TunedDDPStrategy(comm_hook=hook))
         register_config(trainer, {"trainer": {"strategy": written, "max_steps": 3}})
         per_rank.append(settings(trainer, torch.nn.Linear(2, 2), []))

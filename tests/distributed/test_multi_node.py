@@ -45,8 +45,9 @@ def _config(tmp_path: Path) -> Path:
     trainer["strategy"]["init_args"].update(benchmark_max_mb=0.1, benchmark_seconds=1)
     trainer["callbacks"][2]["init_args"].update(max_mb=0.1, seconds=1)  # CommBenchmark
     trainer["callbacks"].append({"class_path": "record_env.RecordEnv"})
-    config["data"]["init_args"].update(batch_size=8, image_size=32, num_workers=0, synthetic_num_classes=4,
-                                       synthetic_images_per_class=30)  # one epoch holds every step
+    config["data"]["init_args"].update(
+        batch_size=8, image_size=32, num_workers=0, synthetic_num_classes=4, synthetic_images_per_class=30
+    )  # one epoch holds every step
     config["model"]["init_args"].update(num_classes=4)
     path = tmp_path / "two_nodes.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -57,7 +58,9 @@ def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank_and
     (tmp_path / "record_env.py").write_text(RECORD_ENV)
     config = _config(tmp_path)
     results = launch_nodes(tmp_path, [config, config], timeout=300)
-    assert [rc for rc, _ in results] == [0, 0], "\n".join(failure_lines(i, rc, out) for i, (rc, out) in enumerate(results))
+    assert [rc for rc, _ in results] == [0, 0], "\n".join(
+        failure_lines(i, rc, out) for i, (rc, out) in enumerate(results)
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     for r in ranks:

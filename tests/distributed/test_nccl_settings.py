@@ -1,4 +1,5 @@
 """NCCLSettings validation: bad values named with what is accepted, valid settings and their warnings."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,11 +30,24 @@ def test_invalid_settings_are_rejected_with_the_variable_and_what_is_accepted(kw
 
 
 def test_valid_settings_and_warnings():
-    s = NCCLSettings(algo="allreduce:tree,ring;broadcast:ring", proto="^LL128", socket_nthreads=4,
-                     nsocks_perthread=4, ib_disable=True, p2p_level="nvl", extra={"NCCL_SOCKET_IFNAME": "eth0"})
-    assert s.env() == {"NCCL_ALGO": "allreduce:tree,ring;broadcast:ring", "NCCL_PROTO": "^LL128",
-                       "NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4", "NCCL_IB_DISABLE": "1",
-                       "NCCL_P2P_LEVEL": "nvl", "NCCL_SOCKET_IFNAME": "eth0"}
+    s = NCCLSettings(
+        algo="allreduce:tree,ring;broadcast:ring",
+        proto="^LL128",
+        socket_nthreads=4,
+        nsocks_perthread=4,
+        ib_disable=True,
+        p2p_level="nvl",
+        extra={"NCCL_SOCKET_IFNAME": "eth0"},
+    )
+    assert s.env() == {
+        "NCCL_ALGO": "allreduce:tree,ring;broadcast:ring",
+        "NCCL_PROTO": "^LL128",
+        "NCCL_SOCKET_NTHREADS": "4",
+        "NCCL_NSOCKS_PERTHREAD": "4",
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_P2P_LEVEL": "nvl",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
     with pytest.warns(UserWarning, match="NCCL_BUFFSIZE=3000000 is not a power of two"):
         NCCLSettings(buffsize=3_000_000)
     with pytest.warns(UserWarning, match="NCCL_MIN_NCHANNELS is deprecated.*NCCL_MIN_CTAS"):

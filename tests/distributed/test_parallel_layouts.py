@@ -62,9 +62,14 @@ def test_an_unsharded_head_beside_tensor_parallel_blocks_is_counted_against_torc
     assert _last(acc, "compute/global_flops_per_step") == 2 * local > unsharded
 
 
-@pytest.mark.parametrize(("layout", "replicas", "text"), [("ddp", 2, "data parallel 2 x tensor parallel 1"),
-                                                          ("fsdp2", 2, "data parallel 2 x tensor parallel 1"),
-                                                          ("tp", 1, "data parallel 1 x tensor parallel 2")])
+@pytest.mark.parametrize(
+    ("layout", "replicas", "text"),
+    [
+        ("ddp", 2, "data parallel 2 x tensor parallel 1"),
+        ("fsdp2", 2, "data parallel 2 x tensor parallel 1"),
+        ("tp", 1, "data parallel 1 x tensor parallel 2"),
+    ],
+)
 def test_samples_are_counted_once_per_data_parallel_replica(runs, layout, replicas, text):
     acc = _events(runs, layout)
     local = _last(acc, "time/samples_per_sec")
@@ -132,8 +137,10 @@ def test_fsdp2_collectives_are_benchmarked_and_their_share_of_a_step_measured(ru
     comm = [e for e in events if str(e["name"]).startswith("gloo:")]
     threads = {e["tid"] for e in comm}
     busy_comm, busy_compute = set(), set()
-    for group, out in ((comm, busy_comm), ([e for e in events if e["tid"] not in threads
-                                             and str(e["name"]).startswith("aten::")], busy_compute)):
+    for group, out in (
+        (comm, busy_comm),
+        ([e for e in events if e["tid"] not in threads and str(e["name"]).startswith("aten::")], busy_compute),
+    ):
         for e in group:
             out.update(range(int(max(lo, e["ts"])), int(min(hi, e["ts"] + e["dur"]))))
     by_hand = len(busy_comm - busy_compute) / (hi - lo)
@@ -179,7 +186,7 @@ def test_the_reports_rank_table_shows_the_time_blocked_in_collectives(runs, tmp_
     from lit_compute.report.document import build_report
 
     text, _ = build_report([str(runs / "fsdp2_slow_data")], tmp_path / "report.md", None, None, plots=False)
-    table = text[text.index("### Ranks"):]
+    table = text[text.index("### Ranks") :]
     assert "| blocked in collectives (ms) |" in table.splitlines()[4] and "| 1 (slowest) |" in table
     assert "rank 1 is a straggler" in table and "Cause: data" in table
 

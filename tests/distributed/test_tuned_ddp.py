@@ -1,4 +1,5 @@
 """TunedDDPStrategy under 2-process DDP on CPU (gloo): settings, buckets and hooks, spawned and from a script."""
+
 from __future__ import annotations
 
 import json
@@ -35,16 +36,9 @@ class _Recording(TunedDDPStrategy):
     def setup_distributed(self):
         env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
         Path(self.out, f"env_rank{self.local_rank}.json").write_text(
-            json.dumps({"env": env, "initialized": dist.is_initialized()}))
+            json.dumps({"env": env, "initialized": dist.is_initialized()})
+        )
         super().setup_distributed()
-
-
-
-
-
-
-
-
 
 
 @pytest.mark.slow
@@ -59,8 +53,12 @@ def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_pa
     for r in (0, 1):
         seen = json.loads((rec / f"env_rank{r}.json").read_text())
         assert seen["initialized"] is False  # recorded before the process group existed
-        assert seen["env"] == {"NCCL_ALGO": "Tree", "NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4",
-                               "NCCL_SOCKET_IFNAME": "lo"}
+        assert seen["env"] == {
+            "NCCL_ALGO": "Tree",
+            "NCCL_SOCKET_NTHREADS": "4",
+            "NCCL_NSOCKS_PERTHREAD": "4",
+            "NCCL_SOCKET_IFNAME": "lo",
+        }
         assert ranks[r]["bucket_bytes_cap"] == 1 * 2**20
         assert ranks[r]["comm_hook"] == "fp16_compress_hook"
     assert ranks[0]["params"] == ranks[1]["params"]  # identical across ranks after fit

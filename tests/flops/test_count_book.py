@@ -13,8 +13,13 @@ def _sig(length: int, stage: str = "train") -> tuple:
 def _count(length: int) -> FlopCount:
     """An exact quadratic in the length, as attention is: forward 10 L^2 + 100 L, backward twice that."""
     forward = 10 * length**2 + 100 * length
-    return FlopCount(forward=forward, backward=2 * forward, hardware=3 * forward, by_module={"model": 3 * forward},
-                     forward_by_module={"model": forward})
+    return FlopCount(
+        forward=forward,
+        backward=2 * forward,
+        hardware=3 * forward,
+        by_module={"model": 3 * forward},
+        forward_by_module={"model": forward},
+    )
 
 
 def test_a_counted_signature_is_known_and_never_counted_again():

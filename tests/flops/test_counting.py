@@ -157,24 +157,37 @@ def test_bytes_are_counted_per_op_class_and_views_move_nothing():
     # addmm reads the bias, the input and the weight, writes the output (the transpose of the weight is a view)
     assert moved == 4 * (32 + 8 * 64 + 64 * 32 + 8 * 32)
     assert count.bytes == moved and count.bytes_by_module == {}
-    with_view = count_flops(torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False,
-                            count_on="real")
+    with_view = count_flops(
+        torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False, count_on="real"
+    )
     assert with_view.by_class == {"elementwise": (0, 2 * 4 * 8 * 64, 1)}  # the flatten moved nothing; relu one kernel
-    assert [op_class(n) for n in ("aten.addmm", "aten.convolution_backward",
-                                  "aten._scaled_dot_product_flash_attention_for_cpu", "aten.native_layer_norm",
-                                  "aten.add", "aten._foreach_mul_", "aten.convert_element_type")] == [
-        "matmul", "conv", "attention", "norm", "elementwise", "optimizer", "elementwise"]
+    assert [
+        op_class(n)
+        for n in (
+            "aten.addmm",
+            "aten.convolution_backward",
+            "aten._scaled_dot_product_flash_attention_for_cpu",
+            "aten.native_layer_norm",
+            "aten.add",
+            "aten._foreach_mul_",
+            "aten.convert_element_type",
+        )
+    ] == ["matmul", "conv", "attention", "norm", "elementwise", "optimizer", "elementwise"]
     assert op_class("aten.mul", optimizer=True) == "optimizer"
 
 
 def test_convolutions_are_classed_by_their_groups_forward_and_backward():
     """#50 item 2: a grouped (ResNeXt) and a depthwise (MobileNet, EfficientNet) convolution are kept apart from dense
     ones, forward and backward, with their own FLOPs and bytes, so whatif can price each at its own efficiency."""
-    net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.Conv2d(16, 16, 3, groups=16),
-                              torch.nn.Conv2d(16, 32, 3, groups=4))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3), torch.nn.Conv2d(16, 16, 3, groups=16), torch.nn.Conv2d(16, 32, 3, groups=4)
+    )
     count = count_flops(net, torch.randn(2, 8, 16, 16), backward=True, count_on="real")
     assert {k: v[2] for k, v in count.by_class.items() if k.startswith("conv")} == {
-        "conv": 2, "conv_grouped": 2, "conv_depthwise": 2}  # one forward and one backward kernel each
+        "conv": 2,
+        "conv_grouped": 2,
+        "conv_depthwise": 2,
+    }  # one forward and one backward kernel each
     # the depthwise one: 2 x outputs x 9 (one input channel per output), forward; backward twice that (input and
     # weight gradients), the first layer's input gradient not needed (the count keeps hardware FLOPs: it is run)
     outputs = 2 * 16 * 12 * 12
@@ -186,9 +199,11 @@ def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_
     """#50 item 2: cuDNN convolves 16-bit tensors channels-last, so a channels-first convolution's operands are
     transposed in and its results back. The count keeps their bytes (activations apart from weights, which do not
     grow with the batch) and how many there are; a channels-last net has none, nor has a depthwise convolution."""
+
     def net(channels_last: bool) -> torch.nn.Module:
-        layers = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.Conv2d(8, 8, 3, groups=8),
-                                     torch.nn.Conv2d(8, 16, 1))
+        layers = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 8, 3), torch.nn.Conv2d(8, 8, 3, groups=8), torch.nn.Conv2d(8, 16, 1)
+        )
         return layers.to(memory_format=torch.channels_last) if channels_last else layers
 
     x = torch.randn(2, 4, 10, 10)
@@ -198,8 +213,7 @@ def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_
     w1, w3 = 8 * 4 * 9 * 4, 16 * 8 * 4  # conv3's 1x1 weight is contiguous and channels-last alike: channels-first
     # forward: in + out (+ weight); conv1's backward only its weight's gradient (its input needs none): in, grad out
     # (+ weight grad); conv3's backward both: grad out and grad in for the data, in and grad out for the weight
-    assert count.channels_first == ((a + b) + (a + b) + (mid + c) + (c + mid + mid + c), 2 * w1 + 3 * w3,
-                                    3 + 3 + 3 + 6)
+    assert count.channels_first == ((a + b) + (a + b) + (mid + c) + (c + mid + mid + c), 2 * w1 + 3 * w3, 3 + 3 + 3 + 6)
     last = count_flops(net(True), x.to(memory_format=torch.channels_last), backward=True, count_on="real")
     assert last.channels_first == (0, 0, 0)
     # every convolution's weight once a forward, whatever its memory format or groups: what a CPU sets up each call
@@ -208,7 +222,11 @@ def test_channels_first_convolutions_count_the_tensors_a_gpu_transposes_for_its_
     # a squeeze-excitation's 1x1 convolution on a pooled 1x1 map: its input and weight are contiguous and
     # channels-last alike, and PyTorch reads how they were made from their strides (SE-ResNeXt channels-last: none)
     squeeze = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 4, 1))
-    assert count_flops(squeeze.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last),
-                       backward=True, count_on="real").channels_first == (0, 0, 0)
+    assert count_flops(
+        squeeze.to(memory_format=torch.channels_last),
+        x.to(memory_format=torch.channels_last),
+        backward=True,
+        count_on="real",
+    ).channels_first == (0, 0, 0)
     first = count_flops(squeeze.to(memory_format=torch.contiguous_format), x, backward=True, count_on="real")
     assert first.channels_first[2] == (3 + 3) + (3 + 6)  # both channels-first: conv1 3 + 3, the 1x1 3 + 6

@@ -29,15 +29,22 @@ def _all_close(points, expected) -> bool:
     return bool(points) and all(v == pytest.approx(expected, rel=1e-5) for _, v in points)
 
 
-COMPUTE_TAGS = {"compute/flops_per_step", "compute/flops_per_sample", "compute/tflops_per_sec",
-                "compute/global_tflops_per_sec", "compute/mfu", "compute/peak_tflops"}
+COMPUTE_TAGS = {
+    "compute/flops_per_step",
+    "compute/flops_per_sample",
+    "compute/tflops_per_sec",
+    "compute/global_tflops_per_sec",
+    "compute/mfu",
+    "compute/peak_tflops",
+}
 
 
 def test_event_file_tags_mfu_and_counts(tmp_path):
     model, data = tiny_model(), tiny_data()
     cb = FlopsLogger(peak_flops=1e11, log_every_n_steps=2)
-    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, callbacks=[cb], limit_val_batches=2,
-                           val_check_interval=3)
+    trainer = make_trainer(
+        tmp_path, max_steps=6, limit_train_batches=6, callbacks=[cb], limit_val_batches=2, val_check_interval=3
+    )
     trainer.fit(model, datamodule=data)
     acc = read_events(trainer.logger.log_dir)
     tags = set(acc.Tags()["scalars"])
@@ -59,8 +66,7 @@ def test_event_file_tags_mfu_and_counts(tmp_path):
 
 def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
     cb = FlopsLogger(peak="none", log_every_n_steps=1)
-    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=8, accumulate_grad_batches=2,
-                           callbacks=[cb])
+    trainer = make_trainer(tmp_path, max_steps=3, limit_train_batches=8, accumulate_grad_batches=2, callbacks=[cb])
     model = tiny_model()
     trainer.fit(model, datamodule=tiny_data())
     per_batch = count_flops(model.train(), torch.zeros(8, 3, 32, 32)).total
@@ -97,8 +103,9 @@ def test_training_is_bitwise_identical_with_and_without(tmp_path):
     def run(callbacks):
         pl.seed_everything(123)
         model = tiny_model()
-        trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, callbacks=callbacks,
-                               logger=False, limit_val_batches=1)
+        trainer = make_trainer(
+            tmp_path, max_steps=4, limit_train_batches=4, callbacks=callbacks, logger=False, limit_val_batches=1
+        )
         trainer.fit(model, datamodule=tiny_data())
         return model.state_dict()
 
@@ -276,10 +283,17 @@ def test_the_first_validation_counts_every_batch_its_counted_ones_included(tmp_p
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     data = torch.utils.data.TensorDataset(torch.randn(10, 64))
-    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=2, limit_val_batches=3, check_val_every_n_epoch=1,
-                           callbacks=[FlopsLogger(peak="none")])
-    trainer.fit(Linear(), train_dataloaders=DataLoader(data, batch_size=4),
-                val_dataloaders=DataLoader(data, batch_size=4))
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=4,
+        limit_train_batches=2,
+        limit_val_batches=3,
+        check_val_every_n_epoch=1,
+        callbacks=[FlopsLogger(peak="none")],
+    )
+    trainer.fit(
+        Linear(), train_dataloaders=DataLoader(data, batch_size=4), val_dataloaders=DataLoader(data, batch_size=4)
+    )
     per_step = scalar_values(read_events(trainer.logger.log_dir), "compute/val_flops_per_step")
     exact = (2 * 4 * 64 * 32 * 2 + 2 * 2 * 64 * 32) / 3
     assert [v for _, v in per_step] == [pytest.approx(exact)] * 2  # two validations, the first one exact too
@@ -355,8 +369,16 @@ def test_nested_tensors_in_the_users_model_never_end_the_run(tmp_path, precision
     def run(callbacks, root):
         plugins = [FP32BatchNormHalfPrecision(fp32_norms=["LayerNorm"])] if precision == "bf16-true" else []
         kwargs = {} if plugins else {"precision": precision}
-        trainer = make_trainer(root, max_steps=4, limit_train_batches=4, val_check_interval=2, limit_val_batches=2,
-                               callbacks=callbacks, plugins=plugins, **kwargs)
+        trainer = make_trainer(
+            root,
+            max_steps=4,
+            limit_train_batches=4,
+            val_check_interval=2,
+            limit_val_batches=2,
+            callbacks=callbacks,
+            plugins=plugins,
+            **kwargs,
+        )
         # post-norm layers take the fused fast path in evaluation (bf16-true: float32 LayerNorms fed bfloat16 nested
         # tensors); under CPU autocast that fast path fails in torch itself, so bf16-mixed runs pre-norm layers
         model = _PaddedEncoder(norm_first=precision == "bf16-mixed")
@@ -399,7 +421,8 @@ def test_a_counted_batch_writes_its_flops_and_bytes_by_op_class(tmp_path):
     assert data["conv_weights"] == sum(conv_bytes)  # each weight once a forward: what a CPU reorders every call
     assert tensors == 3 * (3 * len(convs) - 1) and activations > 0
     assert scalar_values(acc, "compute/bytes_per_step")[0][1] == pytest.approx(
-        sum(v[1] for v in data["by_class"].values()), rel=1e-6)  # one batch a step: the step's bytes are its
+        sum(v[1] for v in data["by_class"].values()), rel=1e-6
+    )  # one batch a step: the step's bytes are its
     (table,) = text_values(acc, "compute/flops_by_module")
     assert "| MB moved | FLOP/byte |" in table.replace("  ", " ")
 
@@ -411,8 +434,13 @@ def test_the_op_class_table_holds_the_optimizers_step_once_under_accumulation(tm
     from lit_compute.run_record import read_record
 
     def run(accumulate, folder):
-        trainer = make_trainer(tmp_path / folder, max_steps=2, limit_train_batches=8, accumulate_grad_batches=accumulate,
-                               callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+        trainer = make_trainer(
+            tmp_path / folder,
+            max_steps=2,
+            limit_train_batches=8,
+            accumulate_grad_batches=accumulate,
+            callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)],
+        )
         trainer.fit(tiny_model(), datamodule=tiny_data())
         return read_record(trainer.logger.log_dir).op_classes, read_events(trainer.logger.log_dir)
 
@@ -433,8 +461,9 @@ def test_a_forward_after_an_optimizers_step_keeps_its_own_op_classes(tmp_path):
     optimizer's step (its ops have no FLOPs), so every FLOP of the batch is in the matmul class."""
     from lit_compute.run_record import read_record
 
-    trainer = make_trainer(tmp_path, max_steps=2, limit_val_batches=0,
-                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path, max_steps=2, limit_val_batches=0, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)]
+    )
     trainer.fit(TwoOptimizerGAN(), DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4))
     data = read_record(trainer.logger.log_dir).op_classes
     assert data["by_class"]["optimizer"][0] == 0 and data["by_class"]["optimizer"][2] > 0

@@ -65,8 +65,9 @@ def test_recurrent_layers_count_in_a_real_cpu_training_step(tmp_path, cell, gate
 
 def test_masked_encoder_in_eval_counts_each_sequence_at_its_own_length():
     e, f, layers = 32, 64, 2
-    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(e, 4, f, batch_first=True, dropout=0.0), layers,
-                                    enable_nested_tensor=True).eval()
+    encoder = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(e, 4, f, batch_first=True, dropout=0.0), layers, enable_nested_tensor=True
+    ).eval()
     lengths = [6, 3, 8]
     mask = torch.ones(3, 8, dtype=torch.bool)
     for i, n in enumerate(lengths):
@@ -83,11 +84,26 @@ def test_bilinear_counts_every_term():
 
 
 def test_heavy_op_names_are_told_from_elementwise_look_alikes():
-    for name in ("aten._grouped_mm", "aten.mkldnn_rnn_layer", "aten._cudnn_rnn", "aten.mm", "aten._int_mm",
-                 "aten.convolution_overrideable", "aten._scaled_dot_product_flash_attention_for_cpu", "aten.linear"):
+    for name in (
+        "aten._grouped_mm",
+        "aten.mkldnn_rnn_layer",
+        "aten._cudnn_rnn",
+        "aten.mm",
+        "aten._int_mm",
+        "aten.convolution_overrideable",
+        "aten._scaled_dot_product_flash_attention_for_cpu",
+        "aten.linear",
+    ):
         assert is_heavy_op(name), name
-    for name in ("aten.lgamma", "aten.mvlgamma", "aten.upsample_bilinear2d", "aten._thnn_fused_lstm_cell",
-                 "aten.cummax", "aten.relu", "aten._convert_weight_to_int4pack"):
+    for name in (
+        "aten.lgamma",
+        "aten.mvlgamma",
+        "aten.upsample_bilinear2d",
+        "aten._thnn_fused_lstm_cell",
+        "aten.cummax",
+        "aten.relu",
+        "aten._convert_weight_to_int4pack",
+    ):
         assert not is_heavy_op(name), name
 
 
@@ -113,8 +129,13 @@ def test_activation_checkpointing_raises_hfu_not_mfu(tmp_path):
         def on_train_batch_start(self, *args):
             clock.advance(0.01)
 
-    trainer = clocked_trainer(tmp_path, clock, max_steps=4, limit_train_batches=4,
-                              callbacks=[Clocked(), FlopsLogger(peak_flops=1e9, log_every_n_steps=1)])
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=4,
+        limit_train_batches=4,
+        callbacks=[Clocked(), FlopsLogger(peak_flops=1e9, log_every_n_steps=1)],
+    )
     data = torch.utils.data.TensorDataset(torch.randn(32, 16), torch.randint(0, 4, (32,)))
     trainer.fit(_Checkpointed(), train_dataloaders=DataLoader(data, batch_size=8))
     acc = read_events(trainer.logger.log_dir)
@@ -158,8 +179,9 @@ class _HFCausalLM(pl.LightningModule):
         self.model = model
 
     def training_step(self, batch, batch_idx):
-        return self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                          labels=batch["input_ids"]).loss
+        return self.model(
+            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["input_ids"]
+        ).loss
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -168,8 +190,10 @@ class _HFCausalLM(pl.LightningModule):
 class _Tokens(Dataset):
     def __init__(self, n=48, vocab=64, lengths=(8, 8), seed=0):
         rng = random.Random(seed)
-        self.items = [torch.randint(0, vocab, (rng.randint(*lengths),), generator=torch.Generator().manual_seed(i))
-                      for i in range(n)]
+        self.items = [
+            torch.randint(0, vocab, (rng.randint(*lengths),), generator=torch.Generator().manual_seed(i))
+            for i in range(n)
+        ]
 
     def __len__(self):
         return len(self.items)
@@ -205,10 +229,14 @@ def _lstm_model():
 
 
 CASES = {
-    "gradient_penalty": (_GradientPenalty, lambda: DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8)),
-                                                               batch_size=8)),
-    "gpt2": (lambda: _HFCausalLM(_gpt2()), lambda: DataLoader(_Tokens(lengths=(6, 12)), batch_size=4,
-                                                              collate_fn=pad_collate)),
+    "gradient_penalty": (
+        _GradientPenalty,
+        lambda: DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8)), batch_size=8),
+    ),
+    "gpt2": (
+        lambda: _HFCausalLM(_gpt2()),
+        lambda: DataLoader(_Tokens(lengths=(6, 12)), batch_size=4, collate_fn=pad_collate),
+    ),
     "lstm": (_lstm_model, lambda: DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8)), batch_size=8)),
 }
 
@@ -254,8 +282,11 @@ def test_a_counter_that_raises_as_it_leaves_the_step_warns_once_and_the_run_goes
 
     monkeypatch.setattr(SafeFlopCounterMode, "__exit__", exit_then_raise)
     logger = FlopsLogger(peak="none", log_every_n_steps=1)
-    with pytest.warns(UserWarning, match="FlopsLogger: the FLOP counter failed as it left the step .*counter broke on "
-                                         "the way out.*disabled; training goes on") as caught:
+    with pytest.warns(
+        UserWarning,
+        match="FlopsLogger: the FLOP counter failed as it left the step .*counter broke on "
+        "the way out.*disabled; training goes on",
+    ) as caught:
         trainer, counted = run([logger])
     assert trainer.global_step == 4 and logger._disabled
     assert sum("counter broke" in str(w.message) for w in caught) == 1
@@ -324,8 +355,9 @@ def test_a_custom_batch_object_gets_a_count_per_shape(tmp_path, kind):
     def collate(items):
         return kind(torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items]))
 
-    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6,
-                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path, max_steps=6, limit_train_batches=6, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)]
+    )
     model = _Conv()
     trainer.fit(model, train_dataloaders=DataLoader(_ShapeShifting(), batch_size=4, collate_fn=collate))
     logged = _values(read_events(trainer.logger.log_dir), "compute/flops_per_step")
@@ -350,8 +382,13 @@ def test_variable_length_batches_are_predicted_exactly(tmp_path):
     assert len(distinct) > 12
     assert flops.counted_batches <= 8 and flops.predicted_batches >= len(distinct) - 8
     for step, batch in enumerate(batches):
-        real = count_flops(model.model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           labels=batch["input_ids"], count_on="real").total
+        real = count_flops(
+            model.model,
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["input_ids"],
+            count_on="real",
+        ).total
         assert logged[step] == pytest.approx(real, rel=1e-3), step
 
 
@@ -398,8 +435,9 @@ def test_an_lstm_fed_with_data_has_the_same_model_flops_on_the_kernel_and_the_me
     model, x = Tagger(), torch.randn(8, 20, 48)
     flops = FlopsLogger(peak="none", log_every_n_steps=1)
     trainer = make_trainer(tmp_path, max_steps=1, callbacks=[flops])
-    trainer.fit(model, train_dataloaders=DataLoader(torch.utils.data.TensorDataset(x, torch.randint(0, 4, (8,))),
-                                                    batch_size=8))
+    trainer.fit(
+        model, train_dataloaders=DataLoader(torch.utils.data.TensorDataset(x, torch.randint(0, 4, (8,))), batch_size=8)
+    )
     (kernel,) = flops.counts.values()
     meta = count_flops(model, x, count_on="meta")
     assert kernel.total == meta.total

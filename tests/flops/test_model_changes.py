@@ -18,8 +18,9 @@ from ..conftest import make_trainer, read_events, scalar_values
 
 def _loader(n: int = 32, features: int = 64, batch: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, 4, (n,), generator=g)),
-                      batch_size=batch)
+    return DataLoader(
+        TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, 4, (n,), generator=g)), batch_size=batch
+    )
 
 
 class TruthPerStep(pl.Callback):
@@ -60,8 +61,14 @@ class Classifier(pl.LightningModule):
 
 def _check(tmp_path, model, finetuning, epochs: int = 3) -> tuple[dict, dict]:
     truth = TruthPerStep()
-    trainer = make_trainer(tmp_path, max_epochs=epochs, max_steps=-1, limit_train_batches=4, limit_val_batches=0,
-                           callbacks=[finetuning, truth, FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=epochs,
+        max_steps=-1,
+        limit_train_batches=4,
+        limit_val_batches=0,
+        callbacks=[finetuning, truth, FlopsLogger(peak="none", log_every_n_steps=1)],
+    )
     trainer.fit(model, train_dataloaders=_loader())
     logged = dict(scalar_values(read_events(trainer.logger.log_dir), "compute/flops_per_step"))
     assert sorted(logged) == sorted(truth.truth) == list(range(4 * epochs))
@@ -69,8 +76,7 @@ def _check(tmp_path, model, finetuning, epochs: int = 3) -> tuple[dict, dict]:
 
 
 def test_backbone_finetuning_counts_every_epoch_before_and_after_unfreezing(tmp_path):
-    model = Classifier(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()),
-                       nn.Linear(256, 4))
+    model = Classifier(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()), nn.Linear(256, 4))
     logged, truth = _check(tmp_path, model, BackboneFinetuning(unfreeze_backbone_at_epoch=1, verbose=False))
     assert logged == {step: pytest.approx(flops, rel=1e-6) for step, flops in truth.items()}  # float32 events
     frozen, unfrozen = truth[0], truth[4]
@@ -97,8 +103,16 @@ class Milestones(BaseFinetuning):
 
 
 def test_milestones_finetuning_of_a_cnn_counts_each_stage(tmp_path):
-    backbone = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                             nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten())
+    backbone = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
     model = Classifier(backbone, nn.Linear(16 * 64, 4))
     logged, truth = _check(tmp_path, model, Milestones())
     assert logged == {step: pytest.approx(flops, rel=1e-6) for step, flops in truth.items()}
@@ -152,13 +166,24 @@ def _padded(n: int, seq: int = 24) -> TensorDataset:
 
 
 def test_a_masked_eval_encoder_is_flagged_as_estimated_with_a_warning_naming_it(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=2, limit_train_batches=2, limit_val_batches=4,
-                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        limit_train_batches=2,
+        limit_val_batches=4,
+        callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)],
+    )
     data = _padded(16)
-    with pytest.warns(UserWarning, match=r"depend on their values, not only their shapes "
-                                         r"\(_nested_tensor_from_mask in `encoder`\)"):
-        trainer.fit(MaskedEncoder(), train_dataloaders=DataLoader(data, batch_size=4),
-                    val_dataloaders=DataLoader(data, batch_size=4))
+    with pytest.warns(
+        UserWarning,
+        match=r"depend on their values, not only their shapes "
+        r"\(_nested_tensor_from_mask in `encoder`\)",
+    ):
+        trainer.fit(
+            MaskedEncoder(),
+            train_dataloaders=DataLoader(data, batch_size=4),
+            val_dataloaders=DataLoader(data, batch_size=4),
+        )
     acc = read_events(trainer.logger.log_dir)
     assert [v for _, v in scalar_values(acc, "compute/val_flops_estimated")] == [1.0]
     assert "compute/flops_estimated" not in acc.Tags()["scalars"]  # training takes no fast path
@@ -182,10 +207,18 @@ class PackedLSTM(pl.LightningModule):
 
 def test_a_packed_lstm_is_flagged_as_estimated(tmp_path):
     g = torch.Generator().manual_seed(2)
-    data = TensorDataset(torch.randn(24, 20, 16, generator=g), torch.randint(3, 21, (24,), generator=g),
-                         torch.randint(0, 4, (24,), generator=g))
-    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, limit_val_batches=0,
-                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    data = TensorDataset(
+        torch.randn(24, 20, 16, generator=g),
+        torch.randint(3, 21, (24,), generator=g),
+        torch.randint(0, 4, (24,), generator=g),
+    )
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=6,
+        limit_train_batches=6,
+        limit_val_batches=0,
+        callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)],
+    )
     with pytest.warns(UserWarning, match=r"depend on their values.*_pack_padded_sequence"):
         trainer.fit(PackedLSTM(), train_dataloaders=DataLoader(data, batch_size=4))
     flags = dict(scalar_values(read_events(trainer.logger.log_dir), "compute/flops_estimated"))
@@ -215,8 +248,13 @@ def test_a_data_dependent_branch_is_found_by_a_recount_and_named(tmp_path):
     x = torch.randn(80, 64)
     x[:, 0] = torch.tensor([-1.0 if i < 40 else 1.0 for i in range(80)])  # the branch is taken from batch 10 on
     data = TensorDataset(x, torch.randint(0, 4, (80,)))
-    trainer = make_trainer(tmp_path, max_steps=20, limit_train_batches=20, limit_val_batches=0,
-                           callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=20,
+        limit_train_batches=20,
+        limit_val_batches=0,
+        callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)],
+    )
     with pytest.warns(UserWarning, match=r"same shapes counted differently in `policy`"):
         trainer.fit(Branchy(), train_dataloaders=DataLoader(data, batch_size=4))
     acc = read_events(trainer.logger.log_dir)

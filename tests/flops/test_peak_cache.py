@@ -43,7 +43,9 @@ def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_
     assert (redone.flops, redone.cached) == (4.0e11, False)
     entries = json.loads((tmp_path / "this_machine.json").read_text())["peaks"]
     assert sorted(e["flops"] for e in entries.values()) == [3.0e11, 4.0e11]
-    assert all({"measured_at", "load_average", "threads", "torch_version", "device"} <= set(e) for e in entries.values())
+    assert all(
+        {"measured_at", "load_average", "threads", "torch_version", "device"} <= set(e) for e in entries.values()
+    )
 
 
 def test_a_broken_cache_file_is_measured_over(tmp_path, monkeypatch):
@@ -97,12 +99,27 @@ def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_
     against the new peak only."""
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     key = peak_key(torch.device("cpu"), torch.float32)
-    (tmp_path / "this_machine.json").write_text(json.dumps({"peaks": {key: {
-        "flops": 1e6, "device": "cpu", "dtype": "float32", "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__, "measured_at": "2026-12-01 10:00", "load_average": 4.0}}}))
+    (tmp_path / "this_machine.json").write_text(
+        json.dumps(
+            {
+                "peaks": {
+                    key: {
+                        "flops": 1e6,
+                        "device": "cpu",
+                        "dtype": "float32",
+                        "threads": torch.get_num_threads(),
+                        "torch_version": torch.__version__,
+                        "measured_at": "2026-12-01 10:00",
+                        "load_average": 4.0,
+                    }
+                }
+            }
+        )
+    )
     _measurements(monkeypatch, (1e15, True))
-    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4,
-                           callbacks=[FlopsLogger(peak="measure", log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path, max_steps=4, limit_train_batches=4, callbacks=[FlopsLogger(peak="measure", log_every_n_steps=1)]
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(tiny_model(), datamodule=tiny_data())

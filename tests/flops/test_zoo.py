@@ -85,8 +85,17 @@ def _module_analytic(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
     return totals[0], totals[1]
 
 
-@pytest.mark.parametrize("name", ["resnet18", "convnext_atto", "efficientnet_b0", "mobilenetv3_small_100",
-                                  "vit_tiny_patch16_224", "deit_tiny_patch16_224"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "resnet18",
+        "convnext_atto",
+        "efficientnet_b0",
+        "mobilenetv3_small_100",
+        "vit_tiny_patch16_224",
+        "deit_tiny_patch16_224",
+    ],
+)
 def test_timm_models_match_their_per_layer_analytic_counts(name):
     kwargs = {"img_size": 64} if name.startswith(("vit", "deit")) else {}
     torch.manual_seed(0)

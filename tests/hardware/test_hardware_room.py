@@ -33,10 +33,19 @@ def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
     assert set(PEAK_TABLE) <= set(CHIPS) and set(MEMORY_TABLE) <= set(CHIPS)
 
 
-@pytest.mark.parametrize("name, key", [("h200-sxm", "h200-sxm"), ("NVIDIA H200", "h200-sxm"),
-                                       ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A100-SXM4-80GB", "a100"),
-                                       ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA L40S", "l40s"),
-                                       ("Tesla V100S-PCIE-32GB", "v100s-pcie"), (" A10G ", "a10g")])
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("h200-sxm", "h200-sxm"),
+        ("NVIDIA H200", "h200-sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA L40S", "l40s"),
+        ("Tesla V100S-PCIE-32GB", "v100s-pcie"),
+        (" A10G ", "a10g"),
+    ],
+)
 def test_estimate_and_whatif_accept_the_same_names(name, key):
     assert find_chip(name).name == key
     capacity, source = capacity_of(name, None)
@@ -67,11 +76,15 @@ def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path,
 
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     calls = []
-    monkeypatch.setattr(measure, "measure_peak", lambda *a, **k: calls.append("peak") or measure.PeakMeasurement(
-        1e11, True, 0.99))
+    monkeypatch.setattr(
+        measure, "measure_peak", lambda *a, **k: calls.append("peak") or measure.PeakMeasurement(1e11, True, 0.99)
+    )
     monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: calls.append("bandwidth") or 2e10)
-    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: calls.append("mixed") or measure.MixedSpeedup(
-        {"matmul": 1.8, "conv": 2.0, "attention": 0.5}, True))
+    monkeypatch.setattr(
+        measure,
+        "measure_mixed_speedup",
+        lambda: calls.append("mixed") or measure.MixedSpeedup({"matmul": 1.8, "conv": 2.0, "attention": 0.5}, True),
+    )
     chip = this_module.this_machine("cpu")
     assert chip.name == "this" and chip.kind == "cpu" and chip.extras["device_name"] == this_module.cpu_name()
     assert chip.peaks["float32"] == 1e11 and chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
@@ -84,8 +97,11 @@ def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path,
     assert calls == [] and "cached from" in again.source  # from the cache
     fast, why = this_module.bf16_fast("cpu")
     assert fast and "1.90x float32's speed" in why
-    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
-        {"matmul": 0.3, "conv": 0.2, "attention": 0.1}, True))  # an AVX2-only CPU
+    monkeypatch.setattr(
+        measure,
+        "measure_mixed_speedup",
+        lambda: measure.MixedSpeedup({"matmul": 0.3, "conv": 0.2, "attention": 0.1}, True),
+    )  # an AVX2-only CPU
     (tmp_path / "this_machine.json").unlink()
     assert this_module.bf16_fast("cpu")[0] is False
 
@@ -97,8 +113,13 @@ def test_the_tune_and_the_benches_ask_the_same_bf16_question(monkeypatch):
 
     tune = importlib.import_module("lit_compute.tuning.tune")
     monkeypatch.setattr(this_module, "bf16_fast", lambda device="cpu": (False, "bf16 autocast runs at 0.40x"))
-    monkeypatch.setattr(this_module, "cached_peak_flops", lambda device, dtype, **_: this_module.MeasuredPeak(
-        1e11, "cpu", str(dtype), 2, torch.__version__, "2026-12-04 10:00", None))
+    monkeypatch.setattr(
+        this_module,
+        "cached_peak_flops",
+        lambda device, dtype, **_: this_module.MeasuredPeak(
+            1e11, "cpu", str(dtype), 2, torch.__version__, "2026-12-04 10:00", None
+        ),
+    )
     monkeypatch.setattr(_common, "bf16_fast", this_module.bf16_fast)
     assert _common.low_precision("cpu") == "32-true"
     machine = tune.measure_machine("cpu")
@@ -116,12 +137,16 @@ def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, m
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     monkeypatch.setattr(measure, "measure_peak", lambda *a, **k: measure.PeakMeasurement(2e10, False, 0.4))
     monkeypatch.setattr(measure, "measure_bandwidth", lambda **k: 1e10)
-    monkeypatch.setattr(measure, "measure_mixed_speedup", lambda: measure.MixedSpeedup(
-        {"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False))
+    monkeypatch.setattr(
+        measure,
+        "measure_mixed_speedup",
+        lambda: measure.MixedSpeedup({"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False),
+    )
     chip = this_module.this_machine("cpu")
     assert "lower bounds" in chip.extras["busy"] and not (tmp_path / "this_machine.json").exists()
-    run = RunFacts(path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25,
-                   wait_s=0.0)
+    run = RunFacts(
+        path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25, wait_s=0.0
+    )
     p = predict(run, Scenario(chip, "32-true", 8), Calibration(1.0, 1.0, 1.0, 0.0, 1.0, "t"))
     assert p.mfu is None and any("MFU is not given" in n for n in p.notes)
 

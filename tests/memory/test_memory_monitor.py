@@ -21,7 +21,9 @@ class _MLP(pl.LightningModule):
     def __init__(self, width: int = 256, extra_mb_on_rank: dict | None = None):
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
+        self.net = nn.Sequential(
+            nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4)
+        )
         self.extra = dict(extra_mb_on_rank or {})
 
     def training_step(self, batch, batch_idx):
@@ -38,15 +40,17 @@ class _MLP(pl.LightningModule):
 
 def _loader(n=64, batch=16):
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 64, generator=g), torch.randint(0, 4, (n,), generator=g)),
-                      batch_size=batch)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 64, generator=g), torch.randint(0, 4, (n,), generator=g)), batch_size=batch
+    )
 
 
 def test_the_parts_are_what_the_model_holds_and_fit_in_the_peak(tmp_path):
     model = _MLP()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=2,
-                           callbacks=[MemoryMonitor(capacity_gb=2.0)])
+    trainer = make_trainer(
+        tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=2, callbacks=[MemoryMonitor(capacity_gb=2.0)]
+    )
     trainer.fit(model, _loader())
     acc = read_events(trainer.logger.log_dir)
     last = {p: scalar_values(acc, f"memory/{p}_gb")[-1][1] * GB for p in PARTS}
@@ -87,8 +91,9 @@ def test_a_model_moved_to_another_dtype_is_tracked_again(tmp_path):
     of the run (the model's key ignored dtypes and devices)."""
     model = _ToFloat64()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    trainer = make_trainer(tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=1,
-                           callbacks=[MemoryMonitor()])
+    trainer = make_trainer(
+        tmp_path, max_steps=4, limit_train_batches=4, log_every_n_steps=1, callbacks=[MemoryMonitor()]
+    )
     trainer.fit(model, _loader())
     params = dict(scalar_values(read_events(trainer.logger.log_dir), "memory/parameters_gb"))
     assert params[0] * GB == pytest.approx(param_bytes, rel=1e-6)
@@ -96,8 +101,9 @@ def test_a_model_moved_to_another_dtype_is_tracked_again(tmp_path):
 
 
 def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                         nn.Linear(512, 4))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 64 * 64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4)
+    )
 
 
 @pytest.mark.parametrize("arch", ["mlp", "resnet18"])
@@ -142,8 +148,15 @@ def test_the_tracked_peak_agrees_with_the_allocators_events(arch):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_largest_rank_is_named(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=SpawnDDP(), log_every_n_steps=1,
-                           callbacks=[MemoryMonitor()], limit_val_batches=0)
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        devices=2,
+        strategy=SpawnDDP(),
+        log_every_n_steps=1,
+        callbacks=[MemoryMonitor()],
+        limit_val_batches=0,
+    )
     trainer.fit(_MLP(extra_mb_on_rank={1: 40}), _loader())
     acc = read_events(tmp_path / "logs" / "version_0")
     own = scalar_values(acc, "memory/peak_gb")[-1][1]  # rank 0's
@@ -152,7 +165,8 @@ def test_the_largest_rank_is_named(tmp_path):
     assert largest - own == pytest.approx(0.04, rel=0.05)  # rank 1's 40 MB temporary
     # DDP's gradient buckets (a copy of every gradient) count as gradients
     assert scalar_values(acc, "memory/gradients_gb")[-1][1] == pytest.approx(
-        2 * sum(p.numel() * 4 for p in _MLP().parameters()) / GB, rel=1e-6)
+        2 * sum(p.numel() * 4 for p in _MLP().parameters()) / GB, rel=1e-6
+    )
 
 
 def test_with_flops_logger_in_one_step_both_modes_leave_in_order(tmp_path):

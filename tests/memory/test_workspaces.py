@@ -17,9 +17,17 @@ MiB = 1 << 20
 
 
 def _cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-                         nn.Linear(64 * 16, 4))
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 4),
+    )
 
 
 def test_a_conv_steps_workspaces_are_measured_and_the_allocator_agrees():
@@ -81,9 +89,16 @@ def test_a_storage_resized_in_place_is_freed_and_allocated_again():
 
 def test_the_caching_allocator_model_rounds_splits_and_keeps_segments():
     assert [round_size(n) for n in (1, 512, 513, 1500000)] == [512, 512, 1024, 1500160]
-    peaks = simulate([(1, 0, 1_500_000), (1, 1, 1_500_000), (-1, 0, 0),  # two blocks of one 20 MiB segment
-                      (1, 2, 1_000_000), (1, 3, 300),  # the small pool: one 2 MiB segment for both
-                      (1, 4, 50 * MiB)])  # a large request: a segment of its own, rounded to 2 MiB
+    peaks = simulate(
+        [
+            (1, 0, 1_500_000),
+            (1, 1, 1_500_000),
+            (-1, 0, 0),  # two blocks of one 20 MiB segment
+            (1, 2, 1_000_000),
+            (1, 3, 300),  # the small pool: one 2 MiB segment for both
+            (1, 4, 50 * MiB),
+        ]
+    )  # a large request: a segment of its own, rounded to 2 MiB
     assert peaks.reserved == (20 + 2 + 50) * MiB
     assert peaks.allocated == 1_500_160 + 1_000_448 + 512 + 50 * MiB
     # a freed block is reused (no new segment), and neighbours merge into one block that a larger request fits
@@ -121,12 +136,16 @@ def test_a_cuda_step_is_replayed_through_the_allocator_model_and_printed_with_it
     assert modelled.peak >= tensors.peak + 32 * MiB  # the workspaces are allocated through the step
     assert modelled.reserved >= modelled.peak and modelled.reserved % (2 * MiB) == 0  # whole segments
     assert sum(modelled.parts.values()) == modelled.peak  # the allocator's extra bytes are "other"
-    row = EstimateRow(micro_batch=7, peak_bytes=modelled.peak, parts=modelled.parts, fits=None,
-                      reserved_bytes=modelled.reserved)
+    row = EstimateRow(
+        micro_batch=7, peak_bytes=modelled.peak, parts=modelled.parts, fits=None, reserved_bytes=modelled.reserved
+    )
     text = render(Plan(rows=[row], capacity_bytes=None, capacity_source="none"))
     header = next(line for line in text.splitlines() if line.startswith("|"))
-    assert [c.strip() for c in header.strip("|").split("|")][:3] == ["micro-batch", "allocated peak GB",
-                                                                     "reserved peak GB"]
+    assert [c.strip() for c in header.strip("|").split("|")][:3] == [
+        "micro-batch",
+        "allocated peak GB",
+        "reserved peak GB",
+    ]
 
 
 def test_the_reference_counts_a_free_only_for_a_block_it_saw_allocated_or_marked():

@@ -1,4 +1,5 @@
 """DeviceMonitor as a user sees it: CPU metrics on a CPU run, NVML failures that never stop training."""
+
 from __future__ import annotations
 
 import warnings
@@ -12,8 +13,7 @@ from ..conftest import RandomImages, make_trainer, read_events, scalar_values, t
 
 
 def test_device_monitor_logs_cpu_quietly_on_a_cpu_run(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[DeviceMonitor(log_every_n_steps=1)],
-                           limit_val_batches=0)
+    trainer = make_trainer(tmp_path, max_steps=4, callbacks=[DeviceMonitor(log_every_n_steps=1)], limit_val_batches=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))

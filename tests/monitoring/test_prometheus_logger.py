@@ -1,4 +1,5 @@
 """PrometheusLogger as a user sees it: the endpoint during and after fit, taken ports, names and arguments."""
+
 from __future__ import annotations
 
 import socket
@@ -31,8 +32,13 @@ def test_prometheus_endpoint_during_and_after_fit(tmp_path):
                 seen.update(_scrape(prom.port_in_use))
 
     tb = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
-    trainer = make_trainer(tmp_path, max_steps=5, logger=[tb, prom],
-                           callbacks=[StepTimeMonitor(log_every_n_steps=1), ScrapeDuringFit()], limit_val_batches=0)
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=5,
+        logger=[tb, prom],
+        callbacks=[StepTimeMonitor(log_every_n_steps=1), ScrapeDuringFit()],
+        limit_val_batches=0,
+    )
     try:
         trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
         assert "lit_compute_train_loss" in seen and "lit_compute_time_step_ms" in seen
@@ -52,8 +58,11 @@ def test_prometheus_port_in_use_is_a_clear_error():
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        with pytest.raises(OSError, match=rf"PrometheusLogger\(host='127.0.0.1', port={port}\): cannot serve on "
-                                          rf"127.0.0.1:{port}: the port is already in use"):
+        with pytest.raises(
+            OSError,
+            match=rf"PrometheusLogger\(host='127.0.0.1', port={port}\): cannot serve on "
+            rf"127.0.0.1:{port}: the port is already in use",
+        ):
             PrometheusLogger(port=port, on_port_in_use="error").start()
         fallback = PrometheusLogger(port=port)  # the default: the next free port, said once
         try:

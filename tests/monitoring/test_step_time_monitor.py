@@ -13,8 +13,12 @@ from lit_compute.monitoring.step_time_monitor import input_bound_advice
 
 
 def _trainer(loader, datamodule=None):
-    return SimpleNamespace(train_dataloader=loader, datamodule=datamodule, num_devices=1,
-                           strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    return SimpleNamespace(
+        train_dataloader=loader,
+        datamodule=datamodule,
+        num_devices=1,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+    )
 
 
 def test_tensors_in_memory_get_no_dali_advice_and_image_files_do(tmp_path):

@@ -58,7 +58,9 @@ class WideAdamMLP(pl.LightningModule):
 
     def __init__(self, width: int = 1024) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
+        self.net = nn.Sequential(
+            nn.Linear(8, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -110,5 +112,6 @@ class ClockedData(pl.LightningDataModule):
         self.batch_size, self.per_sample_s, self.per_batch_s = batch_size, per_sample_s, per_batch_s
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(_ClockedSamples(self.per_sample_s), batch_size=self.batch_size,
-                                           collate_fn=_ClockedCollate(self.per_batch_s))
+        return torch.utils.data.DataLoader(
+            _ClockedSamples(self.per_sample_s), batch_size=self.batch_size, collate_fn=_ClockedCollate(self.per_batch_s)
+        )

@@ -19,12 +19,17 @@ from lit_compute.planning.estimate_cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {  # config, arguments that keep it small, micro-batch sizes
-    "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=32", "--data.init_args.num_workers=0"],
-                 [2, 8]),
-    "gpt": ("configs/gpt.yaml", ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000",
-                                 "--data.init_args.mode=packed"], [4, 8, 16]),
-    "hf_gpt2": ("examples/hf_gpt2.yaml", ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"],
-                [2, 4, 8]),
+    "resnet50": ("configs/baseline.yaml", ["--data.init_args.image_size=32", "--data.init_args.num_workers=0"], [2, 8]),
+    "gpt": (
+        "configs/gpt.yaml",
+        ["--model.init_args.n_layer=2", "--data.init_args.max_tokens=200000", "--data.init_args.mode=packed"],
+        [4, 8, 16],
+    ),
+    "hf_gpt2": (
+        "examples/hf_gpt2.yaml",
+        ["--data.init_args.mode=packed", "--data.init_args.max_tokens=200000"],
+        [2, 4, 8],
+    ),
 }
 
 
@@ -35,12 +40,22 @@ def measured_peak(config: str, overrides: list[str], micro_batch: int, root: Pat
 
     out = root / "reference"
     shutil.rmtree(out, ignore_errors=True)
-    args = ["fit", "--config", config, *overrides, f"--data.init_args.batch_size={micro_batch}",
-            "--trainer.max_steps=3", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", "--trainer.limit_val_batches=0",
-            "--trainer.num_sanity_val_steps=0", f"--trainer.default_root_dir={root}",
-            "--trainer.callbacks+=lit_compute.bench.memory_reference.ProfiledStep",
-            f"--trainer.callbacks.out={out}"]
+    args = [
+        "fit",
+        "--config",
+        config,
+        *overrides,
+        f"--data.init_args.batch_size={micro_batch}",
+        "--trainer.max_steps=3",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.callbacks+=lit_compute.bench.memory_reference.ProfiledStep",
+        f"--trainer.callbacks.out={out}",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         LitComputeCLI(args=args)
@@ -84,9 +99,11 @@ def test_the_largest_micro_batch_that_fits_trains_under_the_cap_and_the_next_doe
 
 
 def _small_config(tmp_path: Path, model: str) -> Path:
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
-              "model": {"class_path": model, "init_args": {"coef": 0.0} if "Sleepy" in model else {}},
-              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 2},
+        "model": {"class_path": model, "init_args": {"coef": 0.0} if "Sleepy" in model else {}},
+        "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}},
+    }
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -110,12 +127,24 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["micro_batch"] for r in rows] == [4, 8] and all(r["fits"] for r in rows)
     assert summary["largest_fitting_micro_batch"] > 8 and summary["capacity_bytes"] == 10**9
-    assert set(rows[0]) == {"micro_batch", "peak_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes",
-                            "activations_bytes", "other_bytes", "fits", "rank", "reserved_bytes"}
+    assert set(rows[0]) == {
+        "micro_batch",
+        "peak_bytes",
+        "parameters_bytes",
+        "gradients_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "other_bytes",
+        "fits",
+        "rank",
+        "reserved_bytes",
+    }
     assert rows[0]["reserved_bytes"] is None  # the caching allocator's reserved peak: CUDA only
-    for args, phrase in ((["--device", "h900"], "--device 'h900' is not in the table; known: "),
-                         (["--memory", "lots"], "--memory 'lots' is not a size"),
-                         (["--micro-batch", "eight"], "--micro-batch 'eight': give whole numbers")):
+    for args, phrase in (
+        (["--device", "h900"], "--device 'h900' is not in the table; known: "),
+        (["--memory", "lots"], "--memory 'lots' is not a size"),
+        (["--micro-batch", "eight"], "--micro-batch 'eight': give whole numbers"),
+    ):
         assert main(["--config", str(path), *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and phrase in err, err
@@ -166,8 +195,10 @@ def test_the_largest_micro_batch_is_found_when_the_optimizer_holds_the_peak(tmp_
     plan = _quietly(path, micro_batches=[4], memory="10MB")
     state = sum(plan.rows[0].parts[p] for p in ("parameters", "gradients", "optimizer"))
     assert state > 10e6 and plan.largest_fitting is None and plan.checkpointing == []
-    assert any(n.startswith("does not fit even at micro-batch 1: the parameters, gradients and optimizer state "
-                            "alone need") for n in plan.notes)
+    assert any(
+        n.startswith("does not fit even at micro-batch 1: the parameters, gradients and optimizer state alone need")
+        for n in plan.notes
+    )
 
 
 def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkeypatch):
@@ -188,29 +219,36 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
     plan = _quietly(path, micro_batches=[4], memory="80GB")
     peaks = {r.micro_batch: r.peak_bytes for r in plan.rows}
     assert plan.largest_fitting and plan.next_size is None and max(measured) == plan.largest_fitting
-    assert any("larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
-               for n in plan.notes)
+    assert any(
+        "larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
+        for n in plan.notes
+    )
     assert max(measured) * peaks[4] / 4 < 40_000_000  # never a step near the machine's memory
-    with pytest.raises(estimate_module.EstimateError, match="micro-batch 100000000 is not measured: a real step of "
-                                                            "it would need about"):
+    with pytest.raises(
+        estimate_module.EstimateError, match="micro-batch 100000000 is not measured: a real step of it would need about"
+    ):
         estimate(path, micro_batches=[100_000_000])
 
 
 def test_bad_input_to_estimate_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     """#47 items 11 and 13: a missing data folder, a misspelt option, a packaged config's name."""
     monkeypatch.chdir(ROOT)
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
-              "model": {"class_path": "tests.planning.models.WideAdamMLP"},
-              "data": {"class_path": "lit_compute.TorchvisionImageDataModule",
-                       "init_args": {"data_dir": str(tmp_path / "no_such_folder")}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 2},
+        "model": {"class_path": "tests.planning.models.WideAdamMLP"},
+        "data": {
+            "class_path": "lit_compute.TorchvisionImageDataModule",
+            "init_args": {"data_dir": str(tmp_path / "no_such_folder")},
+        },
+    }
     path = tmp_path / "missing_data.yaml"
     path.write_text(yaml.safe_dump(config))
     small = _small_config(tmp_path, "tests.planning.models.WideAdamMLP")
-    for args, phrase in ((["--config", str(path)], "the config's training data cannot be read: "
-                                                   "TorchvisionImageDataModule(data_dir="),
-                         (["--config", str(small), "--devcie", "a100"], "unrecognized argument --devcie (did you mean "
-                                                                        "--device?)"),
-                         (["--config", "no_such_config"], "no such file, and no packaged config of that name")):
+    for args, phrase in (
+        (["--config", str(path)], "the config's training data cannot be read: TorchvisionImageDataModule(data_dir="),
+        (["--config", str(small), "--devcie", "a100"], "unrecognized argument --devcie (did you mean --device?)"),
+        (["--config", "no_such_config"], "no such file, and no packaged config of that name"),
+    ):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and phrase in err, err
@@ -244,19 +282,27 @@ class Broken(DropPathSchedule):
 
 
 def _image_config(tmp_path: Path, model: dict) -> Path:
-    config = {"trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 2},
-              "model": model,
-              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
-                       "init_args": {"batch_size": 4, "image_size": 32, "num_workers": 0, "synthetic_num_classes": 4,
-                                     "synthetic_images_per_class": 8}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 2},
+        "model": model,
+        "data": {
+            "class_path": "lit_compute.data.TorchvisionImageDataModule",
+            "init_args": {
+                "batch_size": 4,
+                "image_size": 32,
+                "num_workers": 0,
+                "synthetic_num_classes": 4,
+                "synthetic_images_per_class": 8,
+            },
+        },
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 @pytest.mark.slow
-def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_estimated(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_estimated(tmp_path, monkeypatch, capsys):
     """#49 item 1: torchvision's RegNet computes its block widths with tensors and reads them back (``.tolist()``):
     on the meta device that ended in a 40-line traceback. Built on the CPU instead (said in a note), its prediction
     is checked against a real step like the others; a drop-path schedule the same; a constructor that fails anyway
@@ -264,13 +310,17 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
     (tmp_path / "build_models.py").write_text(BUILD_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    regnet = _image_config(tmp_path, {"class_path": "lit_compute.models.ImageClassifier",
-                                      "init_args": {"arch": "regnet_y_400mf", "num_classes": 4}})
+    regnet = _image_config(
+        tmp_path,
+        {"class_path": "lit_compute.models.ImageClassifier", "init_args": {"arch": "regnet_y_400mf", "num_classes": 4}},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = estimate(regnet, micro_batches=[2])
-    assert any(n.startswith("ImageClassifier was built on the CPU") and "Cannot copy out of meta tensor" in n
-               for n in plan.notes), plan.notes
+    assert any(
+        n.startswith("ImageClassifier was built on the CPU") and "Cannot copy out of meta tensor" in n
+        for n in plan.notes
+    ), plan.notes
     for row in plan.rows:
         assert row.peak_bytes == pytest.approx(measured_peak(str(regnet), [], row.micro_batch, tmp_path), rel=0.10)
     schedule = _image_config(tmp_path, {"class_path": "build_models.DropPathSchedule"})
@@ -292,17 +342,24 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
     estimate_module = sys.modules["lit_compute.planning.estimate"]  # the package exports the function of that name
     schedule = _image_config(tmp_path, {"class_path": "build_models.DropPathSchedule"})  # the file Broken took
 
-    for name, value, phrase in (("BUILD_MEMORY_SHARE", 1e-6, "more than 0% of this machine's free memory"),
-                                ("_clock", iter(range(0, 10**6, 100)).__next__, "it ran for more than 300 s")):
+    for name, value, phrase in (
+        ("BUILD_MEMORY_SHARE", 1e-6, "more than 0% of this machine's free memory"),
+        ("_clock", iter(range(0, 10**6, 100)).__next__, "it ran for more than 300 s"),
+    ):
         capsys.readouterr()
         with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as info:
             patch.setattr(estimate_module, name, value)
             estimate(schedule, micro_batches=[2])
         assert info.value.code == 2
         (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device") and \
-            phrase in line and line.endswith("stopped. Give the model a constructor that does not read tensor "
-                                             "values, or estimate on a machine with more memory"), line
+        assert (
+            line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device")
+            and phrase in line
+            and line.endswith(
+                "stopped. Give the model a constructor that does not read tensor "
+                "values, or estimate on a machine with more memory"
+            )
+        ), line
 
 
 def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tensors(tmp_path, monkeypatch):
@@ -328,20 +385,40 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
             big = torch.ones(16 * 2**20, requires_grad=True)  # 64 MiB: the estimate would count it as the model's
             (big * big).sum().backward()  # saved for backward: the tracer's saved-tensors hook would see it
             torch.mm(big[:65536].view(256, 256), big[:65536].view(256, 256))  # FLOPs a counter would count
-            seen.append((type(big).__name__, _get_current_dispatch_mode(), torch.is_autocast_enabled("cpu"),
-                         torch.is_grad_enabled(), torch._C._autograd._top_saved_tensors_default_hooks(False)))
+            seen.append(
+                (
+                    type(big).__name__,
+                    _get_current_dispatch_mode(),
+                    torch.is_autocast_enabled("cpu"),
+                    torch.is_grad_enabled(),
+                    torch._C._autograd._top_saved_tensors_default_hooks(False),
+                )
+            )
             return result
+
         return measure_it
 
     monkeypatch.setattr(measure, "measure_peak", measuring(measure.PeakMeasurement(1e11, True, cpu_share=0.9)))
     monkeypatch.setattr(measure, "measure_bandwidth", measuring(1e10))
-    monkeypatch.setattr(measure, "measure_mixed_speedup",
-                        measuring(measure.MixedSpeedup({"matmul": 2.0, "conv": 2.0, "attention": 2.0}, True)))
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2,
-                          "plugins": [{"class_path": "lit_compute.FP32BatchNormPrecision",
-                                       "init_args": {"precision": "bf16-mixed", "slow_bf16": "float32"}}]},
-              "model": {"class_path": "tests.tuning.tune_models.SleepyRegression", "init_args": {"coef": 0.0}},
-              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}}}
+    monkeypatch.setattr(
+        measure,
+        "measure_mixed_speedup",
+        measuring(measure.MixedSpeedup({"matmul": 2.0, "conv": 2.0, "attention": 2.0}, True)),
+    )
+    config = {
+        "trainer": {
+            "accelerator": "cpu",
+            "max_steps": 2,
+            "plugins": [
+                {
+                    "class_path": "lit_compute.FP32BatchNormPrecision",
+                    "init_args": {"precision": "bf16-mixed", "slow_bf16": "float32"},
+                }
+            ],
+        },
+        "model": {"class_path": "tests.tuning.tune_models.SleepyRegression", "init_args": {"coef": 0.0}},
+        "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 4}},
+    }
     path = tmp_path / "bf16.yaml"
     path.write_text(yaml.safe_dump(config))
     with warnings.catch_warnings():

@@ -40,10 +40,17 @@ CHIP = Chip("made-up", {"float32": 100 * G, "bfloat16": 400 * G}, 10 * G, 32 * G
 
 
 def _run(**kwargs) -> RunFacts:
-    facts = dict(path=Path("run"), by_class={"matmul": (100 * G, 1 * G, 0), "elementwise": (0, 5 * G, 0),
-                                             "optimizer": (0, 2 * G, 0)},
-                 samples=16, model_flops=100 * G, trainable=10_000_000, precision="32-true", step_s=3.0, wait_s=0.0,
-                 loader_workers=2)
+    facts = dict(
+        path=Path("run"),
+        by_class={"matmul": (100 * G, 1 * G, 0), "elementwise": (0, 5 * G, 0), "optimizer": (0, 2 * G, 0)},
+        samples=16,
+        model_flops=100 * G,
+        trainable=10_000_000,
+        precision="32-true",
+        step_s=3.0,
+        wait_s=0.0,
+        loader_workers=2,
+    )
     facts.update(kwargs)
     return RunFacts(**facts)
 
@@ -66,7 +73,8 @@ def test_a_step_is_priced_class_by_class_on_the_roofline():
     # on a CPU autocast keeps the norms in float32: the elementwise ops around them stay float32
     cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
     assert predict(_run(), Scenario(cpu, "bf16-mixed", 16), UNIT).compute_s == pytest.approx(
-        0.25 + (5e9 + 12 * 10_000_000) / 10e9 + 0.2)
+        0.25 + (5e9 + 12 * 10_000_000) / 10e9 + 0.2
+    )
     assert mixed.bottleneck == "memory bandwidth"
 
 
@@ -92,16 +100,27 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
     comes back as measured) and added at any micro-batch; bf16 moves half the bytes at its own rate; an accelerator,
     a chip without the measurement and a net without convolutions pay none; the note gives the figures."""
     rates = {"float32": 1e-9, "bfloat16": 3e-9}
-    cpu = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu",
-               extras={"this": True, "conv_setup": rates})
+    cpu = Chip(
+        "this",
+        CHIP.peaks,
+        CHIP.bandwidth,
+        CHIP.memory,
+        "loopback",
+        "test",
+        kind="cpu",
+        extras={"this": True, "conv_setup": rates},
+    )
     convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
     cal = calibrate(convs, cpu)
     assert cal.tensor == pytest.approx(1.2 / (2.2 - 0.2))  # 1 s of convolutions + 0.2 s of optimizer in 2.0 s
     assert predict(convs, Scenario(cpu, "32-true", 16), cal).step_time_s == pytest.approx(2.2)
     double = predict(convs, Scenario(cpu, "32-true", 32), cal)
     assert double.step_time_s == pytest.approx(0.2 + (2.0 + 0.2) / cal.tensor)  # only the convolutions' FLOPs double
-    assert any("200 ms of the step sets up the convolutions whatever the micro-batch" in n
-               and "200 MB of weights a batch at 1 ns a byte" in n for n in double.notes)
+    assert any(
+        "200 ms of the step sets up the convolutions whatever the micro-batch" in n
+        and "200 MB of weights a batch at 1 ns a byte" in n
+        for n in double.notes
+    )
     assert not any("leans" in n for n in double.notes)  # the term, not a warning about its absence
     mixed = predict(convs, Scenario(cpu, "bf16-mixed", 16), UNIT)
     plain = predict(dataclasses.replace(convs, conv_weights=0.0), Scenario(cpu, "bf16-mixed", 16), UNIT)
@@ -111,20 +130,34 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
     for chip in (CHIP, dataclasses.replace(cpu, extras={"this": True})):
         p = predict(convs, Scenario(chip, "32-true", 32), UNIT)
         assert not any("sets up the convolutions" in n for n in p.notes)
-    assert predict(dataclasses.replace(convs, by_class={"matmul": (100 * G, 0, 0)}, conv_weights=0.0),
-                   Scenario(cpu, "32-true", 32), UNIT).compute_s == pytest.approx(2.0)
+    assert predict(
+        dataclasses.replace(convs, by_class={"matmul": (100 * G, 0, 0)}, conv_weights=0.0),
+        Scenario(cpu, "32-true", 32),
+        UNIT,
+    ).compute_s == pytest.approx(2.0)
 
 
 def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
     """Where this CPU's measured set-up is not less than the run's measured compute (a noisy measurement, a tiny
     net), calibration cannot take it out: the one factor holds it, the calibration says so, and predictions do not
     add it a second time (they say which way they lean instead)."""
-    cpu = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu",
-               extras={"this": True, "conv_setup": {"float32": 1.2e-8}})  # 2.4 s of set-up, a 2.2 s step
+    cpu = Chip(
+        "this",
+        CHIP.peaks,
+        CHIP.bandwidth,
+        CHIP.memory,
+        "loopback",
+        "test",
+        kind="cpu",
+        extras={"this": True, "conv_setup": {"float32": 1.2e-8}},
+    )  # 2.4 s of set-up, a 2.2 s step
     convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
     cal = calibrate(convs, cpu)
     assert not cal.conv_setup and cal.tensor == pytest.approx(1.2 / 2.2)
-    assert "the convolutions' set-up measured on this CPU, 2,400 ms, is not less than the run's measured compute, 2,200 ms" in cal.source
+    assert (
+        "the convolutions' set-up measured on this CPU, 2,400 ms, is not less than the run's measured compute, 2,200 ms"
+        in cal.source
+    )
     same = predict(convs, Scenario(cpu, "32-true", 16), cal)
     assert same.step_time_s == pytest.approx(2.2)  # the run comes back as measured, the set-up not added twice
     double = predict(convs, Scenario(cpu, "32-true", 32), cal)
@@ -170,13 +203,18 @@ def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_p
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
     fresh = this_machine.conv_setup_in_fresh_process(torch.float32)  # a real child process, this CPU measured
     assert fresh.seconds_per_byte > 0 and isinstance(fresh.quiet, bool)
-    monkeypatch.setattr(this_machine, "conv_setup_in_fresh_process",
-                        lambda dtype, prelude="": measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True))
-    chip = this_machine.with_conv_setup(Chip("this", CHIP.peaks, 1.0, 1.0, "loopback", "t", kind="cpu",
-                                             extras={"this": True}))
+    monkeypatch.setattr(
+        this_machine,
+        "conv_setup_in_fresh_process",
+        lambda dtype, prelude="": measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True),
+    )
+    chip = this_machine.with_conv_setup(
+        Chip("this", CHIP.peaks, 1.0, 1.0, "loopback", "t", kind="cpu", extras={"this": True})
+    )
     assert chip.extras["conv_setup"] == {"float32": 4e-10, "bfloat16": 9e-10}
-    monkeypatch.setattr(this_machine, "conv_setup_in_fresh_process",
-                        lambda dtype, prelude="": pytest.fail("measured again"))
+    monkeypatch.setattr(
+        this_machine, "conv_setup_in_fresh_process", lambda dtype, prelude="": pytest.fail("measured again")
+    )
     assert this_machine.conv_setup_seconds(torch.bfloat16) == 9e-10
     assert this_machine.with_conv_setup(CHIP) is CHIP  # not this machine's CPU: as it is
 
@@ -221,12 +259,20 @@ def test_a_note_of_some_rows_names_them_and_json_rows_carry_their_own():
 def _checked_file(tmp_path: Path, **changes) -> Path:
     from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
 
-    data = {"command": "lit-compute bench whatif --only gpu --errors x.json", "commit": "abc1234",
-            "efficiencies": dict(DEFAULT_EFFICIENCY), "fitted_on": [["a100", "16-mixed"], ["a100", "tf32"]],
-            "rows": [{"chip": "a100", "precision": "16-mixed", "model": "bert", "predicted": 110.0, "published": 100.0},
-                     {"chip": "a100", "precision": "tf32", "model": "resnet50", "predicted": 90.0, "published": 100.0},
-                     *[{"chip": "h100-sxm", "precision": p, "model": f"m{i}", "predicted": 100.0 + 10 * i,
-                        "published": 100.0} for i, p in enumerate(["16-mixed", "bf16-mixed"] * 3)]]}
+    data = {
+        "command": "lit-compute bench whatif --only gpu --errors x.json",
+        "commit": "abc1234",
+        "efficiencies": dict(DEFAULT_EFFICIENCY),
+        "fitted_on": [["a100", "16-mixed"], ["a100", "tf32"]],
+        "rows": [
+            {"chip": "a100", "precision": "16-mixed", "model": "bert", "predicted": 110.0, "published": 100.0},
+            {"chip": "a100", "precision": "tf32", "model": "resnet50", "predicted": 90.0, "published": 100.0},
+            *[
+                {"chip": "h100-sxm", "precision": p, "model": f"m{i}", "predicted": 100.0 + 10 * i, "published": 100.0}
+                for i, p in enumerate(["16-mixed", "bf16-mixed"] * 3)
+            ],
+        ],
+    }
     data.update(changes)
     path = tmp_path / "errors.json"
     path.write_text(json.dumps(data))
@@ -242,16 +288,21 @@ def test_a_prediction_at_the_default_efficiencies_quotes_their_errors_on_that_ch
 
     path = _checked_file(tmp_path)
     note = checked_on("a100", "bf16-mixed", path)
-    assert note == ("at 16 bits, whatif's default efficiencies were fitted on this chip's published results; they "
-                    "missed 1 other(s) they were not fitted on by: bert +10.0% (+: predicted faster than published; "
-                    "lit-compute bench whatif at abc1234, docs/whatif.md)")
+    assert note == (
+        "at 16 bits, whatif's default efficiencies were fitted on this chip's published results; they "
+        "missed 1 other(s) they were not fitted on by: bert +10.0% (+: predicted faster than published; "
+        "lit-compute bench whatif at abc1234, docs/whatif.md)"
+    )
     assert "resnet50 -10.0%" in checked_on("a100", "tf32", path)
     many = checked_on("h100-sxm", "16-mixed", path)
-    assert many.startswith("at 16 bits, whatif's default efficiencies missed 6 published result(s) of this chip they "
-                           "were not fitted on by: ")
+    assert many.startswith(
+        "at 16 bits, whatif's default efficiencies missed 6 published result(s) of this chip they "
+        "were not fitted on by: "
+    )
     assert "median +25.0%, from +0.0% (m0) to +50.0% (m5)" in many
-    assert checked_on("h100-sxm", "tf32", path).startswith("at TF32, no published result checks whatif's default "
-                                                           "efficiencies on this chip")
+    assert checked_on("h100-sxm", "tf32", path).startswith(
+        "at TF32, no published result checks whatif's default efficiencies on this chip"
+    )
     assert "no published result" in checked_on("b200", "bf16-mixed", path)
     assert checked_on("a100", "32-true", path).startswith("at float32, no published result")
     stale = _checked_file(tmp_path, efficiencies={"tensor": 0.5})
@@ -290,7 +341,9 @@ def test_a_tensor_core_ops_sm_work_is_priced_at_the_chips_sms_and_clock(tmp_path
     few = dataclasses.replace(CHIP, sm_clock=100.0)  # 100 SM-GHz: 102.4 GFLOP/s at 1,024 a clock
     many = dataclasses.replace(CHIP, sm_clock=200.0)
     cal = dataclasses.replace(UNIT, sm=2.0)
-    compute = {c.name + str(c.sm_clock): predict(run, Scenario(c, "bf16-mixed", 16), cal).compute_s for c in (few, many)}
+    compute = {
+        c.name + str(c.sm_clock): predict(run, Scenario(c, "bf16-mixed", 16), cal).compute_s for c in (few, many)
+    }
     assert compute["made-up100.0"] == pytest.approx(100 * G / (400 * G) + 100 * G / (2.0 * 100 * 1e9 * 1024))
     assert compute["made-up200.0"] == pytest.approx(100 * G / (400 * G) + 100 * G / (2.0 * 200 * 1e9 * 1024))
     assert predict(run, Scenario(few, "32-true", 16), cal).compute_s == pytest.approx(1.0)  # 100 G at 100 G/s
@@ -298,11 +351,14 @@ def test_a_tensor_core_ops_sm_work_is_priced_at_the_chips_sms_and_clock(tmp_path
     assert sm_rate(CHIP) == 200 * G and sm_rate(CHIPS["h100-sxm"]) == pytest.approx(132 * 1.83e9 * 1024)
     assert "132 SMs at 1.83 GHz" in CHIPS["h100-sxm"].sources["sm"]
     path = tmp_path / "hw.yaml"
-    path.write_text("chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n"
-                    "    sms: 100\n    boost_ghz: 1.5\n")
+    path.write_text(
+        "chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n"
+        "    sms: 100\n    boost_ghz: 1.5\n"
+    )
     assert load_hardware_file(path)[0]["mine"].sm_clock == pytest.approx(150.0)
-    path.write_text("chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n"
-                    "    sms: 100\n")
+    path.write_text(
+        "chips:\n  mine:\n    peaks: {bfloat16: 4.0e14}\n    bandwidth: 1.0e12\n    memory: 8.0e10\n    sms: 100\n"
+    )
     with pytest.raises(HardwareError, match="mine: boost_ghz is None"):
         load_hardware_file(path)
 
@@ -321,8 +377,11 @@ def test_an_input_bound_run_stays_input_bound_on_a_faster_chip():
     run = _run(step_s=2.0, wait_s=1.5, loader_workers=1)  # 16 samples per 2 s: the loader feeds 8 samples/s
     p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", 16), default_calibration())
     assert p.bottleneck == "input" and p.samples_per_s == pytest.approx(8.0)
-    serial = predict(_run(step_s=2.0, wait_s=1.5, loader_workers=0), Scenario(find_chip("h100-sxm"), "bf16-mixed", 32),
-                     default_calibration())
+    serial = predict(
+        _run(step_s=2.0, wait_s=1.5, loader_workers=0),
+        Scenario(find_chip("h100-sxm"), "bf16-mixed", 32),
+        default_calibration(),
+    )
     # in the process, its loader not timed apart: the 1.5 s wait is priced per batch, and the GPU computes meanwhile
     assert serial.host_s == pytest.approx(1.5) and serial.bottleneck == "input"
     assert serial.step_time_s == pytest.approx(1.5) and serial.input_s == pytest.approx(1.5 - serial.compute_s)
@@ -337,8 +396,11 @@ def test_an_in_process_loader_is_priced_per_batch_and_per_sample_as_timed(kind):
     they add."""
     from lit_compute.planning.loader_cost import LoaderCost
 
-    loader = (LoaderCost(0.020, 0.0, (4, 8), (0.020, 0.020)) if kind == "per batch"
-              else LoaderCost(0.0, 0.0025, (4, 8), (0.010, 0.020)))
+    loader = (
+        LoaderCost(0.020, 0.0, (4, 8), (0.020, 0.020))
+        if kind == "per batch"
+        else LoaderCost(0.0, 0.0025, (4, 8), (0.010, 0.020))
+    )
     run = _run(step_s=1.0, wait_s=0.030, samples=8, loader_workers=0, loader=loader)
     gpu = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", 64), default_calibration())
     expected = 0.030 if kind == "per batch" else 0.010 + 64 * 0.0025
@@ -354,8 +416,9 @@ def test_the_hosts_eager_dispatch_bounds_a_small_model_on_a_fast_gpu():
     are 40 ms of host work a step: a small step on an H100 waits for it (bottleneck "host dispatch", the note says
     what would help); a large one hides it; a CPU target and the run's own chip never add it (its measured step
     holds it already)."""
-    small = _run(by_class={"matmul": (1 * G, 0.01 * G, 1500), "elementwise": (0, 0.01 * G, 500)}, step_s=0.5,
-                 accumulate=2)
+    small = _run(
+        by_class={"matmul": (1 * G, 0.01 * G, 1500), "elementwise": (0, 0.01 * G, 500)}, step_s=0.5, accumulate=2
+    )
     h100 = find_chip("h100-sxm")
     free = predict(small, Scenario(h100, "32-true", 16), default_calibration())
     bound = predict(small, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
@@ -395,10 +458,15 @@ def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path,
     from tests.planning import models
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2}, "ckpt_path": None,  # fit's own key, left out
-              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
-              "data": {"class_path": "tests.planning.models.ClockedData",
-                       "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 2},
+        "ckpt_path": None,  # fit's own key, left out
+        "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
+        "data": {
+            "class_path": "tests.planning.models.ClockedData",
+            "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015},
+        },
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cost = module.loader_cost(tmp_path, 8, clock=models.CLOCK.now)
     assert cost.sizes == (4, 8)
@@ -428,10 +496,14 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
     from tests.planning import models
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2},
-              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
-              "data": {"class_path": "tests.planning.models.ClockedData",
-                       "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 2},
+        "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 16}},
+        "data": {
+            "class_path": "tests.planning.models.ClockedData",
+            "init_args": {"batch_size": 8, "per_sample_s": 0.002, "per_batch_s": 0.015},
+        },
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     timings, time_it = [], module.loader_cost
 
@@ -443,8 +515,9 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
     monkeypatch.setattr(module, "loader_cost", timer)  # what whatif calls, on the driven clock
     first = with_loader_cost(run)
     assert first.loader.per_batch == pytest.approx(0.015) and first.loader.per_sample == pytest.approx(0.002)
-    assert any("timed apart on this CPU now: 15 ms a batch + 2 ms a sample" in n and "kept in" in n
-               for n in first.notes)
+    assert any(
+        "timed apart on this CPU now: 15 ms a batch + 2 ms a sample" in n and "kept in" in n for n in first.notes
+    )
     saved = json.loads((tmp_path / module.KEPT_FILE).read_text())
     assert saved["per_batch_s"] == pytest.approx(0.015) and saved["key"]["batch_size"] == 8
 
@@ -463,7 +536,9 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
     (tmp_path / module.KEPT_FILE).unlink()
     import lit_compute.files as files
 
-    monkeypatch.setattr(files, "write_whole", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    monkeypatch.setattr(
+        files, "write_whole", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    )
     _, note = module.kept_loader_cost(tmp_path, 8, timer=timer)
     assert "not kept" in note and "Permission denied" in note and not (tmp_path / module.KEPT_FILE).exists()
 
@@ -475,11 +550,17 @@ def test_a_run_config_whose_classes_do_not_import_here_is_named_with_the_fix(tmp
 
     from lit_compute.planning.loader_cost import loader_cost
 
-    config = {"trainer": {"accelerator": "cpu"}, "model": {"class_path": "not_here_module.Net"},
-              "data": {"class_path": "tests.planning.models.ClockedData"}}
+    config = {
+        "trainer": {"accelerator": "cpu"},
+        "model": {"class_path": "not_here_module.Net"},
+        "data": {"class_path": "tests.planning.models.ClockedData"},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ValueError, match=r"does not build here: .*not_here_module.*No module named 'not_here_module'.*"
-                                         r"run lit-compute from the folder"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not build here: .*not_here_module.*No module named 'not_here_module'.*"
+        r"run lit-compute from the folder",
+    ):
         loader_cost(tmp_path, 8)
 
 
@@ -496,8 +577,9 @@ def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
     assert "no overlap of collectives" in four.notes[0]
     overlapped = predict(_run(comm_overlap=0.75), Scenario(CHIP, "32-true", 16, 4, 1, net), UNIT)
     assert overlapped.comm_s == pytest.approx(ring / 4)
-    fsdp = predict(_run(strategy="ModelParallelStrategy", data_parallel=2), Scenario(CHIP, "32-true", 16, 4, 1, net),
-                   UNIT)
+    fsdp = predict(
+        _run(strategy="ModelParallelStrategy", data_parallel=2), Scenario(CHIP, "32-true", 16, 4, 1, net), UNIT
+    )
     # FSDP2 with one unit: its parameters gathered twice, its gradients reduce-scattered once
     assert fsdp.comm_s == pytest.approx(3 / 4 * (2 * 40e6 + 40e6) / net.bandwidth + 9 * net.latency)
 
@@ -520,16 +602,19 @@ def test_hardware_tables_cite_their_rows_and_bad_rows_are_named(tmp_path):
     assert find_chip("NVIDIA H100 80GB HBM3").name == "h100-sxm"
     with pytest.raises(HardwareError, match="--hardware 'h900' is not in the table; known: .*h100-sxm"):
         find_chip("h900")
-    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: fast\n"
-                                      "    memory: 48e9\n")
+    (tmp_path / "hw.yaml").write_text(
+        "chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: fast\n    memory: 48e9\n"
+    )
     with pytest.raises(HardwareError, match=r"hw.yaml: chips.my-gpu: bandwidth is 'fast', not a number"):
         load_hardware_file(tmp_path / "hw.yaml")
-    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n"
-                                      "    memory: 48e9\n    link: warp\n")
+    (tmp_path / "hw.yaml").write_text(
+        "chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n    memory: 48e9\n    link: warp\n"
+    )
     with pytest.raises(HardwareError, match="chips.my-gpu: link 'warp' is not a known link"):
         load_hardware_file(tmp_path / "hw.yaml")
-    (tmp_path / "hw.yaml").write_text("chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n"
-                                      "    memory: 48e9\n")
+    (tmp_path / "hw.yaml").write_text(
+        "chips:\n  my-gpu:\n    peaks: {float32: 60e12}\n    bandwidth: 2e12\n    memory: 48e9\n"
+    )
     chips, _ = load_hardware_file(tmp_path / "hw.yaml")
     assert chips["my-gpu"].peak("float32") == 60e12
 
@@ -538,8 +623,13 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     from lit_compute import FlopsLogger, MemoryMonitor, StepTimeMonitor
     from lit_compute.hardware import measure, this_machine
 
-    trainer = make_trainer(tmp_path, max_steps=6, limit_train_batches=6, log_every_n_steps=2,
-                           callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=2), MemoryMonitor()])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=6,
+        limit_train_batches=6,
+        log_every_n_steps=2,
+        callbacks=[FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=2), MemoryMonitor()],
+    )
     trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=6))  # 32 images: five batches of 6, then one of 2
     run_dir = trainer.logger.log_dir
     facts = read_run(run_dir)
@@ -551,21 +641,48 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     # on its own CPU at twice the micro-batch: the convolutions' set-up priced apart. This CPU's figures are given
     # here and below, where a run's own hardware is resolved before a bad argument is refused (measuring them is
     # tens of seconds on a CPU without bf16 instructions; the measurements have their own tests)
-    here = Chip("this", {"float32": 50 * G, "bfloat16": 50 * G}, 10 * G, 16 * G, "loopback", "test", kind="cpu",
-                extras={"this": True})
+    here = Chip(
+        "this",
+        {"float32": 50 * G, "bfloat16": 50 * G},
+        10 * G,
+        16 * G,
+        "loopback",
+        "test",
+        kind="cpu",
+        extras={"this": True},
+    )
     monkeypatch.setattr(this_machine, "this_machine", lambda device=None: here)
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
-    monkeypatch.setattr(this_machine, "conv_setup_in_fresh_process",
-                        lambda dtype, prelude="": measure.ConvSetup(1e-9, True))
+    monkeypatch.setattr(
+        this_machine, "conv_setup_in_fresh_process", lambda dtype, prelude="": measure.ConvSetup(1e-9, True)
+    )
     assert main([run_dir, "--micro-batch", "12", "--json"]) == 0
     (own,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     weights = facts.conv_weights / 1e6
-    assert own["hardware"] == "this" and any(f"{weights:.3g} MB of weights a batch at 1 ns a byte" in n
-                                             for n in own["notes"])
+    assert own["hardware"] == "this" and any(
+        f"{weights:.3g} MB of weights a batch at 1 ns a byte" in n for n in own["notes"]
+    )
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
-    assert main([run_dir, "--hardware", "h100-sxm,a100", "--nodes", "1,4", "--devices-per-node", "8",
-                 "--network", "25gbps", "--prices", str(prices), "--json"]) == 0
+    assert (
+        main(
+            [
+                run_dir,
+                "--hardware",
+                "h100-sxm,a100",
+                "--nodes",
+                "1,4",
+                "--devices-per-node",
+                "8",
+                "--network",
+                "25gbps",
+                "--prices",
+                str(prices),
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     rows = [json.loads(line) for line in captured.out.splitlines()]
     assert [(r["hardware"], r["nodes"]) for r in rows] == [("h100-sxm", 1), ("h100-sxm", 4), ("a100", 1), ("a100", 4)]
@@ -576,27 +693,44 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "1000", "--json"]) == 0  # a slow host
     slow = json.loads(capsys.readouterr().out)
     assert slow["bottleneck"] == "host dispatch" and slow["step_time_s"] == pytest.approx(
-        slow["dispatch_s"] + slow["host_s"])
+        slow["dispatch_s"] + slow["host_s"]
+    )
     assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dispatch_s"] == 0
-    assert set(rows[0]) >= {"hardware", "nodes", "network", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
-                            "bottleneck", "fits", "peak_memory_bytes", "cost"}
+    assert set(rows[0]) >= {
+        "hardware",
+        "nodes",
+        "network",
+        "step_time_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "mfu",
+        "bottleneck",
+        "fits",
+        "peak_memory_bytes",
+        "cost",
+    }
     assert rows[0]["cost"] > 0 and rows[2]["cost"] is None and rows[0]["fits"] is True
     # bad input: one line each
     plain = make_trainer(tmp_path / "plain", max_steps=2, callbacks=[StepTimeMonitor(log_every_n_steps=1)])
     plain.fit(tiny_model(), datamodule=tiny_data())
-    for args, phrase in (([plain.logger.log_dir], "no counted op-class table (compute/op_classes): train with "
-                                                   "lit_compute.FlopsLogger"),
-                         ([run_dir, "--hardware", "h900"], "--hardware 'h900' is not in the table; known:"),
-                         ([run_dir, "--network", "carrier-pigeon"], "--network 'carrier-pigeon' is not in the table"),
-                         ([run_dir, "--precision", "fp8"], "--precision 'fp8' is not one whatif prices; give one of "
-                                                           "32-true, 32, tf32, bf16-mixed"),
-                         ([run_dir, "--precision", "banana"], "--precision 'banana' is not one whatif prices"),
-                         ([run_dir, "--hardware", ","], "--hardware ',' names no chip"),
-                         ([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "-1"], "--host-dispatch-us -1.0: "
-                                                                                            "give the host's cost"),
-                         ([run_dir, "--prices", str(tmp_path / "nope.yaml")], "--prices"),
-                         ([str(tmp_path / "missing")], "does not exist")):
+    for args, phrase in (
+        ([plain.logger.log_dir], "no counted op-class table (compute/op_classes): train with lit_compute.FlopsLogger"),
+        ([run_dir, "--hardware", "h900"], "--hardware 'h900' is not in the table; known:"),
+        ([run_dir, "--network", "carrier-pigeon"], "--network 'carrier-pigeon' is not in the table"),
+        (
+            [run_dir, "--precision", "fp8"],
+            "--precision 'fp8' is not one whatif prices; give one of 32-true, 32, tf32, bf16-mixed",
+        ),
+        ([run_dir, "--precision", "banana"], "--precision 'banana' is not one whatif prices"),
+        ([run_dir, "--hardware", ","], "--hardware ',' names no chip"),
+        (
+            [run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "-1"],
+            "--host-dispatch-us -1.0: give the host's cost",
+        ),
+        ([run_dir, "--prices", str(tmp_path / "nope.yaml")], "--prices"),
+        ([str(tmp_path / "missing")], "does not exist"),
+    ):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and phrase in err, err
@@ -610,8 +744,10 @@ def test_messages_follow_the_strategy_and_a_measured_curve_prices_each_size():
 
     ddp = messages(_run(trainable=20_000_000, ddp_bucket_cap_mb=25.0), Scenario(CHIP, "32-true", 16, 1, 2))
     assert ddp["allreduce"] == [2**20, 25 * 2**20, 25 * 2**20, 25 * 2**20, 80e6 - 76 * 2**20]  # a first bucket of 1 MiB
-    fsdp = messages(_run(trainable=20_000_000, strategy="ModelParallelStrategy", data_parallel=2, fsdp_units=4),
-                    Scenario(CHIP, "bf16-mixed", 16, 1, 2))
+    fsdp = messages(
+        _run(trainable=20_000_000, strategy="ModelParallelStrategy", data_parallel=2, fsdp_units=4),
+        Scenario(CHIP, "bf16-mixed", 16, 1, 2),
+    )
     assert fsdp == {"allgather": [20e6 / 4 * 2] * 8, "reducescatter": [80e6 / 4] * 4}
     curve = [(1e3, 1e7), (1e6, 1e9)]
     assert _curve_busbw(curve, 1e6) == pytest.approx(1e9) and _curve_busbw(curve, 1e9) == pytest.approx(1e9)
@@ -643,12 +779,25 @@ def test_grouped_and_depthwise_convolutions_and_float32_attention_are_priced_by_
     peak and of the bandwidth, a grouped one a fraction of what dense convolutions reach; TF32 is its own fraction;
     attention in float32 runs on the vector units (flash attention takes half precision only)."""
     chip = Chip("made-up", {"float32": 100 * G, "tf32": 200 * G, "bfloat16": 400 * G}, 10 * G, 32 * G, "pcie4", "t")
-    cal = Calibration(0.5, 1.0, 1.0, 0.0, 1.0, "t", conv_tensor=0.5, conv_vector=1.0, tf32=0.25, conv_tf32=0.1,
-                      grouped=0.5, depthwise=0.25)
+    cal = Calibration(
+        0.5,
+        1.0,
+        1.0,
+        0.0,
+        1.0,
+        "t",
+        conv_tensor=0.5,
+        conv_vector=1.0,
+        tf32=0.25,
+        conv_tf32=0.1,
+        grouped=0.5,
+        depthwise=0.25,
+    )
 
     def seconds(kind: str, flops: float, moved: float, precision: str) -> float:
-        return predict(_run(by_class={kind: (flops, moved, 0)}, trainable=0), Scenario(chip, precision, 16),
-                       cal).compute_s
+        return predict(
+            _run(by_class={kind: (flops, moved, 0)}, trainable=0), Scenario(chip, precision, 16), cal
+        ).compute_s
 
     assert seconds("conv", 100 * G, 0, "bf16-true") == pytest.approx(0.5)  # 400 x 0.5
     assert seconds("conv_grouped", 100 * G, 0, "bf16-true") == pytest.approx(1.0)  # half of that
@@ -668,14 +817,22 @@ def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
     from lit_compute.planning.whatif import host_contention
 
     curve = [(1e3, 1e9), (1e9, 1e9)]
-    run = _run(trainable=20_000_000, curves={"allreduce": curve}, comm_overlap=0.5, cpu_cores=2, torch_threads=1,
-               device="cpu", world_size=2)
+    run = _run(
+        trainable=20_000_000,
+        curves={"allreduce": curve},
+        comm_overlap=0.5,
+        cpu_cores=2,
+        torch_threads=1,
+        device="cpu",
+        world_size=2,
+    )
     this = Chip("this", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu")
     two_ranks = Scenario(this, "32-true", 16, 1, 2)
     # two ranks on two cores: one core each, shared by its compute thread and gloo's: twice as slow when overlapped
     assert host_contention(run, two_ranks) == 2.0
-    idle = predict(_run(trainable=20_000_000, curves={"allreduce": curve}, comm_overlap=0.5), two_ranks, UNIT,
-                   measured_links=True)
+    idle = predict(
+        _run(trainable=20_000_000, curves={"allreduce": curve}, comm_overlap=0.5), two_ranks, UNIT, measured_links=True
+    )
     p = predict(run, two_ranks, UNIT, measured_links=True)
     assert p.comm_total_s == pytest.approx(idle.comm_total_s * 1.5)  # the overlapped half at twice its idle time
     assert any("share" in n for n in p.notes)
@@ -689,8 +846,16 @@ def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     be slower than float32's): the class runs at its own peak, the others at the chip's."""
     from lit_compute.hardware.measure import measure_mixed_speedup
 
-    chip = Chip("this", {"float32": 100 * G, "bfloat16": 200 * G}, 1e6 * G, 32 * G, "loopback", "test", kind="cpu",
-                class_peaks={"attention": {"bfloat16": 50 * G}})
+    chip = Chip(
+        "this",
+        {"float32": 100 * G, "bfloat16": 200 * G},
+        1e6 * G,
+        32 * G,
+        "loopback",
+        "test",
+        kind="cpu",
+        class_peaks={"attention": {"bfloat16": 50 * G}},
+    )
     assert chip.peak_of("attention", "bfloat16") == 50 * G and chip.peak_of("matmul", "bfloat16") == 200 * G
     assert chip.peak_of("attention", "float32") == 100 * G  # a dtype it has no own peak for: the chip's
     run = _run(by_class={"matmul": (100 * G, 0, 0), "attention": (100 * G, 0, 0)})
@@ -720,8 +885,11 @@ def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
 def test_more_nodes_never_scale_superlinearly_the_ring_runs_at_the_slowest_link(chip):
     """#47 item 4: a multi-node step priced the gradient exchange on the network only, though the chips' own link
     inside a node was slower: two nodes of 8 came out 2.7x one node."""
-    target = (Chip("made-up-loopback", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu")
-              if chip == "made-up-loopback" else CHIPS[chip])
+    target = (
+        Chip("made-up-loopback", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "loopback", "test", kind="cpu")
+        if chip == "made-up-loopback"
+        else CHIPS[chip]
+    )
     run = _run(trainable=50_000_000, comm_overlap=0.0)
     one = predict(run, Scenario(target, "32-true", 16, 1, 8), default_calibration())
     two = predict(run, Scenario(target, "32-true", 16, 2, 8, find_link("400gbps")), default_calibration())
@@ -739,18 +907,34 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     from lit_compute.planning.config_facts import config_facts, with_counts_at
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    config = {"seed_everything": 0, "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 4,
-                                                "log_every_n_steps": 2, "enable_checkpointing": False},
-              "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 64}},
-              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 8}}}
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 4,
+            "log_every_n_steps": 2,
+            "enable_checkpointing": False,
+        },
+        "model": {"class_path": "tests.planning.models.WideAdamMLP", "init_args": {"width": 64}},
+        "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 8}},
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     facts = config_facts(path)
     assert facts.samples == 8 and facts.device == "traced" and facts.loader is not None
     assert facts.loader_workers == 0 and facts.memory and facts.memory["optimizer"] > 0
-    LitComputeCLI(args=["fit", "--config", str(path), "--trainer.enable_progress_bar=false",
-                        f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=lit_compute.FlopsLogger",
-                        "--trainer.callbacks.peak=none"])
+    LitComputeCLI(
+        args=[
+            "fit",
+            "--config",
+            str(path),
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.callbacks+=lit_compute.FlopsLogger",
+            "--trainer.callbacks.peak=none",
+        ]
+    )
     real = read_run(next((tmp_path / "lightning_logs").glob("version_*")))
     assert {k: v[0] for k, v in facts.by_class.items()} == {k: v[0] for k, v in real.by_class.items()}  # FLOPs
     assert facts.model_flops == real.model_flops
@@ -768,9 +952,13 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["hardware"] for r in rows] == ["h100-sxm", "a100"] and all(r["samples_per_s"] > 0 for r in rows)
     assert all(r["host_s"] > 0 for r in rows)  # the loader, timed here, at micro-batch 64
-    for argv, phrase in ((["--config", str(path)], "a config has run nowhere yet: name the target with --hardware"),
-                         ([str(tmp_path), "--config", str(path)], "give a run folder (lit-compute whatif RUN) or a "
-                                                                   "config (--config C), one of the two")):
+    for argv, phrase in (
+        (["--config", str(path)], "a config has run nowhere yet: name the target with --hardware"),
+        (
+            [str(tmp_path), "--config", str(path)],
+            "give a run folder (lit-compute whatif RUN) or a config (--config C), one of the two",
+        ),
+    ):
         assert main(argv) == 2
         assert phrase in capsys.readouterr().err
 
@@ -785,22 +973,47 @@ def test_a_config_with_channels_last_is_traced_channels_last_as_its_run_counts_i
     from lit_compute.planning.config_facts import config_facts
 
     monkeypatch.chdir(tmp_path)
-    config = {"seed_everything": 0, "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1,
-                                                "limit_val_batches": 0, "enable_checkpointing": False,
-                                                "enable_progress_bar": False},
-              "model": {"class_path": "lit_compute.models.ImageClassifier",
-                        "init_args": {"arch": "resnet18", "num_classes": 4}},
-              "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
-                       "init_args": {"batch_size": 4, "image_size": 32, "num_workers": 0,
-                                     "synthetic_num_classes": 4, "synthetic_images_per_class": 2}}}
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 1,
+            "limit_val_batches": 0,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+        },
+        "model": {
+            "class_path": "lit_compute.models.ImageClassifier",
+            "init_args": {"arch": "resnet18", "num_classes": 4},
+        },
+        "data": {
+            "class_path": "lit_compute.data.TorchvisionImageDataModule",
+            "init_args": {
+                "batch_size": 4,
+                "image_size": 32,
+                "num_workers": 0,
+                "synthetic_num_classes": 4,
+                "synthetic_images_per_class": 2,
+            },
+        },
+    }
     counted = {}
     for layout, callbacks in (("first", []), ("last", ["lit_compute.speedup.ChannelsLast"])):
         config["trainer"]["callbacks"] = [{"class_path": c} for c in callbacks]
         path = tmp_path / f"{layout}.yaml"
         path.write_text(yaml.safe_dump(config))
         traced = config_facts(path, time_the_loader=False).channels_first
-        LitComputeCLI(args=["fit", "--config", str(path), f"--trainer.default_root_dir={tmp_path / layout}",
-                            "--trainer.callbacks+=lit_compute.FlopsLogger", "--trainer.callbacks.peak=none"])
+        LitComputeCLI(
+            args=[
+                "fit",
+                "--config",
+                str(path),
+                f"--trainer.default_root_dir={tmp_path / layout}",
+                "--trainer.callbacks+=lit_compute.FlopsLogger",
+                "--trainer.callbacks.peak=none",
+            ]
+        )
         real = read_run(next((tmp_path / layout / "lightning_logs").glob("version_*")))
         assert traced == real.channels_first
         counted[layout] = traced

@@ -38,5 +38,6 @@ class _ConvNet(pl.LightningModule):
 
 def _loader(n=64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return DataLoader(TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)),
-                      batch_size=8)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)), batch_size=8
+    )

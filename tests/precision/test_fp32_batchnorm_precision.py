@@ -1,4 +1,5 @@
 """FP32BatchNormPrecision on CPU (bf16/fp16 autocast work on CPU): norms in float32, statistics, refusals, SyncBatchNorm."""
+
 from __future__ import annotations
 
 import lightning.pytorch as pl
@@ -14,10 +15,6 @@ from ..conftest import SpawnDDP, make_trainer
 from .conftest import _ConvNet, _loader
 
 EXPECTED_OTHER = {"16-mixed": torch.float32, "bf16-mixed": torch.float32, "bf16-true": torch.bfloat16}
-
-
-
-
 
 
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "bf16-true"])
@@ -40,8 +37,7 @@ def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
 
 
 @pytest.mark.parametrize("capability, warned", [("AVX2", True), ("AVX512", False)])
-def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_path, monkeypatch, capability,
-                                                                              warned):
+def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_path, monkeypatch, capability, warned):
     import platform
     import warnings
 
@@ -51,8 +47,11 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_p
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(module, "_SLOW_BF16_WARNED", set())
     said = []
-    plugins = (FP32BatchNormPrecision("bf16-mixed"), FP32BatchNormPrecision("bf16-mixed"),
-               FP32BatchNormHalfPrecision("bf16-true"))
+    plugins = (
+        FP32BatchNormPrecision("bf16-mixed"),
+        FP32BatchNormPrecision("bf16-mixed"),
+        FP32BatchNormHalfPrecision("bf16-true"),
+    )
     for i, plugin in enumerate(plugins):
         trainer = make_trainer(tmp_path / str(i), max_steps=1, limit_val_batches=0, plugins=[plugin])
         with warnings.catch_warnings(record=True) as caught:
@@ -68,7 +67,9 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_p
 
 def test_group_norm_kept_in_float32_when_named(tmp_path):
     model = _ConvNet()
-    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormHalfPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])])
+    trainer = make_trainer(
+        tmp_path, max_steps=2, plugins=[FP32BatchNormHalfPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])]
+    )
     trainer.fit(model, train_dataloaders=_loader())
     assert model.gn.weight.dtype == torch.float32 and model.conv.weight.dtype == torch.bfloat16
 
@@ -78,9 +79,16 @@ def test_bf16_true_model_summary_forwards_the_example_input(tmp_path):
     weights, so a bf16-true run of a model with an example input starts (it failed with a dtype mismatch)."""
     model = _ConvNet()
     model.example_input_array = torch.randn(2, 3, 8, 8)
-    trainer = pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_steps=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=True,
-                         plugins=[FP32BatchNormHalfPrecision("bf16-true")])
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=True,
+        plugins=[FP32BatchNormHalfPrecision("bf16-true")],
+    )
     trainer.fit(model, train_dataloaders=_loader())
     assert model.example_input_array.dtype == torch.bfloat16 and trainer.global_step == 1
 
@@ -88,8 +96,15 @@ def test_bf16_true_model_summary_forwards_the_example_input(tmp_path):
 def _running_stats(precision_kwargs, steps=8):
     pl.seed_everything(0)
     model = _ConvNet(scale=3.0)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, **precision_kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **precision_kwargs,
+    )
     trainer.fit(model, train_dataloaders=_loader(n=64))
     return model.bn.running_mean.float(), model.bn.running_var.float()
 
@@ -111,8 +126,15 @@ def test_huge_activation_keeps_running_variance_finite():
     def fit(**kwargs):
         pl.seed_everything(0)
         model = _ConvNet(scale=2000.0)  # variance ~1e7: above float16's 65504
-        trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, **kwargs)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **kwargs,
+        )
         trainer.fit(model, train_dataloaders=_loader())
         return model.bn.running_var
 
@@ -132,8 +154,11 @@ def test_16_true_is_refused_with_the_reason():
 
 
 def _norm_dtypes(module) -> list[str]:
-    rows = [f"{name} {m.weight.dtype} {m.running_var.dtype}" for name, m in module.named_modules()
-            if isinstance(m, nn.SyncBatchNorm)]
+    rows = [
+        f"{name} {m.weight.dtype} {m.running_var.dtype}"
+        for name, m in module.named_modules()
+        if isinstance(m, nn.SyncBatchNorm)
+    ]
     conv = next(m for m in module.modules() if isinstance(m, nn.Conv2d))
     return rows + [f"conv {conv.weight.dtype}"]
 
@@ -166,8 +191,15 @@ def _revert_sync_batchnorm(module):
 
 @pytest.mark.slow
 def test_sync_batchnorm_under_ddp_spawn_is_float32(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=2, devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
-                           plugins=[FP32BatchNormHalfPrecision("bf16-true")], logger=False)
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        devices=2,
+        strategy=_RecordingDDP(tmp_path),
+        sync_batchnorm=True,
+        plugins=[FP32BatchNormHalfPrecision("bf16-true")],
+        logger=False,
+    )
     trainer.fit(_ConvNet(), train_dataloaders=_loader())
     for rank in (0, 1):
         lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
@@ -177,9 +209,16 @@ def test_sync_batchnorm_under_ddp_spawn_is_float32(tmp_path):
 @pytest.mark.multi_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm training needs two CUDA devices")
 def test_sync_batchnorm_trains_float32_on_two_gpus(tmp_path):
-    trainer = pl.Trainer(accelerator="gpu", devices=2, strategy=_RecordingDDP(tmp_path), sync_batchnorm=True,
-                         plugins=[FP32BatchNormPrecision("bf16-mixed")], max_steps=2, logger=False,
-                         enable_checkpointing=False)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=2,
+        strategy=_RecordingDDP(tmp_path),
+        sync_batchnorm=True,
+        plugins=[FP32BatchNormPrecision("bf16-mixed")],
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(_ConvNet(), train_dataloaders=_loader())
     assert (tmp_path / "rank1.txt").read_text().splitlines()[0] == "bn torch.float32 torch.float32"
 
@@ -194,13 +233,18 @@ def test_each_refusal_of_16_true_recommends_only_what_can_be_used():
     assert "precision='bf16-true'" in str(half.value) and "FP32BatchNormPrecision('16-mixed')" in str(half.value)
 
 
-@pytest.mark.parametrize(("capability", "measured", "picked"), [
-    ("AVX2", None, "32-true"),  # no bf16 instructions: float32 without measuring
-    ("AVX512", (False, "bf16 autocast runs training blocks at 0.62x float32's speed here"), "32-true"),
-    ("AVX512", (True, "bf16 autocast runs training blocks at 2.05x float32's speed here"), "bf16-mixed"),
-], ids=["avx2", "avx512-slow", "avx512-fast"])
-def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(tmp_path, monkeypatch, capability,
-                                                                          measured, picked):
+@pytest.mark.parametrize(
+    ("capability", "measured", "picked"),
+    [
+        ("AVX2", None, "32-true"),  # no bf16 instructions: float32 without measuring
+        ("AVX512", (False, "bf16 autocast runs training blocks at 0.62x float32's speed here"), "32-true"),
+        ("AVX512", (True, "bf16 autocast runs training blocks at 2.05x float32's speed here"), "bf16-mixed"),
+    ],
+    ids=["avx2", "avx512-slow", "avx512-fast"],
+)
+def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(
+    tmp_path, monkeypatch, capability, measured, picked
+):
     """The demo's rule (#48): bf16 where it is fast on this run's device, float32 where it is not; the choice is
     what trains (the convolution's output dtype), what ``trainer.precision`` reads, and one line on the console."""
     import platform
@@ -218,21 +262,25 @@ def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(tmp_pa
     monkeypatch.setattr(this_machine, "bf16_fast", bf16_fast)
     model, seen = _ConvNet(), []
     next(m for m in model.modules() if isinstance(m, nn.Conv2d)).register_forward_hook(
-        lambda module, args, out: seen.append(out.dtype))
+        lambda module, args, out: seen.append(out.dtype)
+    )
     plugin = FP32BatchNormPrecision("bf16-mixed", slow_bf16="float32")
     from lit_compute.precision import fp32_batchnorm_precision as module
 
     said: list[str] = []  # what goes to Lightning's rank-zero console line
     monkeypatch.setattr(module, "rank_zero_info", lambda message: said.append(message))
-    at_setup: list[str] = []  # what a callback reads in setup, before Lightning connects the plugin (FlopsLogger's peak)
+    at_setup: list[
+        str
+    ] = []  # what a callback reads in setup, before Lightning connects the plugin (FlopsLogger's peak)
 
     class ReadsPrecision(pl.Callback):
         def setup(self, trainer, pl_module, stage):
             at_setup.append(trainer.precision)
 
     for fit in range(2):  # a second fit trains as the first
-        trainer = make_trainer(tmp_path / str(fit), max_steps=1, limit_val_batches=0, plugins=[plugin],
-                               callbacks=[ReadsPrecision()])
+        trainer = make_trainer(
+            tmp_path / str(fit), max_steps=1, limit_val_batches=0, plugins=[plugin], callbacks=[ReadsPrecision()]
+        )
         trainer.fit(model, train_dataloaders=_loader(n=8))
         assert trainer.precision == picked
     assert at_setup == [picked, picked]  # it read "bf16-mixed" and FlopsLogger measured a bf16 peak for a float32 run
@@ -244,8 +292,11 @@ def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(tmp_pa
 
 
 def test_slow_bf16_float32_is_for_bf16_mixed_only():
-    with pytest.raises(ValueError, match=r"FP32BatchNormPrecision\(precision='16-mixed', slow_bf16='float32'\): the "
-                                         r"fallback is for 'bf16-mixed' only"):
+    with pytest.raises(
+        ValueError,
+        match=r"FP32BatchNormPrecision\(precision='16-mixed', slow_bf16='float32'\): the "
+        r"fallback is for 'bf16-mixed' only",
+    ):
         FP32BatchNormPrecision("16-mixed", slow_bf16="float32")
     with pytest.raises(ValueError, match="slow_bf16"):
         FP32BatchNormPrecision("bf16-mixed", slow_bf16="fp32")  # type: ignore[arg-type]

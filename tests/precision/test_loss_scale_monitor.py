@@ -1,4 +1,5 @@
 """LossScaleMonitor on CPU (GradScaler works on CPU): skipped steps, resume, runs without a scaler."""
+
 from __future__ import annotations
 
 import warnings
@@ -15,8 +16,13 @@ from .conftest import _ConvNet, _loader
 def test_injected_inf_gradients_drop_the_scale_and_count_skipped_steps(tmp_path):
     model = _ConvNet(inf_at=(2, 5))
     plugin = FP32BatchNormPrecision("16-mixed", init_scale=1024.0, growth_interval=1000)
-    trainer = make_trainer(tmp_path, max_steps=8, limit_train_batches=8, plugins=[plugin],
-                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=8,
+        limit_train_batches=8,
+        plugins=[plugin],
+        callbacks=[LossScaleMonitor(log_every_n_steps=1)],
+    )
     trainer.fit(model, train_dataloaders=_loader())
     acc = read_events(trainer.logger.log_dir)
     scales = [v for _, v in scalar_values(acc, "amp/loss_scale")]
@@ -47,8 +53,12 @@ def test_checkpoint_resume_keeps_the_scale(tmp_path):
 
 
 def test_loss_scale_monitor_without_scaler_is_quiet_and_logs_nothing(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=2, plugins=[FP32BatchNormPrecision("bf16-mixed")],
-                           callbacks=[LossScaleMonitor(log_every_n_steps=1)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=2,
+        plugins=[FP32BatchNormPrecision("bf16-mixed")],
+        callbacks=[LossScaleMonitor(log_every_n_steps=1)],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(_ConvNet(), train_dataloaders=_loader())
@@ -61,8 +71,13 @@ def test_a_collapsed_scale_keeps_counting_skipped_steps_and_warns(tmp_path):
     every step is still counted as skipped, and one warning says the run can no longer learn."""
     model = _ConvNet(inf_at=tuple(range(40)))
     plugin = FP32BatchNormPrecision("16-mixed", init_scale=2.0**-140, growth_interval=1000)
-    trainer = make_trainer(tmp_path, max_steps=24, limit_train_batches=8, plugins=[plugin],
-                           callbacks=[LossScaleMonitor(log_every_n_steps=4)])
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=24,
+        limit_train_batches=8,
+        plugins=[plugin],
+        callbacks=[LossScaleMonitor(log_every_n_steps=4)],
+    )
     with pytest.warns(UserWarning, match=r"loss scale collapsed to .*can no longer learn"):
         trainer.fit(model, train_dataloaders=_loader())
     acc = read_events(trainer.logger.log_dir)

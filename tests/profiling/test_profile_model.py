@@ -1,4 +1,5 @@
 """profile_model: one inference profiled outside any trainer."""
+
 from __future__ import annotations
 
 import torch

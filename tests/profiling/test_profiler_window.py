@@ -1,4 +1,5 @@
 """ProfilerWindow: trace files, scalars, windows across resume, robustness."""
+
 from __future__ import annotations
 
 import json
@@ -69,23 +70,32 @@ def _log_dir(trainer):
 
 def _profiler_steps(path) -> list[int]:
     events = json.loads(path.read_text())["traceEvents"]
-    return sorted(int(m.group(1)) for e in events if e.get("ph") == "X"
-                  and not str(e.get("cat", "")).startswith("gpu_")  # the GPU timeline's copy of the range
-                  and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", "")))))
+    return sorted(
+        int(m.group(1))
+        for e in events
+        if e.get("ph") == "X"
+        and not str(e.get("cat", "")).startswith("gpu_")  # the GPU timeline's copy of the range
+        and (m := re.match(r"^ProfilerStep#(\d+)$", str(e.get("name", ""))))
+    )
 
 
 def test_window_at_steps_5_to_7_writes_trace_table_and_scalars(tmp_path):
     window = ProfilerWindow(start_step=5, warmup=2, active=3)
-    trainer = make_trainer(tmp_path, max_steps=10, limit_train_batches=10, callbacks=[window],
-                           val_check_interval=6, limit_val_batches=2)  # validation runs inside the window
+    trainer = make_trainer(
+        tmp_path, max_steps=10, limit_train_batches=10, callbacks=[window], val_check_interval=6, limit_val_batches=2
+    )  # validation runs inside the window
     trainer.fit(_Small(), train_dataloaders=_loader(), val_dataloaders=_loader())
     traces = _traces(trainer)
     assert [t.name for t in traces] == ["window1_steps5-7.pt.trace.json"]
     assert _profiler_steps(traces[0]) == [5, 6, 7]
     assert (traces[0].parent / "window1_steps5-7.key_averages.txt").read_text().count("aten::") > 3
     acc = read_events(trainer.log_dir)
-    for tag in ("profiler/step_time_ms", "profiler/dataloader_fraction", "profiler/top_op_fraction",
-                "profiler/peak_memory_mb"):
+    for tag in (
+        "profiler/step_time_ms",
+        "profiler/dataloader_fraction",
+        "profiler/top_op_fraction",
+        "profiler/peak_memory_mb",
+    ):
         assert [s for s, _ in scalar_values(acc, tag)] == [7], tag  # once, at the window's last step
     assert 0 < scalar_values(acc, "profiler/top_op_fraction")[0][1] <= 1
     assert "aten::" in text_values(acc, "profiler/top_ops")[0]
@@ -105,8 +115,9 @@ def test_dataloader_fraction(tmp_path):
     fractions = []
     for sleep in (0.02, 0.0):
         window = ProfilerWindow(start_step=2, warmup=1, active=3)
-        trainer = make_trainer(tmp_path / str(sleep), max_steps=6, limit_train_batches=6, callbacks=[window],
-                               limit_val_batches=0)
+        trainer = make_trainer(
+            tmp_path / str(sleep), max_steps=6, limit_train_batches=6, callbacks=[window], limit_val_batches=0
+        )
         trainer.fit(_Small(), train_dataloaders=_loader(sleep))
         fractions.append(scalar_values(read_events(trainer.log_dir), "profiler/dataloader_fraction")[0][1])
     slept, plain = fractions

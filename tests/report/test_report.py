@@ -46,13 +46,26 @@ from ..conftest import (
 
 
 def _train(root: Path, name: str, load_s: float = 0.0005, steps: int = 8) -> Path:
-    callbacks = [FlopsLogger(peak_flops=1e11, log_every_n_steps=2), StepTimeMonitor(log_every_n_steps=2, window=4),
-                 DeviceMonitor(log_every_n_steps=2), LossScaleMonitor(log_every_n_steps=2),
-                 ProfilerWindow(start_step=3, warmup=1, active=2), MemoryMonitor(log_every_n_steps=2)]
+    callbacks = [
+        FlopsLogger(peak_flops=1e11, log_every_n_steps=2),
+        StepTimeMonitor(log_every_n_steps=2, window=4),
+        DeviceMonitor(log_every_n_steps=2),
+        LossScaleMonitor(log_every_n_steps=2),
+        ProfilerWindow(start_step=3, warmup=1, active=2),
+        MemoryMonitor(log_every_n_steps=2),
+    ]
     logger = pl.loggers.TensorBoardLogger(str(root), name=name, version=0)
     clock = DrivenClock()
-    trainer = clocked_trainer(root, clock, max_steps=steps, limit_train_batches=steps, callbacks=callbacks,
-                              logger=logger, plugins=[FP32BatchNormPrecision("16-mixed")], limit_val_batches=0)
+    trainer = clocked_trainer(
+        root,
+        clock,
+        max_steps=steps,
+        limit_train_batches=steps,
+        callbacks=callbacks,
+        logger=logger,
+        plugins=[FP32BatchNormPrecision("16-mixed")],
+        limit_val_batches=0,
+    )
     # float16 on a CPU has no fast kernels: a ResNet-18's 11 M parameters took 0.9 s a step whatever the image size
     model = small_model()
     model.training_step = _timed(model.training_step, clock, 0.02)
@@ -84,8 +97,11 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     assert f"| mean step time (ms) | {human(sum(steps) / len(steps))} |" in text
     step, peak = max(scalar_values(acc, "memory/peak_gb"), key=lambda p: p[1])
     activations = dict(scalar_values(acc, "memory/activations_gb"))[step]
-    assert f"| step peak memory per device (GB): parameters, gradients, optimizer, activations, other | {human(peak)}: " \
-           in text and human(activations) in text
+    assert (
+        f"| step peak memory per device (GB): parameters, gradients, optimizer, activations, other | {human(peak)}: "
+        in text
+        and human(activations) in text
+    )
     gflops = scalar_values(acc, "compute/forward_gflops_per_sample")[0][1]
     assert f"| model forward GFLOPs per sample | {human(gflops, 4)} |" in text
     assert "of 100 GFLOP/s peak per device" in text  # 0.1 TFLOP/s in the unit that fits
@@ -95,8 +111,13 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     assert "e+" not in text and "e-0" not in text  # no scientific notation anywhere people read
     pngs = sorted((tmp_path / "report_plots").glob("*.png"))
     prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", loaded[0].name).strip("_.")  # plots are named after their run
-    assert {p.name for p in pngs} == {f"{prefix}_step_time.png", f"{prefix}_throughput.png", f"{prefix}_mfu.png",
-                                      f"{prefix}_loss_scale.png", f"{prefix}_samples_per_s.png"}
+    assert {p.name for p in pngs} == {
+        f"{prefix}_step_time.png",
+        f"{prefix}_throughput.png",
+        f"{prefix}_mfu.png",
+        f"{prefix}_loss_scale.png",
+        f"{prefix}_samples_per_s.png",
+    }
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert Image.open(p).size[0] > 300
@@ -144,15 +165,17 @@ def test_runs_of_different_workloads_are_compared_like_with_like(tmp_path):
     image = {"compute/forward_gflops_per_sample": 4.1, "compute/mfu": 0.3}
     a = _write_run(tmp_path / "resnet" / "version_0", {**image, "time/samples_per_sec": 10.0}, {"data": "Images"})
     b = _write_run(tmp_path / "resnet" / "version_1", {**image, "time/samples_per_sec": 25.0}, {"data": "Images"})
-    gpt = _write_run(tmp_path / "gpt" / "version_0", {"compute/forward_gflops_per_sample": 0.52,
-                                                       "time/samples_per_sec": 900.0, "time/tokens_per_sec": 4000.0},
-                     {"data": "TokenDataModule"})
+    gpt = _write_run(
+        tmp_path / "gpt" / "version_0",
+        {"compute/forward_gflops_per_sample": 0.52, "time/samples_per_sec": 900.0, "time/tokens_per_sec": 4000.0},
+        {"data": "TokenDataModule"},
+    )
     text, _ = build_report([str(a), str(gpt), str(b)], tmp_path / "r.md", None, None, plots=False)
     assert "These runs train 2 different workloads" in text
     assert "### Images, 4.1 GFLOPs forward per sample" in text and "### TokenDataModule, 0.52 GFLOPs" in text
-    images = text[text.index("### Images"):text.index("### TokenDataModule")]
+    images = text[text.index("### Images") : text.index("### TokenDataModule")]
     assert "| resnet/version_1 | 40 | 25 | 30.0% | 0.4 | 2.5 |" in images and "gpt/" not in images
-    tokens = text[text.index("### TokenDataModule"):text.index("## resnet/version_0")]
+    tokens = text[text.index("### TokenDataModule") : text.index("## resnet/version_0")]
     assert "| run | time per token (ms) | tokens/s |" in tokens and "| gpt/version_0 | 0.25 | 4,000 |" in tokens
 
 
@@ -161,46 +184,94 @@ def test_two_experiments_with_the_same_version_stay_apart(tmp_path):
     b = _write_run(tmp_path / "exp_b" / "lightning_logs" / "version_0", {"time/samples_per_sec": 20.0}, {})
     text, runs = build_report([str(a), str(b)], tmp_path / "r.md", None, 1.0, plots=False)
     assert [r.name for r in runs] == ["exp_a/lightning_logs/version_0", "exp_b/lightning_logs/version_0"]
-    assert "exp_b/lightning_logs/version_0 costs 50.0% less per sample than the baseline exp_a/lightning_logs/version_0" \
+    assert (
+        "exp_b/lightning_logs/version_0 costs 50.0% less per sample than the baseline exp_a/lightning_logs/version_0"
         in text
+    )
 
 
-BF16_CPU = {"precision": "bf16-mixed", "precision plugin": "FP32BatchNormPrecision", "device": "cpu",
-            "world size": "1", "cpu cores": "2", "data": "TorchvisionImageDataModule"}
+BF16_CPU = {
+    "precision": "bf16-mixed",
+    "precision plugin": "FP32BatchNormPrecision",
+    "device": "cpu",
+    "world size": "1",
+    "cpu cores": "2",
+    "data": "TorchvisionImageDataModule",
+}
 
 
 @pytest.mark.parametrize(
     ("scalars", "info", "expected", "not_expected"),
     [
         # 3% MFU in bf16 on a machine at load 10 while the process gets 30% of a core
-        ({"compute/mfu": 0.03, "device/cpu_percent": 30.0, "device/load_avg_1m": 10.0, "time/step_ms": 100.0},
-         BF16_CPU, ["CPU-starved: the machine's load average is 10 on 2 cores", "Low MFU: compute/mfu is 3.0% in "
-                    "bf16-mixed"], ["Nothing stands out"]),
+        (
+            {"compute/mfu": 0.03, "device/cpu_percent": 30.0, "device/load_avg_1m": 10.0, "time/step_ms": 100.0},
+            BF16_CPU,
+            ["CPU-starved: the machine's load average is 10 on 2 cores", "Low MFU: compute/mfu is 3.0% in bf16-mixed"],
+            ["Nothing stands out"],
+        ),
         # input-bound on token batches: no image decoder advice
-        ({"time/data_wait_fraction": 0.5, "time/tokens_per_sec": 100.0, "compute/padding_fraction": 0.4},
-         {**BF16_CPU, "data": "TokenDataModule"},
-         ["Input-bound: data wait is 50.0%", "tokenise once", "Padding waste: 40.0%",
-          "set TokenDataModule(mode='packed')"], ["DALI"]),
+        (
+            {"time/data_wait_fraction": 0.5, "time/tokens_per_sec": 100.0, "compute/padding_fraction": 0.4},
+            {**BF16_CPU, "data": "TokenDataModule"},
+            [
+                "Input-bound: data wait is 50.0%",
+                "tokenise once",
+                "Padding waste: 40.0%",
+                "set TokenDataModule(mode='packed')",
+            ],
+            ["DALI"],
+        ),
         # a user's own datamodule: the advice names it, not a setting it does not have
-        ({"compute/padding_fraction": 0.4}, {**BF16_CPU, "data": "MyTextData"},
-         ["Padding waste: 40.0%", "pack sequences into fixed-length rows in MyTextData"],
-         ["set TokenDataModule(mode='packed')"]),
+        (
+            {"compute/padding_fraction": 0.4},
+            {**BF16_CPU, "data": "MyTextData"},
+            ["Padding waste: 40.0%", "pack sequences into fixed-length rows in MyTextData"],
+            ["set TokenDataModule(mode='packed')"],
+        ),
         # input-bound on images: the image advice
         ({"time/data_wait_fraction": 0.5, "time/samples_per_sec": 100.0}, BF16_CPU, ["DALIImageDataModule"], []),
         ({"compute/mfu": 0.6, "time/data_wait_fraction": 0.01}, BF16_CPU, ["Nothing stands out"], ["Low MFU"]),
         # 100 MiB of gradients at 1.31 GB/s busbw on 2 ranks: 80 ms of a 100 ms step; 20 ms needs 5.2 GB/s
-        ({"comm/gradient_bytes": 104857600.0, "comm/grad_allreduce_ms": 80.0, "time/step_ms": 100.0,
-          "comm/allreduce_busbw_gbps": 1.31}, {**BF16_CPU, "world size": "2"},
-         ["Bandwidth-bound gradients: all-reducing this model's 100.0 MiB", "80% of a 100.0 ms step",
-          "needs 5.2 GB/s bus bandwidth (42 Gbit/s between nodes)"], []),
+        (
+            {
+                "comm/gradient_bytes": 104857600.0,
+                "comm/grad_allreduce_ms": 80.0,
+                "time/step_ms": 100.0,
+                "comm/allreduce_busbw_gbps": 1.31,
+            },
+            {**BF16_CPU, "world size": "2"},
+            [
+                "Bandwidth-bound gradients: all-reducing this model's 100.0 MiB",
+                "80% of a 100.0 ms step",
+                "needs 5.2 GB/s bus bandwidth (42 Gbit/s between nodes)",
+            ],
+            [],
+        ),
         # collectives overlap little but take 5% of the step: not worth a line
-        ({"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.05}, BF16_CPU, [],
-         ["Communication-bound"]),
-        ({"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.4}, BF16_CPU,
-         ["Communication-bound: collectives take 40.0% of the profiled steps and only 20.0%"], []),
+        (
+            {"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.05},
+            BF16_CPU,
+            [],
+            ["Communication-bound"],
+        ),
+        (
+            {"profiler/comm_overlap_fraction": 0.2, "profiler/comm_fraction": 0.4},
+            BF16_CPU,
+            ["Communication-bound: collectives take 40.0% of the profiled steps and only 20.0%"],
+            [],
+        ),
     ],
-    ids=["starved-cpu-low-mfu-bf16", "input-bound-tokens", "padding-own-datamodule", "input-bound-images", "healthy", "bandwidth-bound",
-         "little-comm", "comm-bound"],
+    ids=[
+        "starved-cpu-low-mfu-bf16",
+        "input-bound-tokens",
+        "padding-own-datamodule",
+        "input-bound-images",
+        "healthy",
+        "bandwidth-bound",
+        "little-comm",
+        "comm-bound",
+    ],
 )
 def test_advice_follows_the_numbers(tmp_path, scalars, info, expected, not_expected):
     run = _write_run(tmp_path / "run", scalars, info)
@@ -257,8 +328,9 @@ def test_a_plain_run_alone_is_a_clear_error(tmp_path):
 def test_the_flops_hparam_is_in_hparams_yaml_and_the_hparams_plugin(tmp_path):
     from tensorboard.plugins.hparams import metadata as hp_metadata
 
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=2,
-                              callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = clocked_trainer(
+        tmp_path, DrivenClock(), max_steps=2, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)]
+    )
     model = tiny_model()
     from ..conftest import tiny_data
 
@@ -290,9 +362,21 @@ def tensorboard(runs):
     root = runs[0]
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1", "--port", str(port),
-         "--load_fast=false", "--reload_interval=1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(root),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 90
@@ -312,8 +396,14 @@ def tensorboard(runs):
 def test_tensorboard_serves_our_tags_text_and_layout(tensorboard):
     port, run = tensorboard, "fast/version_0"
     scalars = _get(port, "/data/plugin/scalars/tags")
-    assert {"compute/mfu", "compute/tflops_per_sec", "time/data_wait_fraction", "amp/loss_scale",
-            "device/cpu_percent", "profiler/step_time_ms"} <= set(scalars[run])
+    assert {
+        "compute/mfu",
+        "compute/tflops_per_sec",
+        "time/data_wait_fraction",
+        "amp/loss_scale",
+        "device/cpu_percent",
+        "profiler/step_time_ms",
+    } <= set(scalars[run])
     texts = _get(port, "/data/plugin/text/tags")
     served = {t.removesuffix("/text_summary") for t in texts[run]}
     assert {"compute/flops_by_module", "profiler/top_ops", "lit_compute/run"} <= served
@@ -340,9 +430,17 @@ def test_each_custom_scalars_chart_matches_exactly_its_tags(tensorboard):
                 assert answer["regex_valid"]
                 served |= set(answer["tag_to_events"])
             title = chart["title"]
-            intended = {t for p in next(c for unit in ("TFLOP/s", "GFLOP/s", "MFLOP/s") for cat in charts_in(unit).values()
-                                        for t_, c in cat.items() if t_ == title)
-                        for t in [p.strip("^$").replace("\\", "")]} & tags
+            intended = {
+                t
+                for p in next(
+                    c
+                    for unit in ("TFLOP/s", "GFLOP/s", "MFLOP/s")
+                    for cat in charts_in(unit).values()
+                    for t_, c in cat.items()
+                    if t_ == title
+                )
+                for t in [p.strip("^$").replace("\\", "")]
+            } & tags
             assert served == intended, title
             assert served == chart_matches(patterns, tags), title
             checked += 1
@@ -363,8 +461,11 @@ def test_training_and_validation_figures_never_share_a_chart():
 # -- a sweep's log dir ------------------------------------------------------------------------------------------
 def test_report_over_many_runs_reads_every_one(tmp_path):
     for i in range(12):
-        _write_run(tmp_path / "sweep" / f"lr_{i}" / "version_0", {"time/samples_per_sec": 10.0 + i,
-                                                                  "compute/mfu": 0.1}, BF16_CPU)
+        _write_run(
+            tmp_path / "sweep" / f"lr_{i}" / "version_0",
+            {"time/samples_per_sec": 10.0 + i, "compute/mfu": 0.1},
+            BF16_CPU,
+        )
     text, runs = build_report([str(tmp_path / "sweep")], tmp_path / "r.md", None, None, plots=False)
     assert len(runs) == 12 and len({r.name for r in runs}) == 12
     assert "lr_11/version_0" in text
@@ -375,8 +476,15 @@ def test_run_figures_are_total_work_over_total_time_not_a_mean_of_windows(tmp_pa
     data-wait fraction, achieved FLOP/s and MFU are totals over the timed steps, exactly, on a driven clock."""
     clock = DrivenClock()
     compute = {s: (0.1 if s in (2, 3) else 0.01) for s in range(8)}
-    trainer = clocked_trainer(tmp_path, clock, max_steps=8, limit_train_batches=8, log_every_n_steps=2,
-                              limit_val_batches=0, callbacks=[StepTimeMonitor(), FlopsLogger(peak_flops=1e9)])
+    trainer = clocked_trainer(
+        tmp_path,
+        clock,
+        max_steps=8,
+        limit_train_batches=8,
+        log_every_n_steps=2,
+        limit_val_batches=0,
+        callbacks=[StepTimeMonitor(), FlopsLogger(peak_flops=1e9)],
+    )
     trainer.fit(TimedNet(clock, slow=compute), train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4))
     run = load_run(Path(trainer.logger.log_dir))
     timed = range(1, 8)  # step 0 is tainted (the loader's start, and the FLOP count)
@@ -419,22 +527,28 @@ def test_plots_in_a_folder_that_cannot_be_written_end_in_one_line(tmp_path, caps
 def test_without_an_example_input_the_flops_hparam_reaches_hparams_yaml_once_known(tmp_path):
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    trainer = clocked_trainer(tmp_path, DrivenClock(), max_steps=2,
-                              callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)])
+    trainer = clocked_trainer(
+        tmp_path, DrivenClock(), max_steps=2, callbacks=[FlopsLogger(peak="none", log_every_n_steps=1)]
+    )
     trainer.fit(BoringModel())
     saved = yaml.safe_load((Path(trainer.logger.log_dir) / "hparams.yaml").read_text())
     acc = read_events(trainer.logger.log_dir)
     # BoringModel: Linear(32, 2) on one sample: 2 x 32 x 2 forward FLOPs
     assert saved["compute/forward_gflops_per_sample"] == pytest.approx(128 / 1e9)
     assert saved["compute/forward_gflops_per_sample"] == pytest.approx(
-        scalar_values(acc, "compute/forward_gflops_per_sample")[0][1], rel=1e-5)
+        scalar_values(acc, "compute/forward_gflops_per_sample")[0][1], rel=1e-5
+    )
 
 
 def test_a_run_that_stopped_early_says_where(tmp_path):
     info = {**BF16_CPU, "planned": "64 steps"}
     stopped = _write_run(tmp_path / "a" / "version_0", {"time/step_ms": 5.0, "train/loss": 1.0}, info, steps=12)
-    done = _write_run(tmp_path / "b" / "version_0", {"time/step_ms": 5.0, "train/loss": 1.0},
-                      {**info, "planned": "12 steps"}, steps=12)
+    done = _write_run(
+        tmp_path / "b" / "version_0",
+        {"time/step_ms": 5.0, "train/loss": 1.0},
+        {**info, "planned": "12 steps"},
+        steps=12,
+    )
     text, runs = build_report([str(stopped), str(done)], tmp_path / "r.md", None, None, plots=False)
     assert "**Stopped early: at step 12 of 64**" in text
     assert text.count("Stopped early") == 1  # the finished run is not flagged
@@ -449,7 +563,8 @@ def test_lit_compute_fit_names_its_run_for_the_report(tmp_path, monkeypatch):
     (tmp_path / "c.yaml").write_text(
         "model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\ntrainer:\n  max_steps: 2\n"
         "  enable_checkpointing: false\n  logger:\n    class_path: lightning.pytorch.loggers.TensorBoardLogger\n"
-        "    init_args:\n      save_dir: .\n      name: lightning_logs\n")
+        "    init_args:\n      save_dir: .\n      name: lightning_logs\n"
+    )
     for version in (0, 1):
         cli_main(["fit", "--config", str(tmp_path / "c.yaml")])
         assert (tmp_path / "run.txt").read_text().strip() == str(tmp_path / "lightning_logs" / f"version_{version}")
@@ -471,7 +586,8 @@ def test_two_runs_started_together_never_share_a_version_folder(tmp_path, monkey
         "model:\n  class_path: lightning.pytorch.demos.boring_classes.BoringModel\ntrainer:\n  max_steps: 2\n"
         "  enable_checkpointing: false\n  enable_progress_bar: false\n  enable_model_summary: false\n  logger:\n"
         "    class_path: lightning.pytorch.loggers.TensorBoardLogger\n    init_args:\n      save_dir: .\n"
-        "      name: lightning_logs\n")
+        "      name: lightning_logs\n"
+    )
     cli_main(["fit", "--config", str(tmp_path / "c.yaml")])
     ours = tmp_path / "lightning_logs" / "version_1"
     assert (tmp_path / "run.txt").read_text().strip() == str(ours)

@@ -13,8 +13,16 @@ from tests.conftest import tiny_data, tiny_model
 
 
 def _trainer(tmp_path, callbacks, **kwargs):
-    settings = dict(accelerator="cpu", max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    settings = dict(
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     return pl.Trainer(callbacks=callbacks, **{**settings, **kwargs})
 
 
@@ -22,8 +30,11 @@ def test_channels_last_converts_the_convolutions_and_trains(tmp_path):
     model = tiny_model()
     _trainer(tmp_path, [ChannelsLast()]).fit(model, datamodule=tiny_data())
     weights = [p for p in model.parameters() if p.dim() == 4]
-    assert weights and all(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-                           for p in weights if p.shape[1] > 1 and p.shape[-1] > 1)
+    assert weights and all(
+        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+        for p in weights
+        if p.shape[1] > 1 and p.shape[-1] > 1
+    )
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -76,5 +87,7 @@ def test_compile_modules_compiles_what_a_training_step_calls(tmp_path):
     _trainer(tmp_path, [callback], enable_model_summary=True).fit(model)
     assert callback.compiled == ["Linear", "Linear", "ReLU"]
     assert all(m._compiled_call_impl is not None for m in compile_targets(model))
-    with pytest.raises(ValueError, match=r"CompileModules\(mode='fast'\) must be one of 'default', 'reduce-overhead', 'max-autotune'"):
+    with pytest.raises(
+        ValueError, match=r"CompileModules\(mode='fast'\) must be one of 'default', 'reduce-overhead', 'max-autotune'"
+    ):
         CompileModules(mode="fast")

@@ -18,41 +18,68 @@ from lit_compute.tuning.trials import Journal, TrialResult, TrialSpec, trial_con
 from lit_compute.tuning.tune import TuneError, parse_budget, tune
 
 RESNET_FACTS = {
-    "model_class": "lit_compute.models.image_classifier.ImageClassifier", "conv2d": True, "channels_last": False,
-    "norms": ["BatchNorm2d"], "compiled": False,
+    "model_class": "lit_compute.models.image_classifier.ImageClassifier",
+    "conv2d": True,
+    "channels_last": False,
+    "norms": ["BatchNorm2d"],
+    "compiled": False,
     "datamodule_class": "lit_compute.data.torchvision_datamodule.TorchvisionImageDataModule",
     "datamodule_args": ["batch_size", "image_size", "num_workers", "persistent_workers", "pin_memory"],
-    "datamodule_mode": None, "loader": {"class": "torch.utils.data.DataLoader", "num_workers": 0, "batch_size": 32},
+    "datamodule_mode": None,
+    "loader": {"class": "torch.utils.data.DataLoader", "num_workers": 0, "batch_size": 32},
     "optimizers": [{"class": "torch.optim.adamw.AdamW", "fusable": True, "why_not": None, "fused": False}],
-    "automatic_optimization": True, "strategy": "lightning.pytorch.strategies.SingleDeviceStrategy", "ddp": False,
-    "world_size": 1, "device": "cpu", "precision": "32-true", "accumulate_grad_batches": 1,
-    "num_training_batches": 31, "cpu_count": 2,
+    "automatic_optimization": True,
+    "strategy": "lightning.pytorch.strategies.SingleDeviceStrategy",
+    "ddp": False,
+    "world_size": 1,
+    "device": "cpu",
+    "precision": "32-true",
+    "accumulate_grad_batches": 1,
+    "num_training_batches": 31,
+    "cpu_count": 2,
 }
 CPU_BF16 = Machine(device="cpu", bf16_fast=True, bf16_supported=True, dali=False)
 
 
 def _config() -> dict:
-    return {"seed_everything": 0,
-            "trainer": {"max_epochs": 2, "precision": "32-true",
-                        "callbacks": [{"class_path": "lit_compute.StepTimeMonitor"},
-                                      {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}]},
-            "model": {"class_path": "lit_compute.models.ImageClassifier", "init_args": {"arch": "resnet50"}},
-            "data": {"class_path": "lit_compute.data.TorchvisionImageDataModule",
-                     "init_args": {"batch_size": 32, "num_workers": 0}}}
+    return {
+        "seed_everything": 0,
+        "trainer": {
+            "max_epochs": 2,
+            "precision": "32-true",
+            "callbacks": [
+                {"class_path": "lit_compute.StepTimeMonitor"},
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"},
+            ],
+        },
+        "model": {"class_path": "lit_compute.models.ImageClassifier", "init_args": {"arch": "resnet50"}},
+        "data": {
+            "class_path": "lit_compute.data.TorchvisionImageDataModule",
+            "init_args": {"batch_size": 32, "num_workers": 0},
+        },
+    }
 
 
 def test_knobs_are_found_by_inspecting_the_model_and_the_rest_say_why_not():
     knobs, skipped = find_knobs(RESNET_FACTS, CPU_BF16)
-    assert [k.name for k in knobs] == ["precision", "channels_last", "loader", "fused_optimizer", "micro_batch",
-                                       "compile"]
+    assert [k.name for k in knobs] == [
+        "precision",
+        "channels_last",
+        "loader",
+        "fused_optimizer",
+        "micro_batch",
+        "compile",
+    ]
     reasons = {s.name: s.reason for s in skipped}
     assert "not installed" in reasons["dali"]
     assert "not a TokenDataModule" in reasons["packing"]
     assert reasons["ddp_buckets"] == "one process: no gradient all-reduce to tune"
     # a CPU without fast bf16: precision is listed with the measured reason
     _, skipped = find_knobs(RESNET_FACTS, Machine(device="cpu", note="float32 0.4, bfloat16 0.2 TFLOP/s GEMM"))
-    assert "bfloat16 is not faster than float32 on this cpu (float32 0.4, bfloat16 0.2" in {
-        s.name: s.reason for s in skipped}["precision"]
+    assert (
+        "bfloat16 is not faster than float32 on this cpu (float32 0.4, bfloat16 0.2"
+        in {s.name: s.reason for s in skipped}["precision"]
+    )
     # a module that brings its own loaders (no datamodule): no loader knob, and it says why
     own = {**RESNET_FACTS, "datamodule_class": None, "datamodule_args": [], "conv2d": False}
     knobs, skipped = find_knobs(own, CPU_BF16, skip=["compile"])
@@ -64,13 +91,17 @@ def test_knobs_are_found_by_inspecting_the_model_and_the_rest_say_why_not():
 def test_each_knob_edits_the_config_as_lit_compute_fit_reads_it():
     knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
     config = _config()
-    tuned = apply_settings(config, knobs, {"precision": "bf16-mixed", "channels_last": True, "loader": 2,
-                                           "fused_optimizer": True, "micro_batch": 16})
+    tuned = apply_settings(
+        config,
+        knobs,
+        {"precision": "bf16-mixed", "channels_last": True, "loader": 2, "fused_optimizer": True, "micro_batch": 16},
+    )
     assert config == _config(), "the user's config is not touched"
     trainer = tuned["trainer"]
     assert "precision" not in trainer  # moved into the plugin that keeps BatchNorm in float32
-    assert trainer["plugins"] == [{"class_path": "lit_compute.FP32BatchNormPrecision",
-                                   "init_args": {"precision": "bf16-mixed"}}]
+    assert trainer["plugins"] == [
+        {"class_path": "lit_compute.FP32BatchNormPrecision", "init_args": {"precision": "bf16-mixed"}}
+    ]
     paths = [cb["class_path"] for cb in trainer["callbacks"]]
     assert paths[-2:] == ["lit_compute.speedup.ChannelsLast", "lit_compute.speedup.FusedOptimizer"]
     assert tuned["data"]["init_args"] == {"batch_size": 16, "num_workers": 2, "persistent_workers": True}
@@ -81,8 +112,14 @@ def test_each_knob_edits_the_config_as_lit_compute_fit_reads_it():
 
 
 def test_trial_config_measures_the_users_config_without_checkpoints_or_validation(tmp_path):
-    c = trial_config(_config(), tmp_path / "t.json", tmp_path, "t00_long_baseline",
-                     TrialSpec({}, "long", 0, 7.0), {"warmup_steps": 3, "loss_steps": 8})
+    c = trial_config(
+        _config(),
+        tmp_path / "t.json",
+        tmp_path,
+        "t00_long_baseline",
+        TrialSpec({}, "long", 0, 7.0),
+        {"warmup_steps": 3, "loss_steps": 8},
+    )
     trainer = c["trainer"]
     assert trainer["logger"]["init_args"] == {"save_dir": str(tmp_path), "name": "runs", "version": "t00_long_baseline"}
     assert trainer["check_val_every_n_epoch"] == 100_000 and trainer["enable_checkpointing"] is False
@@ -90,8 +127,12 @@ def test_trial_config_measures_the_users_config_without_checkpoints_or_validatio
     names = [cb["class_path"] for cb in trainer["callbacks"]]
     assert "lightning.pytorch.callbacks.ModelCheckpoint" not in names
     assert names[-2:] == ["lit_compute.FlopsLogger", "lit_compute.tuning.TrialRecorder"]
-    assert trainer["callbacks"][-1]["init_args"] == {"out": str(tmp_path / "t.json"), "seconds": 7.0,
-                                                     "warmup_steps": 3, "loss_steps": 8}
+    assert trainer["callbacks"][-1]["init_args"] == {
+        "out": str(tmp_path / "t.json"),
+        "seconds": 7.0,
+        "warmup_steps": 3,
+        "loss_steps": 8,
+    }
     assert "num_sanity_val_steps" not in trainer  # Lightning's sanity check validates two batches before timing
     no_sanity = _config()
     no_sanity["trainer"]["num_sanity_val_steps"] = 0  # ... even where the user turned it off
@@ -99,13 +140,23 @@ def test_trial_config_measures_the_users_config_without_checkpoints_or_validatio
     assert c["trainer"]["num_sanity_val_steps"] == 2
 
 
-def _result(settings: dict, rung: str, rate: float | None, losses=(2.3, 2.2, 2.1), status="ok", repeat=0,
-            reason="", wall=10.0) -> TrialResult:
+def _result(
+    settings: dict, rung: str, rate: float | None, losses=(2.3, 2.2, 2.1), status="ok", repeat=0, reason="", wall=10.0
+) -> TrialResult:
     spec = TrialSpec(settings, rung, repeat)
-    return TrialResult(key=spec.key, slug=spec.slug(0), settings=settings, rung=rung, repeat=repeat, status=status,
-                       reason=reason, wall_s=wall, rate=rate, ci=0.02,
-                       measured={"losses": list(losses), "samples_per_batch": 32.0, "samples_per_sec": rate,
-                                 "facts": RESNET_FACTS})
+    return TrialResult(
+        key=spec.key,
+        slug=spec.slug(0),
+        settings=settings,
+        rung=rung,
+        repeat=repeat,
+        status=status,
+        reason=reason,
+        wall_s=wall,
+        rate=rate,
+        ci=0.02,
+        measured={"losses": list(losses), "samples_per_batch": 32.0, "samples_per_sec": rate, "facts": RESNET_FACTS},
+    )
 
 
 class FakeClock:
@@ -131,7 +182,8 @@ def test_a_gpus_first_knobs_apply_on_cuda_and_say_why_not_elsewhere():
     config = apply_settings(_config(), knobs, {"tf32": "high", "cudnn_benchmark": True})
     assert config["trainer"]["benchmark"] is True
     assert {"class_path": "lit_compute.speedup.Float32MatmulPrecision", "init_args": {"precision": "high"}} in config[
-        "trainer"]["callbacks"]
+        "trainer"
+    ]["callbacks"]
     v100 = Machine(device="cuda", extras={"tf32": False, "device_name": "Tesla V100-SXM2-16GB"})
     reasons = {s.name: s.reason for s in find_knobs({**RESNET_FACTS, "device": "cuda"}, v100)[1]}
     assert reasons["tf32"] == "Tesla V100-SXM2-16GB has no TF32 tensor cores (compute capability below 8.0)"
@@ -169,9 +221,14 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     beside the baseline, and stays inside the budget on a driven clock."""
     knobs, _ = find_knobs(RESNET_FACTS, CPU_BF16)
     clock = FakeClock()
-    rates = {"precision": {"bf16-mixed": 1.8, "bf16-true": None}, "channels_last": {True: 1.25},
-             "loader": {1: "oom"}, "fused_optimizer": {True: 1.02}, "micro_batch": {16: "timeout"},
-             "compile": {True: "crashed"}}
+    rates = {
+        "precision": {"bf16-mixed": 1.8, "bf16-true": None},
+        "channels_last": {True: 1.25},
+        "loader": {1: "oom"},
+        "fused_optimizer": {True: 1.02},
+        "micro_batch": {16: "timeout"},
+        "compile": {True: "crashed"},
+    }
     calls = []
 
     def measure(spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
@@ -207,8 +264,10 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     assert sum(1 for rung, _ in calls if rung == "long") == 1 + 1 + 3
     paired = [(rung, s) for rung, s in calls if rung in ("long", "pair")]
     assert paired[:2] == [("long", {"precision": "bf16-mixed"}), ("pair", {})]
-    assert paired[-2:] == [("long", {"precision": "bf16-mixed", "channels_last": True, "fused_optimizer": True}),
-                           ("pair", {"precision": "bf16-mixed", "channels_last": True})]  # the third pair: long first
+    assert paired[-2:] == [
+        ("long", {"precision": "bf16-mixed", "channels_last": True, "fused_optimizer": True}),
+        ("pair", {"precision": "bf16-mixed", "channels_last": True}),
+    ]  # the third pair: long first
     assert verdicts[("channels_last", "long", "True")].reason.startswith("accepted: 1.25x, 95% interval")
     # side by side, the order turning round by round (#51: the finals always ran the baseline first), beside the two
     # best other combinations measured long (#51 item 2): +2% fused (below the 3% minimum gain: the answer stands)
@@ -216,8 +275,20 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     tuned = outcome.settings
     fused, bf16 = {**tuned, "fused_optimizer": True}, {"precision": "bf16-mixed"}
     assert [r.settings for r in outcome.rivals] == [fused, bf16]
-    assert [s for rung, s in calls if rung == "final"] == [{}, tuned, fused, bf16, tuned, fused, bf16, {},
-                                                           fused, bf16, {}, tuned]
+    assert [s for rung, s in calls if rung == "final"] == [
+        {},
+        tuned,
+        fused,
+        bf16,
+        tuned,
+        fused,
+        bf16,
+        {},
+        fused,
+        bf16,
+        {},
+        tuned,
+    ]
     assert outcome.speedup == pytest.approx(1.8 * 1.25) and not outcome.switched
     assert outcome.rivals[0].paired.ratio == pytest.approx(1.02) and outcome.rivals[0].paired.pairs == 3
     assert outcome.rivals[1].paired.ratio == pytest.approx(1 / 1.25)
@@ -240,13 +311,15 @@ def test_a_rival_faster_in_the_finals_replaces_the_searchs_answer():
         return _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
 
     outcome = Search(knobs, measure, Budget(2000.0, clock=clock), Options(), lambda spec: 10.0).run(
-        _result({}, "long", 20.0))
+        _result({}, "long", 20.0)
+    )
     bf16 = {"precision": "bf16-mixed"}
     answer = {**bf16, "loader": knobs[1].values[0]}
     assert outcome.settings == bf16 and outcome.speedup == pytest.approx(1.5)
     assert outcome.switched.startswith("the finals measured precision=bf16-mixed 1.25x, 95% interval")
-    assert outcome.switched.endswith(f"beside the search's answer (precision=bf16-mixed, loader={answer['loader']}): "
-                                     "it is the answer")
+    assert outcome.switched.endswith(
+        f"beside the search's answer (precision=bf16-mixed, loader={answer['loader']}): it is the answer"
+    )
     replaced = next(r for r in outcome.rivals if r.settings == answer)
     assert replaced.paired.ratio == pytest.approx(0.8) and len(replaced.runs) == 3
     line = final_line(outcome)
@@ -262,8 +335,9 @@ def test_the_budget_stops_the_search_and_leaves_room_for_the_side_by_side():
 
     def measure(spec: TrialSpec, estimate: float, limit: float) -> TrialResult:
         clock.t += 30.0
-        return _result(spec.settings, spec.rung, 20.0 * (1.5 if "precision" in spec.settings else 1.0),
-                       repeat=spec.repeat)
+        return _result(
+            spec.settings, spec.rung, 20.0 * (1.5 if "precision" in spec.settings else 1.0), repeat=spec.repeat
+        )
 
     budget = Budget(200.0, spent_before_s=20.0, clock=clock)
     outcome = Search(knobs, measure, budget, Options(final_share=0.3), lambda spec: 30.0).run(_result({}, "long", 20.0))
@@ -302,9 +376,11 @@ def test_journal_keeps_finished_trials_and_ignores_other_configs_and_cut_lines(t
     assert third.results[TrialSpec({"loader": 2}, "short").key].rate == 25.0 and third.spent_s == pytest.approx(23.0)
     # valid JSON that is no entry, and entries with parts missing, are skipped, not a traceback
     with open(path, "a") as f:
-        f.write('null\n42\n{"config_hash": "abc", "kind": "trial", "result": null}\n'
-                '{"config_hash": "abc", "kind": "trial", "result": {"key": "k"}}\n'
-                '{"config_hash": "abc", "kind": "overhead", "seconds": "soon"}\n')
+        f.write(
+            'null\n42\n{"config_hash": "abc", "kind": "trial", "result": null}\n'
+            '{"config_hash": "abc", "kind": "trial", "result": {"key": "k"}}\n'
+            '{"config_hash": "abc", "kind": "overhead", "seconds": "soon"}\n'
+        )
     assert len(Journal(path, "abc").results) == 3
 
 
@@ -312,10 +388,12 @@ def test_tune_paths_are_checked_before_any_trial(tmp_path):
     from lit_compute.tuning.tune import TuneError, check_paths, locked, tune_folder
 
     (tmp_path / "afile").write_text("x")
-    cases = [(tmp_path / "afile" / "out.yaml", tmp_path / "logs", "its folder"),
-             (tmp_path / "missing" / "out.yaml", tmp_path / "logs", "does not exist"),
-             (tmp_path / "out.yaml", tmp_path / "afile", "--log-dir"),
-             (tmp_path, tmp_path / "logs", "is a folder")]
+    cases = [
+        (tmp_path / "afile" / "out.yaml", tmp_path / "logs", "its folder"),
+        (tmp_path / "missing" / "out.yaml", tmp_path / "logs", "does not exist"),
+        (tmp_path / "out.yaml", tmp_path / "afile", "--log-dir"),
+        (tmp_path, tmp_path / "logs", "is a folder"),
+    ]
     for out, logs, phrase in cases:
         with pytest.raises(TuneError, match=phrase) as info:
             check_paths(out, logs)
@@ -342,41 +420,55 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
         return _result(spec.settings, spec.rung, rate, repeat=spec.repeat)
 
     outcome = Search(knobs[:2], measure, Budget(1000, clock=clock), Options(), lambda s: 1.0).run(
-        _result({}, "long", 20.0))
+        _result({}, "long", 20.0)
+    )
     text = tuned_yaml(_config(), knobs, outcome, "my.yaml", skipped, final_line(outcome))
     assert yaml.safe_load(text) == apply_settings(_config(), knobs, outcome.settings)
     lines = text.splitlines()
     plugin = next(line for line in lines if line.strip().startswith("plugins:"))  # trainer.precision moved here
     # each knob's ratio is against the configuration before it, measured beside it (not against the first baseline)
-    assert ("# tune: precision bf16-mixed with BatchNorm2d in float32: 1.60x, 95% interval 1.47-1.75x over 1 pair(s) "
-            "beside the configuration before it") in plugin
+    assert (
+        "# tune: precision bf16-mixed with BatchNorm2d in float32: 1.60x, 95% interval 1.47-1.75x over 1 pair(s) "
+        "beside the configuration before it"
+    ) in plugin
     cl = next(line for line in lines if "ChannelsLast" in line)
     assert "# tune: channels-last convolution weights (ChannelsLast): 1.20x, 95% interval" in cl
     assert lines[0] == "# Tuned by `lit-compute tune --config my.yaml` on " + lines[0].split(" on ")[1]
     assert "#   dali: NVIDIA DALI is not installed" in text
     summary = final_line(outcome)
-    assert summary.startswith("Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating) (95% "
-                              "interval 1.89-1.95x): baseline 20, tuned 38.4 samples/s per device, 1 device(s).")
+    assert summary.startswith(
+        "Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating) (95% "
+        "interval 1.89-1.95x): baseline 20, tuned 38.4 samples/s per device, 1 device(s)."
+    )
     # 31 batches x 32 samples: 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h
-    assert "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)" in summary
+    assert (
+        "An epoch (992 samples) takes 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h (13.9 -> 7.23 device-hours)"
+        in summary
+    )
     assert "| t00 | baseline (your config) | long |" in table(outcome, knobs, {"float32": 1e12})
 
     # the user's comments survive beside the same settings; on a line a knob changed, above it
-    source = ("# My ResNet-50 run.\n# Second line of the header.\nseed_everything: 0\ntrainer:\n"
-              "  max_epochs: 2  # two passes\n  precision: 32-true  # we start in float32\n  callbacks:\n"
-              "    # measure the step\n    - class_path: lit_compute.StepTimeMonitor\n"
-              "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best\n"
-              "model:\n  class_path: lit_compute.models.ImageClassifier\n  init_args:\n    arch: resnet50  # the big one\n"
-              "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
-              "    batch_size: 32\n    num_workers: 0  # none yet\n")
+    source = (
+        "# My ResNet-50 run.\n# Second line of the header.\nseed_everything: 0\ntrainer:\n"
+        "  max_epochs: 2  # two passes\n  precision: 32-true  # we start in float32\n  callbacks:\n"
+        "    # measure the step\n    - class_path: lit_compute.StepTimeMonitor\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best\n"
+        "model:\n  class_path: lit_compute.models.ImageClassifier\n  init_args:\n    arch: resnet50  # the big one\n"
+        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
+        "    batch_size: 32\n    num_workers: 0  # none yet\n"
+    )
     assert yaml.safe_load(source) == _config()
     kept = tuned_yaml(_config(), knobs, outcome, "my.yaml", skipped, final_line(outcome), source_text=source)
     assert yaml.safe_load(kept) == apply_settings(_config(), knobs, outcome.settings)
     kept_lines = kept.splitlines()
     first = kept_lines.index("seed_everything: 0")
-    assert kept_lines[first - 2:first] == ["# My ResNet-50 run.", "# Second line of the header."]
-    for line in ("  max_epochs: 2  # two passes", "    arch: resnet50  # the big one", "    num_workers: 0  # none yet",
-                 "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best"):
+    assert kept_lines[first - 2 : first] == ["# My ResNet-50 run.", "# Second line of the header."]
+    for line in (
+        "  max_epochs: 2  # two passes",
+        "    arch: resnet50  # the big one",
+        "    num_workers: 0  # none yet",
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint  # keep the best",
+    ):
         assert line in kept_lines, line
     step_monitor = kept_lines.index("    - class_path: lit_compute.StepTimeMonitor")
     assert kept_lines[step_monitor - 1] == "    # measure the step"
@@ -390,7 +482,9 @@ def test_dump_yaml_keeps_every_value_and_only_comments_what_changed():
     text = dump_yaml(changed, {p: "tune: x" for p in paths})
     assert yaml.safe_load(text) == changed
     assert [line.strip() for line in text.splitlines() if "# tune" in line] == [
-        "num_workers: 1  # tune: x", "persistent_workers: true  # tune: x"]
+        "num_workers: 1  # tune: x",
+        "persistent_workers: true  # tune: x",
+    ]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("15m", 900), ("900s", 900), ("1h30m", 5400), (120, 120), ("90", 90)])
@@ -401,13 +495,19 @@ def test_budget_parses(text, seconds):
 def test_bad_arguments_are_one_clear_error_before_any_trial(tmp_path):
     with pytest.raises(TuneError, match=r"--budget 'fifteen' is not a duration; write it as 15m"):
         tune("configs/quickstart.yaml", budget="fifteen", log_dir=tmp_path)
-    with pytest.raises(TuneError, match=r"--knobs precison: no such knob; choose from precision, tf32, cudnn_benchmark, channels_last"):
+    with pytest.raises(
+        TuneError, match=r"--knobs precison: no such knob; choose from precision, tf32, cudnn_benchmark, channels_last"
+    ):
         tune("configs/quickstart.yaml", knobs=["precison"], log_dir=tmp_path)
     with pytest.raises(TuneError, match=r"--config 'nope.yaml': no such file"):
         tune("nope.yaml", log_dir=tmp_path)
-    with pytest.raises(TuneError, match=r"--validate compares validation after a drift check's steps: give --check-steps N"):
+    with pytest.raises(
+        TuneError, match=r"--validate compares validation after a drift check's steps: give --check-steps N"
+    ):
         tune("configs/quickstart.yaml", validate=True, log_dir=tmp_path)
-    with pytest.raises(TuneError, match=r"--check-steps 3: a drift check needs more steps than the warm-up \(3\); give at least 5"):
+    with pytest.raises(
+        TuneError, match=r"--check-steps 3: a drift check needs more steps than the warm-up \(3\); give at least 5"
+    ):
         tune("configs/quickstart.yaml", check_steps=3, log_dir=tmp_path)
     assert not list(tmp_path.iterdir())
 
@@ -416,9 +516,12 @@ def test_recorder_leaves_an_epochs_remainder_batch_out_and_reports_the_interval(
     from lit_compute.tuning.recorder import TrialRecorder, relative_ci
 
     recorder = TrialRecorder(out=str(tmp_path / "r.json"))
-    recorder.steps = [{"s": 1.0, "wait": 0.1, "samples": 32, "batches": 1}, {"s": 1.0, "wait": 0.0, "samples": 32,
-                      "batches": 1}, {"s": 0.5, "wait": 0.0, "samples": 8, "batches": 1},  # the remainder
-                      {"s": 0.8, "wait": 0.0, "samples": 32, "batches": 1}]
+    recorder.steps = [
+        {"s": 1.0, "wait": 0.1, "samples": 32, "batches": 1},
+        {"s": 1.0, "wait": 0.0, "samples": 32, "batches": 1},
+        {"s": 0.5, "wait": 0.0, "samples": 8, "batches": 1},  # the remainder
+        {"s": 0.8, "wait": 0.0, "samples": 32, "batches": 1},
+    ]
     recorder._real_tokens = [None] * 4
     result = recorder.result()
     assert result["timed_steps"] == 3 and result["remainder_steps"] == 1
@@ -449,8 +552,10 @@ def test_a_knob_that_feeds_other_batches_is_not_held_to_the_first_step_loss():
     dali = next(k for k in knobs if k.name == "dali")
     outcome = Search([dali, loader], measure, Budget(1000, clock=clock), Options(), lambda s: 1.0).run(base)
     assert outcome.settings == {"dali": True}
-    assert ("loader", "not applicable once dali is on: DALIImageDataModule decodes in DALI's own threads: no "
-                      "DataLoader workers") in outcome.not_tried
+    assert (
+        "loader",
+        "not applicable once dali is on: DALIImageDataModule decodes in DALI's own threads: no DataLoader workers",
+    ) in outcome.not_tried
     assert not any("loader" in r.settings for r in outcome.final_tuned)
 
 
@@ -461,7 +566,9 @@ def test_a_short_trial_is_compared_with_the_incumbents_first_steps():
     incumbent.measured["step_rates"] = [16.0] * 5 + [21.0] * 15  # slower early steps
     short = _result({"fused_optimizer": True}, "short", 17.0)
     short.measured["step_rates"] = [17.0] * 5
-    assert reference_rate(incumbent, short) == pytest.approx(20.0 * 16.0 / statistics.fmean(incumbent.measured["step_rates"]))
+    assert reference_rate(incumbent, short) == pytest.approx(
+        20.0 * 16.0 / statistics.fmean(incumbent.measured["step_rates"])
+    )
     assert reference_rate(incumbent, short) < short.rate  # faster than the incumbent over the same steps
     long = _result({"fused_optimizer": True}, "long", 21.0)
     long.measured["step_rates"] = [17.0] * 25
@@ -476,31 +583,50 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
     from lit_compute.tuning.tune import Options, _Tuner
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    config = {"trainer": {"accelerator": "cpu", "max_steps": 2, "accumulate_grad_batches": 2},
-              "model": {"class_path": "tests.tuning.tune_models.WideRegression"},
-              "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 16}}}
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 2, "accumulate_grad_batches": 2},
+        "model": {"class_path": "tests.tuning.tune_models.WideRegression"},
+        "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 16}},
+    }
     path = tmp_path / "wide.yaml"
     path.write_text(yaml.safe_dump(config))
-    facts = {**RESNET_FACTS, "model_class": "tests.tuning.tune_models.WideRegression", "conv2d": False, "norms": [],
-             "datamodule_class": "tests.tuning.tune_models.RandomRegressionData",
-             "datamodule_args": ["batch_size", "num_workers", "samples"], "loader": {"batch_size": 16, "num_workers": 0},
-             "accumulate_grad_batches": 2}
+    facts = {
+        **RESNET_FACTS,
+        "model_class": "tests.tuning.tune_models.WideRegression",
+        "conv2d": False,
+        "norms": [],
+        "datamodule_class": "tests.tuning.tune_models.RandomRegressionData",
+        "datamodule_args": ["batch_size", "num_workers", "samples"],
+        "loader": {"batch_size": 16, "num_workers": 0},
+        "accumulate_grad_batches": 2,
+    }
     (knob,) = [k for k in find_knobs(facts, CPU_BF16, only=["micro_batch"])[0]]
     assert knob.values == [8, 32]
     peaks = {}
     for size in (16, 32):
-        (tmp_path / f"b{size}.yaml").write_text(yaml.safe_dump(apply_settings(config, [knob], {"micro_batch": size})
-                                                               if size != 16 else config))
+        (tmp_path / f"b{size}.yaml").write_text(
+            yaml.safe_dump(apply_settings(config, [knob], {"micro_batch": size}) if size != 16 else config)
+        )
         peaks[size] = predicted_peak(tmp_path / f"b{size}.yaml").peak
     assert peaks[32] > peaks[16]
     lines = []
-    tuner = _Tuner(path, config, "abc", 600, tmp_path / "logs", Options(), {"warmup_steps": 1, "loss_steps": 2},
-                   False, lines.append)
+    tuner = _Tuner(
+        path,
+        config,
+        "abc",
+        600,
+        tmp_path / "logs",
+        Options(),
+        {"warmup_steps": 1, "loss_steps": 2},
+        False,
+        lines.append,
+    )
     tuner.knobs, tuner.device_memory = [knob], (peaks[16] + peaks[32]) // 2
     spec = TrialSpec({"micro_batch": 32}, "short", 0, 1.0)
     result = tuner.measure(spec, 10.0, 60.0)
-    assert result.status == "skipped" and result.reason.startswith(f"predicted peak {peaks[32] / 1e9:.3g} GB > "
-                                                                  "--device-memory")
+    assert result.status == "skipped" and result.reason.startswith(
+        f"predicted peak {peaks[32] / 1e9:.3g} GB > --device-memory"
+    )
     assert not (tmp_path / "logs" / "trials" / f"{spec.slug(0)}.log").exists()  # never started
     assert "skipped: predicted peak" in lines[-1]
     assert tuner.journal.results[spec.key].status == "skipped"
@@ -508,8 +634,11 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
     from lit_compute.tuning.tune import TuneError
 
     tuner.device_memory = 1_000_000
-    with pytest.raises(TuneError, match=r"the baseline \(your config unchanged\) is not started: predicted peak .* > "
-                                        r"--device-memory 0.001 GB .*Give the device's real memory with --device-memory"):
+    with pytest.raises(
+        TuneError,
+        match=r"the baseline \(your config unchanged\) is not started: predicted peak .* > "
+        r"--device-memory 0.001 GB .*Give the device's real memory with --device-memory",
+    ):
         tuner.baseline()
     assert not (tmp_path / "logs" / "trials" / "000_baseline.log").exists()
 
@@ -531,8 +660,10 @@ def test_the_paired_interval_comes_from_the_same_steps_of_the_two_runs():
     unclear = paired_ratio([(_stepped({"a": 1}, "long", noisy), _stepped({}, "pair", drift))])
     assert unclear.low < 1.03 < unclear.high and unclear.pairs == 1
     # three pairs: the spread between them counts too (a run-wide slowdown hits one pair, not its steps)
-    pairs = [(_stepped({"a": 1}, "long", [f * r for r in drift], i), _stepped({}, "pair", drift, i))
-             for i, f in enumerate((1.10, 0.98, 1.25))]
+    pairs = [
+        (_stepped({"a": 1}, "long", [f * r for r in drift], i), _stepped({}, "pair", drift, i))
+        for i, f in enumerate((1.10, 0.98, 1.25))
+    ]
     assert paired_ratio(pairs).low < 1.0
 
 
@@ -573,15 +704,22 @@ def test_the_final_line_says_what_was_side_by_side_and_never_calls_a_slower_conf
 
     base = _result({}, "long", 20.0)
     base.measured["facts"] = {**RESNET_FACTS, "epoch_samples": 1000}
-    slower = Outcome(baseline=base, settings={"channels_last": True},
-                     final_baseline=[_result({}, "final", 20.0)],
-                     final_tuned=[_result({"channels_last": True}, "final", 19.0)])
+    slower = Outcome(
+        baseline=base,
+        settings={"channels_last": True},
+        final_baseline=[_result({}, "final", 20.0)],
+        final_tuned=[_result({"channels_last": True}, "final", 19.0)],
+    )
     assert not tuned_faster(slower)
-    assert final_line(slower).startswith("No faster configuration found: the accepted knobs (channels_last=True) "
-                                         "measured 0.95x measured side by side")
-    no_final_base = Outcome(baseline=base, settings={"channels_last": True},
-                            final_baseline=[_result({}, "final", None, status="crashed")],
-                            final_tuned=[_result({"channels_last": True}, "final", 25.0)])
+    assert final_line(slower).startswith(
+        "No faster configuration found: the accepted knobs (channels_last=True) measured 0.95x measured side by side"
+    )
+    no_final_base = Outcome(
+        baseline=base,
+        settings={"channels_last": True},
+        final_baseline=[_result({}, "final", None, status="crashed")],
+        final_tuned=[_result({"channels_last": True}, "final", 25.0)],
+    )
     line = final_line(no_final_base)
     assert "not side by side" in line and "1.25x" in line
     assert "An epoch (1,000 samples) takes 50 s -> 40 s" in line  # the dataset's size, not 32 full batches
@@ -627,8 +765,10 @@ def test_a_process_outside_this_tree_burning_cpu_is_seen(tmp_path):
 
     burn = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
     pid_file = tmp_path / "burner.pid"
-    launcher = (f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True)"
-                f"\nopen({str(pid_file)!r}, 'w').write(str(p.pid))")
+    launcher = (
+        f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True)"
+        f"\nopen({str(pid_file)!r}, 'w').write(str(p.pid))"
+    )
     subprocess.run([sys.executable, "-c", launcher], check=True, timeout=60)
     burner = psutil.Process(int(pid_file.read_text()))
     start = cpu_sample()
@@ -666,8 +806,10 @@ def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
         def training_step(self, batch, batch_idx):
             (x,) = batch
             opt_g, opt_d = self.optimizers()
-            d_loss = torch.nn.functional.softplus(-self.d(x)).mean() + torch.nn.functional.softplus(
-                self.d(self.g(x).detach())).mean()
+            d_loss = (
+                torch.nn.functional.softplus(-self.d(x)).mean()
+                + torch.nn.functional.softplus(self.d(self.g(x).detach())).mean()
+            )
             opt_d.zero_grad()
             self.manual_backward(d_loss)
             opt_d.step()
@@ -681,8 +823,15 @@ def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
             return torch.optim.SGD(self.g.parameters(), lr=0.01), torch.optim.SGD(self.d.parameters(), lr=0.01)
 
     recorder = TrialRecorder(out=str(tmp_path / "r.json"), seconds=60.0, warmup_steps=1, loss_steps=4)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=12, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
+    )
     trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=4))
     result = json.loads((tmp_path / "r.json").read_text())
     assert len(result["losses"]) == 4 and result["loss_source"] == "logged as train_loss"
@@ -711,8 +860,17 @@ def test_a_ctrl_c_something_swallowed_still_stops_the_tune_before_its_next_trial
             pass  # what the swallowing code did
     assert tuner.interrupted
     assert signal.getsignal(signal.SIGINT) == before  # the handler is put back
-    real = _Tuner(Path("tiny.yaml"), {}, "0" * 16, 60.0, tmp_path, Options(), {"warmup_steps": 1, "loss_steps": 1},
-                  False, lambda line: None)
+    real = _Tuner(
+        Path("tiny.yaml"),
+        {},
+        "0" * 16,
+        60.0,
+        tmp_path,
+        Options(),
+        {"warmup_steps": 1, "loss_steps": 1},
+        False,
+        lambda line: None,
+    )
     real.interrupted = True
     with pytest.raises(KeyboardInterrupt):
         real.measure(TrialSpec({}, "short"), 1.0, 10.0)
@@ -722,16 +880,27 @@ def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validat
     from lit_compute.tuning.summary import drift_text
 
     def run(losses, val=None, status="ok"):
-        r = TrialResult(key="k", slug="s", settings={}, rung="check8", repeat=0, status=status, rate=1.0,
-                        reason="" if status == "ok" else "ValueError: boom", measured={"losses": losses})
+        r = TrialResult(
+            key="k",
+            slug="s",
+            settings={},
+            rung="check8",
+            repeat=0,
+            status=status,
+            rate=1.0,
+            reason="" if status == "ok" else "ValueError: boom",
+            measured={"losses": losses},
+        )
         if val:
             r.measured["val_metrics"] = val
         return r
 
     base = run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0], {"val_loss": 2.0})
     same = drift_text(base, run([4.1, 3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0], {"val_loss": 2.02}), 2, 0.05)
-    assert same.startswith("Numerics over 8 steps (same seed and batches): the tuned run's training loss after "
-                           "warm-up (steps 3-8) 1.167 vs 1.167 (+0.0%); over the last quarter (steps 7-8) 1 vs 1 (+0.0%)")
+    assert same.startswith(
+        "Numerics over 8 steps (same seed and batches): the tuned run's training loss after "
+        "warm-up (steps 3-8) 1.167 vs 1.167 (+0.0%); over the last quarter (steps 7-8) 1 vs 1 (+0.0%)"
+    )
     assert "validation after the last step: val_loss 2.02 vs 2 (+1.0%)" in same and "within the 5% tolerance" in same
     drifted = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.2, 1.2]), 2, 0.05)
     assert "over the last quarter (steps 7-8) 1.2 vs 1 (+20.0%)" in drifted
@@ -741,8 +910,10 @@ def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validat
     assert "every difference for the better" in better and "up to 25.0% apart" in better
     base.measured["val_metrics"] = {"val/acc": 0.9}
     assert "val/acc worse by 10.0%" in drift_text(base, run(base.measured["losses"], {"val/acc": 0.81}), 2, 0.05)
-    assert drift_text(base, run([], status="crashed"), 2, 0.05) == \
-        "Numerics not checked: the tuned run crashed: ValueError: boom."
+    assert (
+        drift_text(base, run([], status="crashed"), 2, 0.05)
+        == "Numerics not checked: the tuned run crashed: ValueError: boom."
+    )
     assert drift_text(base, run([]), 2, 0.05).startswith("Numerics not checked: 0 step(s) with a loss on both sides")
 
 
@@ -759,16 +930,24 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
 
     config = {**_config(), "trainer": {"accumulate_grad_batches": 2, "limit_val_batches": 2}}
     recorder = {"warmup_steps": 2, "loss_steps": 4, "check_steps": 6, "validate": True}
-    trainer_args = trial_config(config, tmp_path / "m.json", tmp_path, "t", TrialSpec({}, "check6v", 0, 1.0),
-                                recorder)["trainer"]
+    trainer_args = trial_config(config, tmp_path / "m.json", tmp_path, "t", TrialSpec({}, "check6v", 0, 1.0), recorder)[
+        "trainer"
+    ]
     assert (trainer_args["max_steps"], trainer_args["val_check_interval"]) == (7, 12)
     assert trainer_args["check_val_every_n_epoch"] is None and "limit_val_batches" not in trainer_args
 
     out = tmp_path / "check.json"
-    trainer = pl.Trainer(accelerator="cpu", max_steps=7, val_check_interval=6, check_val_every_n_epoch=None,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[TrialRecorder(str(out), warmup_steps=2, check_steps=6,
-                                                                              validate=True)])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=7,
+        val_check_interval=6,
+        check_val_every_n_epoch=None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[TrialRecorder(str(out), warmup_steps=2, check_steps=6, validate=True)],
+    )
     trainer.fit(ValidatedRegression(coef=0.0), datamodule=ValidatedRegressionData())
     measured = json.loads(out.read_text())
     assert len(measured["losses"]) == 6 and measured["steps_seen"] == 6
@@ -781,11 +960,21 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
 
         def measure(self, spec, estimate, limit, recorder_extra=None):
             asked.append((spec.settings, spec.rung, recorder_extra))
-            return TrialResult(key=spec.key, slug="s", settings=spec.settings, rung=spec.rung, repeat=0, status="ok",
-                               rate=1.0, measured=dict(measured))
+            return TrialResult(
+                key=spec.key,
+                slug="s",
+                settings=spec.settings,
+                rung=spec.rung,
+                repeat=0,
+                status="ok",
+                rate=1.0,
+                measured=dict(measured),
+            )
 
     outcome = Outcome(baseline=_result({}, "long", 1.0), settings={"micro_batch": 8})
     text = _drift_check(Tuner(), outcome, 6, True, lambda line: None)
-    assert asked == [({}, "check6v", {"check_steps": 6, "validate": True}),
-                     ({"micro_batch": 8}, "check6v", {"check_steps": 6, "validate": True})]
+    assert asked == [
+        ({}, "check6v", {"check_steps": 6, "validate": True}),
+        ({"micro_batch": 8}, "check6v", {"check_steps": 6, "validate": True}),
+    ]
     assert text.startswith("Numerics over 6 steps (same seed and batches)") and "val_loss" in text

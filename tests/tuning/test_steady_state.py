@@ -20,9 +20,17 @@ def _knob(name: str, values: list) -> Knob:
 
 def _result(spec: TrialSpec, rate: float, ci: float) -> TrialResult:
     steps = [rate * (1 + ci * (-1) ** i / 3) for i in range(12)]
-    return TrialResult(key=spec.key, slug=spec.slug(0), settings=dict(spec.settings), rung=spec.rung,
-                       repeat=spec.repeat, status="ok", rate=rate, ci=ci,
-                       measured={"losses": [2.3, 2.2, 2.1], "step_rates": steps, "facts": {}})
+    return TrialResult(
+        key=spec.key,
+        slug=spec.slug(0),
+        settings=dict(spec.settings),
+        rung=spec.rung,
+        repeat=spec.repeat,
+        status="ok",
+        rate=rate,
+        ci=ci,
+        measured={"losses": [2.3, 2.2, 2.1], "step_rates": steps, "facts": {}},
+    )
 
 
 class Clock:
@@ -41,8 +49,7 @@ def _search(knobs: list[Knob], rate_of, total: float = 2000.0) -> tuple[Search, 
         ran.append(spec)
         return _result(spec, *rate_of(spec))
 
-    return Search(knobs, measure, Budget(total, clock=clock), Options(short_s=5, long_s=10),
-                  lambda spec: 10.0), ran
+    return Search(knobs, measure, Budget(total, clock=clock), Options(short_s=5, long_s=10), lambda spec: 10.0), ran
 
 
 def test_the_settling_steps_of_a_run_are_found_and_left_out():
@@ -66,6 +73,7 @@ def test_a_short_trial_is_faster_slower_beyond_the_noise_or_unclear():
 def test_a_knob_inside_the_noise_is_measured_as_a_pair_and_one_clearly_slower_is_not():
     """bf16's short trial runs 0.98x inside a wide interval (its kernels' one-off preparation): measured as a pair,
     it is 1.5x and accepted; a loader worker's short trial is 0.5x beyond the noise: rejected, never run long."""
+
     def rate_of(spec: TrialSpec) -> tuple[float, float]:
         if spec.settings.get("loader"):
             return 10.0, 0.02
@@ -85,6 +93,7 @@ def test_a_knob_inside_the_noise_is_measured_as_a_pair_and_one_clearly_slower_is
 def test_a_knob_not_taken_is_tried_again_once_the_configuration_under_it_changed():
     """channels-last alone is 0.9x (rejected); bf16 is then accepted; with bf16 on, channels-last is 1.1x: tried
     again on the new configuration and accepted (two interacting knobs, both found)."""
+
     def rate_of(spec: TrialSpec) -> tuple[float, float]:
         rate = 20.0
         if spec.settings.get("precision"):

@@ -25,8 +25,14 @@ pytestmark = pytest.mark.slow  # the fast tier (make test-fast) leaves these out
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
     "seed_everything": 0,
-    "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 3, "log_every_n_steps": 2,
-                "enable_checkpointing": False, "logger": False},
+    "trainer": {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_steps": 3,
+        "log_every_n_steps": 2,
+        "enable_checkpointing": False,
+        "logger": False,
+    },
     "model": {"class_path": "tests.tuning.tune_models.SleepyRegression"},
     "data": {"class_path": "tests.tuning.tune_models.RandomRegressionData", "init_args": {"batch_size": 16}},
 }
@@ -50,10 +56,32 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     out, logs = tmp_path / "tiny.tuned.yaml", tmp_path / "tune_logs"
-    command = [sys.executable, "-m", "lit_compute.cli", "tune", "--config", str(config), "--budget", "4m",
-               "--out", str(out), "--log-dir", str(logs), "--knobs", "channels_last,fused_optimizer,micro_batch",
-               "--short-seconds", "1", "--long-seconds", "2", "--loss-steps", "4", "--side-by-side", "1",
-               "--markdown", str(tmp_path / "figures" / "tune.md")]
+    command = [
+        sys.executable,
+        "-m",
+        "lit_compute.cli",
+        "tune",
+        "--config",
+        str(config),
+        "--budget",
+        "4m",
+        "--out",
+        str(out),
+        "--log-dir",
+        str(logs),
+        "--knobs",
+        "channels_last,fused_optimizer,micro_batch",
+        "--short-seconds",
+        "1",
+        "--long-seconds",
+        "2",
+        "--loss-steps",
+        "4",
+        "--side-by-side",
+        "1",
+        "--markdown",
+        str(tmp_path / "figures" / "tune.md"),
+    ]
     first = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -85,8 +113,10 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     assert "Tuned: " in text and "x samples/s measured side by side (1 run(s) each, alternating)" in text
 
     figure = (tmp_path / "figures" / "tune.md").read_text()  # the table and the result under the figure header
-    assert figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m") and "--markdown" \
-        not in figure.splitlines()[0]
+    assert (
+        figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m")
+        and "--markdown" not in figure.splitlines()[0]
+    )
     assert "| t00 |" in figure and "Tuned: " in figure
 
     tuned = yaml.safe_load(out.read_text())
@@ -103,11 +133,12 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     # in this process: the console script is test_wheel's
     from lit_compute.cli import main as lit_compute_main
 
-    assert lit_compute_main(["report", str(folder / "runs"), "--out", str(tmp_path / "tune_report.md"),
-                             "--no-plots"]) == 0
+    assert (
+        lit_compute_main(["report", str(folder / "runs"), "--out", str(tmp_path / "tune_report.md"), "--no-plots"]) == 0
+    )
     text = (tmp_path / "tune_report.md").read_text()
     assert "stopped at step" not in text and "Stopped early" not in text
-    baseline_section = text[text.index("## t00_long_baseline"):].split("\n## ", 1)[0]
+    baseline_section = text[text.index("## t00_long_baseline") :].split("\n## ", 1)[0]
     for figure in ("mean step time (ms)", "samples/s", "MFU"):
         row = next(line for line in baseline_section.splitlines() if line.startswith(f"| {figure} |"))
         assert "n/a" not in row.split("|")[2], row
@@ -125,8 +156,9 @@ def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, mon
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("LIT_COMPUTE_WARM_START", "0")
     config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.NeverStarts"}}
-    result = run_trial(config, TrialSpec({}, "short", 0, 1.0), 0, tmp_path, timeout=3.0,
-                       recorder={"warmup_steps": 1, "loss_steps": 2})
+    result = run_trial(
+        config, TrialSpec({}, "short", 0, 1.0), 0, tmp_path, timeout=3.0, recorder={"warmup_steps": 1, "loss_steps": 2}
+    )
     assert result.status == "timeout" and result.reason == "no result after 3 s (stopped)"
     assert result.wall_s >= 3.0  # it waited out its timeout (no upper bound: a busy machine is slower)
     assert (tmp_path / "trials" / "t00_short_baseline.yaml").is_file()
@@ -144,9 +176,16 @@ def test_ctrl_c_during_an_import_still_exits_130(tmp_path):
         "def interrupted(*args, **kwargs):  # as Ctrl-C inside a dataclass's exec would\n"
         "    exec('from dataclasses import make_dataclass\\nraise KeyboardInterrupt')\n"
         "sys.modules['lit_compute.tuning.tune'].tune = interrupted  # (the package's `tune` is the function)\n"
-        "sys.exit(main(['tune', '--config', 'any.yaml', '--log-dir', 'tune_logs']))\n")
-    proc = subprocess.run([sys.executable, "-m", "interrupted_tune"], cwd=tmp_path, env=_env(), capture_output=True,
-                          text=True, timeout=120)
+        "sys.exit(main(['tune', '--config', 'any.yaml', '--log-dir', 'tune_logs']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "interrupted_tune"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "lit-compute tune: interrupted; finished trials are kept in tune_logs" in proc.stderr
 
@@ -160,8 +199,14 @@ def test_a_failed_baseline_is_run_again_and_a_full_disk_blames_no_knob(tmp_path,
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.Faulty"}}
     (tmp_path / "faulty.yaml").write_text(yaml.safe_dump(config))
-    args = dict(budget="2m", log_dir=tmp_path / "logs", short_seconds=1, long_seconds=1, side_by_side=1,
-                echo=lambda line: lines.append(line))
+    args = dict(
+        budget="2m",
+        log_dir=tmp_path / "logs",
+        short_seconds=1,
+        long_seconds=1,
+        side_by_side=1,
+        echo=lambda line: lines.append(line),
+    )
     lines: list[str] = []
     (tmp_path / "fault.txt").write_text("crash")
     with pytest.raises(TuneError, match=r"the baseline .* failed: crashed: RuntimeError: a bug in the model.*--fresh"):
@@ -183,8 +228,13 @@ def test_a_killed_tune_leaves_no_trial_running(tmp_path):
 
     config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.NeverStarts"}}
     (tmp_path / "hang.yaml").write_text(yaml.safe_dump(config))
-    tune = subprocess.Popen([sys.executable, "-m", "lit_compute.cli", "tune", "--config", "hang.yaml", "--budget", "5m"],
-                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "lit_compute.cli", "tune", "--config", "hang.yaml", "--budget", "5m"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline, trials, everyone = time.monotonic() + 120, [], []
         while not trials and time.monotonic() < deadline and tune.poll() is None:
@@ -200,4 +250,3 @@ def test_a_killed_tune_leaves_no_trial_running(tmp_path):
         assert not alive, f"{[(p.pid, p.cmdline()) for p in alive]} outlived the killed tune"
     finally:
         tune.kill()
-

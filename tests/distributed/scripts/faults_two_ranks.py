@@ -47,7 +47,9 @@ class RaiseOnRank1(DDPStrategy):
     def _check(self, name):
         ours = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(PACKAGE)]
         if ours and not any(f.name in ("_all_reduce_sum", "setup") for f in ours) and self.global_rank == 1:
-            raise StrayCollective(f"STRAY COLLECTIVE {name} from {ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})")
+            raise StrayCollective(
+                f"STRAY COLLECTIVE {name} from {ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})"
+            )
 
     def broadcast(self, obj, src=0):
         self._check("broadcast")
@@ -67,14 +69,28 @@ class RaiseOnRank1(DDPStrategy):
 
 
 def everything(out: Path) -> None:
-    callbacks = [FlopsLogger(peak="none", log_every_n_steps=1), StepTimeMonitor(log_every_n_steps=1),
-                 DeviceMonitor(gpu=False, log_every_n_steps=1), LossScaleMonitor(log_every_n_steps=1),
-                 ProfilerWindow(start_step=1, warmup=0, active=2), CommBenchmark(max_mb=0.1, seconds=1)]
+    callbacks = [
+        FlopsLogger(peak="none", log_every_n_steps=1),
+        StepTimeMonitor(log_every_n_steps=1),
+        DeviceMonitor(gpu=False, log_every_n_steps=1),
+        LossScaleMonitor(log_every_n_steps=1),
+        ProfilerWindow(start_step=1, warmup=0, active=2),
+        CommBenchmark(max_mb=0.1, seconds=1),
+    ]
     strategy = RaiseOnRank1(process_group_backend="gloo", timeout=timedelta(seconds=60))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy,
-                         max_steps=5, limit_val_batches=2, limit_test_batches=2, val_check_interval=2,
-                         enable_progress_bar=False, enable_checkpointing=False, callbacks=callbacks,
-                         logger=[pl.loggers.TensorBoardLogger(str(out), name="tb"), PrometheusLogger(port=0)])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=5,
+        limit_val_batches=2,
+        limit_test_batches=2,
+        val_check_interval=2,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        logger=[pl.loggers.TensorBoardLogger(str(out), name="tb"), PrometheusLogger(port=0)],
+    )
     model = BoringModel()
     trainer.fit(model)
     trainer.validate(model)
@@ -89,10 +105,16 @@ class KillRank1(pl.Callback):
 
 
 def killed(out: Path) -> None:
-    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=20, enable_progress_bar=False,
-                         strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
-                         enable_checkpointing=False, logger=pl.loggers.TensorBoardLogger(str(out), name="killed"),
-                         callbacks=[KillRank1(), ProfilerWindow(start_step=2, warmup=0, active=10)])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        max_steps=20,
+        enable_progress_bar=False,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        enable_checkpointing=False,
+        logger=pl.loggers.TensorBoardLogger(str(out), name="killed"),
+        callbacks=[KillRank1(), ProfilerWindow(start_step=2, warmup=0, active=10)],
+    )
     try:
         trainer.fit(BoringModel())
     except Exception as err:  # noqa: BLE001 - the survivor: gloo says its peer is gone

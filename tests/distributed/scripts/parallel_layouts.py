@@ -111,18 +111,36 @@ class MLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def run(out: Path, name: str, strategy, data_parallel: int, slow_rank: int | None = None, max_steps: int = 4,
-        callbacks=(), slow: str | None = None) -> None:
+def run(
+    out: Path,
+    name: str,
+    strategy,
+    data_parallel: int,
+    slow_rank: int | None = None,
+    max_steps: int = 4,
+    callbacks=(),
+    slow: str | None = None,
+) -> None:
     """``slow``: None (the driven clock), ``"data"`` or ``"compute"``: rank 1 sleeps 200 ms per batch there;
     ``"comm"``: rank 1 sleeps 50 ms in each collective's wait."""
     driven = [] if slow else [DrivenClock()]
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, log_every_n_steps=2,
-                         logger=pl.loggers.TensorBoardLogger(str(out), name=name), enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[*driven, FlopsLogger(), StepTimeMonitor(), *callbacks])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=max_steps,
+        log_every_n_steps=2,
+        logger=pl.loggers.TensorBoardLogger(str(out), name=name),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*driven, FlopsLogger(), StepTimeMonitor(), *callbacks],
+    )
     rank = trainer.global_rank
-    loader = DataLoader(Samples(rank, 1 if slow == "data" else slow_rank, 0.2 if slow == "data" else 0.0),
-                        batch_size=GLOBAL_BATCH // data_parallel)
+    loader = DataLoader(
+        Samples(rank, 1 if slow == "data" else slow_rank, 0.2 if slow == "data" else 0.0),
+        batch_size=GLOBAL_BATCH // data_parallel,
+    )
     work = torch.distributed.distributed_c10d.Work
     real_wait = work.wait
     if slow == "comm" and rank == 1:  # a slow link on rank 1: each of its collectives completes 50 ms late there
@@ -163,17 +181,25 @@ def tp_head(out: Path) -> None:
     """Tensor parallel 1 x 2 with an unsharded head: each rank writes what torch's FlopCounterMode counts on a plain
     copy of what it executes (its shards at their local shapes and the whole head) and on the unsharded model."""
     x = torch.randn(8 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=3, log_every_n_steps=1,
-                         strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
-                         logger=pl.loggers.TensorBoardLogger(str(out), name="tp_head"), enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[FlopsLogger(peak="none"), StepTimeMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        max_steps=3,
+        log_every_n_steps=1,
+        strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+        logger=pl.loggers.TensorBoardLogger(str(out), name="tp_head"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[FlopsLogger(peak="none"), StepTimeMonitor()],
+    )
     trainer.fit(HeadedMLP(), train_dataloaders=DataLoader(TensorDataset(x), batch_size=GLOBAL_BATCH))
     batch = x[:GLOBAL_BATCH]
     local = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.Linear(256, 10))
     whole = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256), nn.Linear(256, 10))
-    (out / f"tp_head_rank{trainer.global_rank}.json").write_text(json.dumps(
-        {"local_replica": _counted(local, batch), "unsharded": _counted(whole, batch)}))
+    (out / f"tp_head_rank{trainer.global_rank}.json").write_text(
+        json.dumps({"local_replica": _counted(local, batch), "unsharded": _counted(whole, batch)})
+    )
 
 
 def uneven_shapes(out: Path) -> None:
@@ -181,19 +207,27 @@ def uneven_shapes(out: Path) -> None:
     g = torch.Generator().manual_seed(1)
     # DistributedSampler (no shuffle) gives rank r the batches r, r + 2, ...: rank 1 alternates 16 and 12 rows
     batches = [(torch.randn(12 if i % 4 == 3 else 16, 256, generator=g),) for i in range(16)]
-    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=6, log_every_n_steps=1,
-                         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-                         logger=pl.loggers.TensorBoardLogger(str(out), name="uneven"), enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[FlopsLogger(), StepTimeMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        max_steps=6,
+        log_every_n_steps=1,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=pl.loggers.TensorBoardLogger(str(out), name="uneven"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[FlopsLogger(), StepTimeMonitor()],
+    )
     trainer.fit(MLP(), train_dataloaders=DataLoader(batches, batch_size=None))
 
 
 class NormNet(pl.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 64), nn.BatchNorm1d(64),
-                                 nn.Linear(64, 8))
+        self.net = nn.Sequential(
+            nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Linear(64, 8)
+        )
         self.seen = {}
         for i, m in enumerate(self.net):
             m.register_forward_hook(self._see(i))
@@ -201,6 +235,7 @@ class NormNet(pl.LightningModule):
     def _see(self, i):
         def hook(module, args, output):
             self.seen[str(i)] = [type(module).__name__, str(args[0].dtype), str(module.weight.dtype)]
+
         return hook
 
     def configure_model(self):
@@ -219,9 +254,16 @@ class NormNet(pl.LightningModule):
 
 def fp32_norms() -> None:
     x = torch.randn(4 * GLOBAL_BATCH, 64, generator=torch.Generator().manual_seed(0))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, max_steps=2, logger=False, enable_checkpointing=False,
-                         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(NormNet(), train_dataloaders=DataLoader(TensorDataset(x), batch_size=GLOBAL_BATCH // 2))
 
 
@@ -238,11 +280,19 @@ def grad_norms(out: Path) -> None:
         def on_train_end(self, trainer, pl_module):
             (out / f"gradnorm_rank{trainer.global_rank}.json").write_text(json.dumps(self.local))
 
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
-                         max_steps=8, log_every_n_steps=2, limit_val_batches=0, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         logger=pl.loggers.TensorBoardLogger(str(out), name="gradnorm"),
-                         callbacks=[Recording(), FlopsLogger(peak_flops=1e11), StepTimeMonitor()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=DDPStrategy(process_group_backend="gloo"),
+        max_steps=8,
+        log_every_n_steps=2,
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=pl.loggers.TensorBoardLogger(str(out), name="gradnorm"),
+        callbacks=[Recording(), FlopsLogger(peak_flops=1e11), StepTimeMonitor()],
+    )
     trainer.fit(BoringModel())
 
 
@@ -254,12 +304,30 @@ if __name__ == "__main__":
     run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
     for layout, dp, tp in (("fsdp2", 2, 1), ("tp", 1, 2)):
         for cause in ("data", "compute"):
-            run(OUT, f"{layout}_slow_{cause}", ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
-                dp, max_steps=7, slow=cause)
-    run(OUT, "fsdp2_slow_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=7,
-        slow="comm")
-    run(OUT, "fsdp2_comm", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2, max_steps=5,
-        callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)])
+            run(
+                OUT,
+                f"{layout}_slow_{cause}",
+                ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
+                dp,
+                max_steps=7,
+                slow=cause,
+            )
+    run(
+        OUT,
+        "fsdp2_slow_comm",
+        ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        2,
+        max_steps=7,
+        slow="comm",
+    )
+    run(
+        OUT,
+        "fsdp2_comm",
+        ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        2,
+        max_steps=5,
+        callbacks=[CommBenchmark(max_mb=0.1, seconds=3), ProfilerWindow(start_step=1, warmup=0, active=2)],
+    )
     tp_head(OUT)
     uneven_shapes(OUT)
     fp32_norms()
