@@ -36,7 +36,7 @@ demo-gpt: $(PY)
 # the install, lint, the type checker, then the suite (which also builds the docs site with --strict)
 test: $(PY)
 	$(INSTALL) '.[all,dev]'
-	$(VENV)/bin/ruff check lit_compute tests examples scripts
+	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q --durations=20
 
@@ -46,8 +46,10 @@ test-fast: $(PY)
 	$(INSTALL) '.[all,dev]'
 	$(PY) -m pytest -q -m "not slow"
 
+# what the pre-commit hook runs (.pre-commit-config.yaml): the linter and the formatter's check, at 120 columns
 lint: $(PY)
 	$(VENV)/bin/ruff check lit_compute tests examples scripts
+	$(VENV)/bin/ruff format --check lit_compute tests examples scripts
 
 typecheck: $(PY)
 	$(VENV)/bin/mypy

@@ -16,7 +16,8 @@ from typing import Any
 
 
 def _version() -> str:
-    """The installed distribution's version (pyproject.toml is the one source); a source tree never installed says so."""
+    """The installed distribution's version (pyproject.toml is the one source); a source tree never installed says
+    so."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -56,7 +56,7 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
         return [(str(k), obj[k]) for k in keys]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [(f.name, getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
-    if isinstance(obj, Sequence) or isinstance(obj, (set, frozenset)):
+    if isinstance(obj, (Sequence, set, frozenset)):
         items = list(obj) if not isinstance(obj, (set, frozenset)) else sorted(obj, key=repr)
         return [(str(i), item) for i, item in enumerate(items)]
     if isinstance(obj, (torch.nn.Module, type)) or callable(obj):

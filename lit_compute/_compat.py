@@ -170,10 +170,8 @@ def mark_checkpoint_saving(trainer: Any, timeline: Any) -> None:
             return original(*args, **kwargs)
 
     save_checkpoint._lit_compute_marked = True  # type: ignore[attr-defined]
-    try:
+    with contextlib.suppress(AttributeError):  # pragma: no cover - a trainer class with __slots__
         trainer.save_checkpoint = save_checkpoint
-    except AttributeError:  # pragma: no cover - a trainer class with __slots__
-        pass
 
 
 def is_last_training_step(trainer: Any) -> bool:
@@ -285,7 +283,7 @@ def forget_keyboard_interrupt() -> None:
     and ``namedtuple`` build their methods, so any import under way when Ctrl-C lands - as unhandled even once it is
     caught, and at exit kills the process with SIGINT instead of returning the status (``python -m`` and console
     scripts alike: the tune test saw -2 for 130 on a loaded machine). Every string ``exec`` resets that mark first."""
-    exec("pass")  # noqa: S102 - a constant: resets the interpreter's unhandled-KeyboardInterrupt mark
+    exec("pass")  # a constant: resets the interpreter's unhandled-KeyboardInterrupt mark
 
 
 def ddp_bucket_bytes(model: Any) -> int:

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import lit_compute
-import lit_compute.distributed  # noqa: F401 - registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
+import lit_compute.distributed  # registers the ddp_tuned* strategy names for `strategy: ddp_tuned`
 from lit_compute import _compat, agreement
 from lit_compute.formatting import first_line
 
@@ -129,7 +129,7 @@ def _suggestion(message: str) -> str:
     if missing:
         try:
             return _close(missing.group(2), dir(importlib.import_module(missing.group(1))))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a suggestion only: the original error still stands
             return ""
     unknown = re.search(r"does not accept option '([\w.]+)'", message)
     if unknown:

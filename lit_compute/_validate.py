@@ -96,7 +96,7 @@ def _type_name(tp: Any) -> str:
         checks = [m for m in meta if isinstance(m, Check)]
         optional = get_origin(base) in (Union, types.UnionType) and type(None) in get_args(base)
         if optional:
-            base = Union[tuple(a for a in get_args(base) if a is not type(None))]  # noqa: UP007
+            base = Union[tuple(a for a in get_args(base) if a is not type(None))]  # noqa: UP007 - a Union built at run time from a tuple: no | form
         if any(c.choices is not None for c in checks):
             text = "; ".join(c.describe() for c in checks if c.describe())
         else:

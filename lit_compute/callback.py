@@ -10,6 +10,7 @@ measuring callback of the trainer's list reduce the event (one all-reduce) and h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Mapping
@@ -131,10 +132,8 @@ class MeasuringCallback(Callback):
             self._warn_once("disabled", message)
         else:  # a failure on one rank is that rank's news: rank_zero_warn would swallow it
             warnings.warn(f"[rank {rank}] {message}", UserWarning, stacklevel=2)
-        try:
+        with contextlib.suppress(Exception):  # teardown of a broken callback must not raise either
             self._teardown()
-        except Exception:  # noqa: BLE001 - teardown of a broken callback must not raise either
-            pass
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._disabled:
@@ -331,10 +330,8 @@ class MeasuringCallback(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # clean-up must not raise
             self._timeline(trainer).stop_watching()
-        except Exception:  # noqa: BLE001 - clean-up must not raise
-            pass
         self._safe_teardown()
 
     def _safe_teardown(self) -> None:

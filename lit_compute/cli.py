@@ -45,7 +45,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": (
         "lit_compute.bench",
-        "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu (lit-compute bench --help)",
+        "measured comparisons: flops, overhead, precision, loaders, allreduce, ddp, recipe, gpu "
+        "(lit-compute bench --help)",
     ),
 }
 

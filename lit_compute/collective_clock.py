@@ -24,6 +24,7 @@ Floor 0: imports nothing of lit_compute's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
@@ -86,10 +87,8 @@ def _timed(original: Any) -> Any:
             for (cb, clock), start in zip(watching, starts):
                 if start is _FAILED:
                     continue
-                try:
+                with contextlib.suppress(Exception):  # a watcher must never break a collective
                     cb(start, clock())
-                except Exception:  # noqa: BLE001 - a watcher must never break a collective
-                    pass
 
     wrapper.__lit_compute_original__ = original  # type: ignore[attr-defined]
     return wrapper

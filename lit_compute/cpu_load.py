@@ -3,6 +3,7 @@ process's and its children's (DataLoader workers), between two samples."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -35,10 +36,8 @@ def _own_s() -> float | None:
     me = psutil.Process()
     total = sum(me.cpu_times()[:4])  # user, system, and the reaped children's
     for child in me.children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             total += sum(child.cpu_times()[:2])
-        except psutil.Error:
-            pass
     return total
 
 

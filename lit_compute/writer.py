@@ -20,6 +20,7 @@ Loggers that follow TensorBoard's run and version (``PrometheusLogger``) are lin
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections.abc import Iterable, Mapping
@@ -340,7 +341,5 @@ def link_loggers(trainer: pl.Trainer) -> None:
         follow = getattr(logger, "follow", None)
         if logger is tb or not callable(follow):
             continue
-        try:
+        with contextlib.suppress(Exception):  # a label is not worth failing for
             follow(run, tb.version)
-        except Exception:  # noqa: BLE001 - a label is not worth failing for
-            pass

@@ -14,13 +14,19 @@ import pytest
 _CACHE = Path(os.environ.get("PYTEST_LIT_COMPUTE_CACHE", "/tmp/lit_compute_test_cache"))
 os.environ["LIT_COMPUTE_CACHE"] = str(_CACHE)
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402 - after LIT_COMPUTE_CACHE is set
+import torch  # noqa: E402 - after LIT_COMPUTE_CACHE is set
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402 - after LIT_COMPUTE_CACHE is set
 
-from lit_compute import ImageClassifier, TorchvisionImageDataModule  # noqa: E402
+from lit_compute import ImageClassifier, TorchvisionImageDataModule  # noqa: E402 - after LIT_COMPUTE_CACHE is set
 
-TINY_DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8, num_workers=0)
+TINY_DATA = {
+    "batch_size": 8,
+    "image_size": 32,
+    "synthetic_num_classes": 4,
+    "synthetic_images_per_class": 8,
+    "num_workers": 0,
+}
 
 
 class RandomImages(torch.utils.data.Dataset):
@@ -120,20 +126,20 @@ def tiny_data(**kwargs) -> TorchvisionImageDataModule:
 
 def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
     """A tiny CPU trainer writing TensorBoard events under ``tmp_path``."""
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        max_steps=3,
-        limit_train_batches=3,
-        limit_val_batches=1,
-        num_sanity_val_steps=0,
-        log_every_n_steps=1,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="logs"),
-    )
+    defaults = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_steps": 3,
+        "limit_train_batches": 3,
+        "limit_val_batches": 1,
+        "num_sanity_val_steps": 0,
+        "log_every_n_steps": 1,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(tmp_path),
+        "logger": pl.loggers.TensorBoardLogger(str(tmp_path), name="logs"),
+    }
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
 

@@ -54,7 +54,8 @@ def test_a_failing_user_callback_turns_itself_off_and_training_goes_on(tmp_path)
     )
     with pytest.warns(UserWarning, match="Fails: log_event failed with RuntimeError: bug in my callback.*disabled"):
         trainer.fit(BoringModel())
-    assert trainer.global_step == 6 and monitor._disabled
+    assert trainer.global_step == 6
+    assert monitor._disabled
     acc = read_events(next(tmp_path.rglob("events.out.tfevents.*")).parent)
     assert [s for s, _ in scalar_values(acc, "time/step_ms")] == [1, 3, 5]  # the others logged to the end
 
@@ -62,4 +63,5 @@ def test_a_failing_user_callback_turns_itself_off_and_training_goes_on(tmp_path)
 def test_measuring_callback_is_public():
     import lit_compute
 
-    assert "MeasuringCallback" in lit_compute.__all__ and MeasuringCallback.__module__ == "lit_compute.callback"
+    assert "MeasuringCallback" in lit_compute.__all__
+    assert MeasuringCallback.__module__ == "lit_compute.callback"

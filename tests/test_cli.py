@@ -42,7 +42,9 @@ def test_every_config_loads_through_the_cli_parser(config, tmp_path, monkeypatch
 
         cli = ParseOnly(args=["--config", str(config)], run=False)
         trainer = cli.config.trainer
-        assert trainer.strategy.class_path and trainer.callbacks and cli.config.model.class_path
+        assert trainer.strategy.class_path
+        assert trainer.callbacks
+        assert cli.config.model.class_path
         from jsonargparse import ArgumentParser
 
         for plugin in trainer.plugins or []:
@@ -52,7 +54,9 @@ def test_every_config_loads_through_the_cli_parser(config, tmp_path, monkeypatch
             assert isinstance(built, pl.plugins.Precision)
         return
     cli = LitComputeCLI(args=["--config", str(config)], run=False)
-    assert cli.model is not None and cli.datamodule is not None and cli.trainer is not None
+    assert cli.model is not None
+    assert cli.datamodule is not None
+    assert cli.trainer is not None
 
 
 def test_the_fsdp_config_shards_by_block_with_float32_norms(tmp_path, monkeypatch):
@@ -95,7 +99,8 @@ def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
     assert events, list(tmp_path.rglob("*"))
     acc = read_events(events[-1])
     losses = scalar_values(acc, "train/loss")
-    assert len(losses) >= 3 and all(v > 0 for _, v in losses)
+    assert len(losses) >= 3
+    assert all(v > 0 for _, v in losses)
     assert "val/acc" in acc.Tags()["scalars"]
 
 
@@ -158,7 +163,8 @@ def test_a_refused_argument_in_yaml_is_one_line_with_our_reason(tmp_path, monkey
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "lit-compute: error: FP32BatchNormPrecision(precision='16-true') is refused" in err
-    assert "master weights" in err and "Traceback" not in err
+    assert "master weights" in err
+    assert "Traceback" not in err
 
 
 def test_version_and_unknown_commands(capsys):
@@ -166,7 +172,9 @@ def test_version_and_unknown_commands(capsys):
     assert capsys.readouterr().out.startswith("lit-compute ")
     assert main(["fitt"]) == 2
     err = capsys.readouterr().err
-    assert "unknown command 'fitt'" in err and "report" in err and "bench" in err
+    assert "unknown command 'fitt'" in err
+    assert "report" in err
+    assert "bench" in err
 
 
 GPT_SMALL = [
@@ -224,10 +232,8 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     (version,) = tmp_path.glob("lightning_logs/version_*")
     acc = read_events(version)
     (run,) = text_values(acc, "lit_compute/run")
-    assert (
-        f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
-        and "ModelParallelStrategy" in run
-    )
+    assert f"| parallel layout | data parallel {data_parallel} x tensor parallel {tensor_parallel} |" in run
+    assert "ModelParallelStrategy" in run
     local, total = (scalar_values(acc, f"compute/{k}")[-1][1] for k in ("flops_per_step", "global_flops_per_step"))
     hardware = scalar_values(acc, "compute/hardware_flops_per_step")[-1][1]
     assert total == pytest.approx(world * local, rel=1e-6)  # peers with the same count
@@ -272,7 +278,9 @@ def test_the_sharded_gpt_config_trains_on_two_processes_with_every_component_on(
     # with a capacity: the largest micro-batch that fits every rank, searched on the rank with the largest peak (#47)
     capacity = 2 * max(r.peak_bytes for r in plan.rows)
     fitted = estimate(tmp_path / "config.yaml", micro_batches=[4], memory=capacity, overrides=GPT_SMALL)
-    assert fitted.largest_fitting and fitted.largest_fitting > 4 and fitted.next_size.peak_bytes > capacity
+    assert fitted.largest_fitting
+    assert fitted.largest_fitting > 4
+    assert fitted.next_size.peak_bytes > capacity
     assert any(
         n.startswith(f"largest micro-batch that fits: {fitted.largest_fitting} ") and "the largest)" in n
         for n in fitted.notes
@@ -332,8 +340,10 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     ours = [line for line in err.splitlines() if line.startswith("lit-compute: error:")]
-    assert len(ours) == 1 and expected in ours[0], err[-2000:]
-    assert "Traceback" not in err and "usage:" not in err
+    assert len(ours) == 1, err[-2000:]
+    assert expected in ours[0], err[-2000:]
+    assert "Traceback" not in err
+    assert "usage:" not in err
     assert not list(tmp_path.glob("lightning_logs/version_*"))  # no empty run for TensorBoard to list
 
 
@@ -341,22 +351,26 @@ def test_a_bad_config_ends_in_one_line_naming_the_key(tmp_path, monkeypatch, cap
     ("text", "suggestion"),
     [
         (
-            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peek: measure\n",
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n"
+            "        peek: measure\n",
             "did you mean 'peak'?",
         ),
         ("trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitr\n", "did you mean 'StepTimeMonitor'?"),
         ("trainr:\n  max_steps: 2\n", "did you mean 'trainer'?"),
         ("trainer:\n  max_stepz: 2\n", "did you mean 'max_steps'?"),
         (
-            "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n        window: twenty\n",
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.StepTimeMonitor\n      init_args:\n"
+            "        window: twenty\n",
             "StepTimeMonitor's window takes an int, e.g. window: ",
         ),  # its default
         (
-            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: mesure\n",
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n"
+            "        peak: mesure\n",
             "did you mean 'measure'?",
         ),
         (
-            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak: fancy\n",
+            "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n"
+            "        peak: fancy\n",
             "peak takes one of table, measure, remeasure, none",
         ),
     ],
@@ -375,8 +389,10 @@ def test_a_config_path_that_does_not_exist_is_one_line(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--config", "nothere.yaml"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--config nothere.yaml: no such file" in err
-    assert "quickstart" in err and "lit-compute init NAME" in err  # the fix: a packaged config's name, or init
+    assert err.count("\n") == 1
+    assert "--config nothere.yaml: no such file" in err
+    assert "quickstart" in err
+    assert "lit-compute init NAME" in err
 
 
 @pytest.mark.timeout(120)
@@ -388,7 +404,8 @@ def test_a_config_with_only_a_model_trains_on_its_own_loaders(tmp_path, monkeypa
     )
     (tmp_path / "config.yaml").write_text("# the user's own file\n")
     cli = LitComputeCLI(args=["fit", "--config", str(tmp_path / "boring.yaml")])
-    assert cli.datamodule is None and cli.trainer.global_step == 2
+    assert cli.datamodule is None
+    assert cli.trainer.global_step == 2
     assert not (tmp_path / "cache").exists()
     # without a logger there is no run folder to save the resolved config in: nothing is written in its place
     assert (tmp_path / "config.yaml").read_text() == "# the user's own file\n"
@@ -455,11 +472,13 @@ def test_a_users_own_classes_keep_their_own_defaults(tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit):
         main(["fit", "--model", "user_classes.MyModel", "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["data"] is None and printed["model"]["init_args"]["num_classes"] == 5
+    assert printed["data"] is None
+    assert printed["model"]["init_args"]["num_classes"] == 5
     # the default model still gets its own defaults, and arguments given without a class path go to it
     with pytest.raises(SystemExit):
         main(["fit", "--model.init_args.lr=0.01", "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["class_path"].endswith("ImageClassifier")
-    assert printed["model"]["init_args"]["num_classes"] == 10 and printed["model"]["init_args"]["lr"] == 0.01
+    assert printed["model"]["init_args"]["num_classes"] == 10
+    assert printed["model"]["init_args"]["lr"] == 0.01
     assert printed["data"]["init_args"]["batch_size"] == 64

@@ -40,7 +40,8 @@ def test_waits_are_reported_and_the_originals_restored(gloo):
         other = threading.Thread(target=lambda: dist.all_reduce(torch.ones(2)))  # not the watching thread
         other.start()
         other.join()
-        assert len(seen) == 4 and all(e - s == 1.0 for s, e in seen)
+        assert len(seen) == 4
+        assert all(e - s == 1.0 for s, e in seen)
         assert collective_clock.watching()
     finally:
         collective_clock.unwatch(handle)
@@ -78,7 +79,9 @@ def test_a_clock_that_raises_skips_its_watcher_never_the_collective(gloo):
     try:
         t = torch.ones(2)
         dist.all_reduce(t)
-        assert t.tolist() == [1.0, 1.0] and never == [] and len(seen) == 1
+        assert t.tolist() == [1.0, 1.0]
+        assert never == []
+        assert len(seen) == 1
     finally:
         collective_clock.unwatch(broken)
         collective_clock.unwatch(fine)

@@ -103,4 +103,5 @@ def test_the_watch_sees_a_collective_inside_a_hook(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ProfilerWindow, "_out_dir", out_dir_at_export)
     violations = _run_everything(tmp_path).violations
-    assert violations and all("profiler_window.py" in v and v.startswith("broadcast") for v in violations)
+    assert violations
+    assert all("profiler_window.py" in v and v.startswith("broadcast") for v in violations)

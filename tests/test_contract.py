@@ -31,18 +31,27 @@ COMPONENTS = sorted(
 )
 # Defaults that would make a component too slow for a unit test (the defaults still build in test_builds...).
 TEST_ARGS: dict[str, dict] = {
-    "TorchvisionImageDataModule": dict(
-        batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8, num_workers=0
-    ),
-    "ImageClassifier": dict(num_classes=4),
-    "PrometheusLogger": dict(port=0),
-    "FlopsLogger": dict(peak="none"),
-    "ProfilerWindow": dict(start_step=0, warmup=0, active=1),
-    "CommBenchmark": dict(max_mb=0.1, seconds=2),
-    "DALIImageDataModule": dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8),
-    "GPT": dict(block_size=32, n_layer=1, n_head=2, n_embd=16),
-    "TokenDataModule": dict(batch_size=4, seq_len=32, max_tokens=5000),
-    "CompileModules": dict(backend="eager"),
+    "TorchvisionImageDataModule": {
+        "batch_size": 8,
+        "image_size": 32,
+        "synthetic_num_classes": 4,
+        "synthetic_images_per_class": 8,
+        "num_workers": 0,
+    },
+    "ImageClassifier": {"num_classes": 4},
+    "PrometheusLogger": {"port": 0},
+    "FlopsLogger": {"peak": "none"},
+    "ProfilerWindow": {"start_step": 0, "warmup": 0, "active": 1},
+    "CommBenchmark": {"max_mb": 0.1, "seconds": 2},
+    "DALIImageDataModule": {
+        "batch_size": 8,
+        "image_size": 32,
+        "synthetic_num_classes": 4,
+        "synthetic_images_per_class": 8,
+    },
+    "GPT": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 16},
+    "TokenDataModule": {"batch_size": 4, "seq_len": 32, "max_tokens": 5000},
+    "CompileModules": {"backend": "eager"},
 }
 # Public base classes users extend (README and examples/ show them; no config uses one on its own).
 BASE_CLASSES = {"MeasuringCallback"}

@@ -51,7 +51,8 @@ def test_precision_plugins_are_the_upstream_classes():
 
 def test_a_device_in_the_second_place_is_a_device_never_a_norm_list():
     plugin = FP32BatchNormPrecision("bf16-mixed", "cpu")
-    assert plugin.device == "cpu" and plugin.fp32_norms == ["BatchNorm"]
+    assert plugin.device == "cpu"
+    assert plugin.fp32_norms == ["BatchNorm"]
     with pytest.raises(ValueError, match=r"precision='bf16-true'.*FP32BatchNormHalfPrecision\('bf16-true'\)"):
         FP32BatchNormPrecision("bf16-true", "cpu")
     with pytest.raises(TypeError):
@@ -109,17 +110,20 @@ def test_a_users_clip_grad_by_norm_override_is_called_in_training(tmp_path):
 def test_autocast_context_scaler_and_device_as_upstream():
     plugin = FP32BatchNormPrecision("bf16-mixed", "cpu")
     with plugin.autocast_context_manager():
-        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+        assert torch.is_autocast_enabled("cpu")
+        assert not torch.is_autocast_cache_enabled()
     assert plugin.scaler is None
     fp16 = FP32BatchNormPrecision("16-mixed", "cpu", init_scale=1024.0)
-    assert isinstance(fp16.scaler, torch.amp.GradScaler) and fp16.scaler.get_scale() == 1024.0
+    assert isinstance(fp16.scaler, torch.amp.GradScaler)
+    assert fp16.scaler.get_scale() == 1024.0
 
 
 @pytest.mark.parametrize("kind", ["module_init", "forward", "convert"])
 def test_half_precision_contract_in_bf16_true(kind):
     """Lightning's test_half.py, on ours (bf16-true; 16-true is refused)."""
     plugin = FP32BatchNormHalfPrecision("bf16-true")
-    assert plugin.precision == "bf16-true" and plugin._desired_input_dtype == torch.bfloat16
+    assert plugin.precision == "bf16-true"
+    assert plugin._desired_input_dtype == torch.bfloat16
     if kind == "module_init":
         with plugin.module_init_context():
             model = torch.nn.Linear(2, 2)
@@ -132,7 +136,8 @@ def test_half_precision_contract_in_bf16_true(kind):
     else:
         module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
         module = plugin.convert_module(module)
-        assert module[0].weight.dtype == torch.bfloat16 and module[1].weight.dtype == torch.float32
+        assert module[0].weight.dtype == torch.bfloat16
+        assert module[1].weight.dtype == torch.float32
 
 
 # -- DDP -------------------------------------------------------------------------------------------------------------
@@ -148,7 +153,8 @@ def test_tuned_ddp_is_a_ddp_strategy_with_its_constructor_and_defaults():
         start_method="spawn",
         bucket_cap_mb=10,
     )
-    assert strategy._timeout == timedelta(seconds=77) and strategy._process_group_backend == "gloo"
+    assert strategy._timeout == timedelta(seconds=77)
+    assert strategy._process_group_backend == "gloo"
     assert strategy._ddp_kwargs == {"broadcast_buffers": False, "bucket_cap_mb": 10}
     assert strategy._start_method == "spawn"
 
@@ -157,7 +163,8 @@ def test_tuned_ddp_is_in_lightnings_strategy_registry():
     for name, method in (("ddp_tuned", "popen"), ("ddp_tuned_spawn", "spawn"), ("ddp_tuned_fork", "fork")):
         assert name in StrategyRegistry
         strategy = StrategyRegistry.get(name)
-        assert type(strategy) is TunedDDPStrategy and strategy._start_method == method
+        assert type(strategy) is TunedDDPStrategy
+        assert strategy._start_method == method
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_tuned_spawn", logger=False)
     assert isinstance(trainer.strategy, TunedDDPStrategy)
 
@@ -182,7 +189,8 @@ def test_the_timeout_reaches_init_process_group(tmp_path, monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    assert seen["timeout"] == timedelta(seconds=123) and seen["backend"] == "gloo"
+    assert seen["timeout"] == timedelta(seconds=123)
+    assert seen["backend"] == "gloo"
 
 
 @pytest.mark.slow
@@ -196,7 +204,8 @@ print("STRATEGY", type(trainer.strategy).__name__)
 """
     )
     result = run_script(tmp_path, source, timeout=120)
-    assert result.returncode == 0 and "STRATEGY TunedDDPStrategy" in result.stdout, result.stdout[-2000:]
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "STRATEGY TunedDDPStrategy" in result.stdout, result.stdout[-2000:]
 
 
 def test_fit_then_test_logs_the_ddp_configuration_once(tmp_path):
@@ -257,7 +266,7 @@ def test_fit_then_test_on_one_trainer_with_two_gloo_ranks(tmp_path):
 
 
 # -- the FLOP counter ------------------------------------------------------------------------------------------------
-def T(*shape, requires_grad=False):  # noqa: N802 - the helper's name in torch's test_flop_counter.py
+def T(*shape, requires_grad=False):  # the helper's name in torch's test_flop_counter.py
     return torch.randn(*shape, requires_grad=requires_grad)
 
 

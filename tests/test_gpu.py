@@ -45,7 +45,8 @@ def test_step_time_on_cuda_sees_the_gpu_wait_for_a_slow_loader(tmp_path):
     trainer.fit(tiny_model(), train_dataloaders=_loader(sleep=0.005))  # 80 ms of loading per batch
     acc = read_events(trainer.logger.log_dir)
     fractions = [v for _, v in scalar_values(acc, "time/data_wait_fraction")]
-    assert fractions and min(fractions) > 0.5, fractions
+    assert fractions, fractions
+    assert min(fractions) > 0.5, fractions
     assert min(v for _, v in scalar_values(acc, "time/data_wait_ms")) > 60
 
 
@@ -76,7 +77,8 @@ def test_flops_logger_mfu_against_the_dense_bf16_table_peak(tmp_path):
     acc = read_events(trainer.logger.log_dir)
     assert scalar_values(acc, "compute/peak_tflops")[-1][1] == pytest.approx(table / 1e12)
     mfu = [v for _, v in scalar_values(acc, "compute/mfu")]
-    assert mfu and all(0 < v < 1 for v in mfu)
+    assert mfu
+    assert all(0 < v < 1 for v in mfu)
 
 
 def test_float32_peak_on_cuda_follows_each_tf32_switch(tmp_path):
@@ -139,7 +141,8 @@ def test_profiler_window_on_cuda_counts_each_step_once_and_measures_gpu_idle(tmp
     assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity was recorded
     acc = read_events(trainer.log_dir)
     idle = scalar_values(acc, "profiler/gpu_idle_fraction")
-    assert len(idle) == 1 and 0.0 <= idle[0][1] < 1.0
+    assert len(idle) == 1
+    assert 0.0 <= idle[0][1] < 1.0
 
 
 def test_fsdp_gpt_logs_mfu_hfu_tokens_and_keeps_layernorm_float32(tmp_path):
@@ -187,7 +190,9 @@ def test_lstm_on_cudnn_is_counted(tmp_path):
     x = torch.randn(4, 10, 16, device="cuda")
     count = count_flops(lstm, x, count_on="real")
     forward = 2 * 4 * 10 * (4 * 32 * 16 + 4 * 32 * 32) + 2 * 4 * 10 * (4 * 32 * 32 * 2)
-    assert "aten._cudnn_rnn" in count.by_op and count.forward == forward and count.backward == 2 * forward
+    assert "aten._cudnn_rnn" in count.by_op
+    assert count.forward == forward
+    assert count.backward == 2 * forward
 
 
 def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
@@ -230,7 +235,8 @@ def test_fsdp2_on_one_gpu_keeps_norms_float32_and_counts_the_step(tmp_path):
         callbacks=[FlopsLogger(peak="table", log_every_n_steps=2)],
     )
     trainer.fit(Net(), train_dataloaders=data)
-    assert seen["ln"] == (torch.float32, torch.float32) and seen["fc"] == torch.bfloat16
+    assert seen["ln"] == (torch.float32, torch.float32)
+    assert seen["fc"] == torch.bfloat16
     acc = read_events(trainer.logger.log_dir)
     local = scalar_values(acc, "compute/flops_per_step")[-1][1]
     # forward, then backward: both grads of the last layer, only the weight grad of the first (its input needs none)
@@ -299,7 +305,8 @@ def test_estimate_on_cuda_is_within_10_percent_of_the_allocators_peak(tmp_path, 
             f"{measured / 1e6:.1f} MB measured; reserved {row.reserved_bytes / 1e6:.1f} MB predicted, "
             f"{reserved / 1e6:.1f} MB measured"
         )
-        assert row.reserved_bytes is not None and row.reserved_bytes >= row.peak_bytes
+        assert row.reserved_bytes is not None
+        assert row.reserved_bytes >= row.peak_bytes
         assert row.peak_bytes == pytest.approx(measured, rel=0.10), (row.micro_batch, row.peak_bytes, measured)
 
 
@@ -321,7 +328,8 @@ def test_a_gpu_run_is_priced_against_its_own_chip(tmp_path, capsys):
     run_dir = trainer.logger.log_dir
     record = read_record(run_dir)
     name = torch.cuda.get_device_name(0)
-    assert record.device == name and record.chip == chip_for_name(name)
+    assert record.device == name
+    assert record.chip == chip_for_name(name)
     if record.chip is None:
         pytest.skip(f"{name} is not in the hardware table: no chip to calibrate on")
     facts = read_run(run_dir)
@@ -366,5 +374,6 @@ def test_nccl_collective_waits_are_timed_on_the_stream(tmp_path):
         dist.destroy_process_group()
     comm, forward_comm, between = records[-1].device_comm_times()
     _, compute = records[-1].device_times()
-    assert 0.0 < comm == forward_comm < compute and between == 0.0
+    assert 0.0 < comm == forward_comm < compute
+    assert between == 0.0
     assert torch.equal(out, big)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -120,7 +121,7 @@ CASES = [
 @pytest.mark.parametrize(("name", "arg", "value"), CASES, ids=[f"{n}.{a}={v!r}" for n, a, v in CASES])
 def test_every_constructor_names_the_argument_and_the_value(name, arg, value):
     cls = getattr(lit_compute, name)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=rf"^{name}\({arg}=") as err:
         cls(**{arg: value})
     message = str(err.value)
     assert message.startswith(f"{name}({arg}=")
@@ -128,12 +129,14 @@ def test_every_constructor_names_the_argument_and_the_value(name, arg, value):
 
 
 def test_the_sweep_is_wide():
-    assert len(CASES) > 250 and len({n for n, _, _ in CASES}) >= 15
+    assert len(CASES) > 250
+    assert len({n for n, _, _ in CASES}) >= 15
 
 
 YAML_CASES = [
     (
-        "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n        peak_flops: .nan\n",
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.FlopsLogger\n      init_args:\n"
+        "        peak_flops: .nan\n",
         "FlopsLogger(peak_flops=nan) must be a finite number > 0",
     ),
     (
@@ -141,7 +144,8 @@ YAML_CASES = [
         "StepTimeMonitor(window=1) must be an integer >= 2",
     ),
     (
-        "trainer:\n  callbacks:\n    - class_path: lit_compute.ProfilerWindow\n      init_args:\n        on_slow_step: .inf\n",
+        "trainer:\n  callbacks:\n    - class_path: lit_compute.ProfilerWindow\n      init_args:\n"
+        "        on_slow_step: .inf\n",
         "ProfilerWindow(on_slow_step=inf) must be a finite number > 1",
     ),
     (
@@ -150,7 +154,8 @@ YAML_CASES = [
         "FP32BatchNormPrecision(precision='16-true') is refused",
     ),
     (
-        "trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n      benchmark_max_mb: 0\n",
+        "trainer:\n  strategy:\n    class_path: lit_compute.TunedDDPStrategy\n    init_args:\n"
+        "      benchmark_max_mb: 0\n",
         "TunedDDPStrategy(benchmark_max_mb=0.0) must be a finite number > 0",
     ),
     (
@@ -163,7 +168,8 @@ YAML_CASES = [
         "ImageClassifier(label_smoothing=-1.0) must be a finite number >= 0 and < 1",
     ),
     (
-        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n    synthetic_num_classes: 0\n",
+        "data:\n  class_path: lit_compute.data.TorchvisionImageDataModule\n  init_args:\n"
+        "    synthetic_num_classes: 0\n",
         "TorchvisionImageDataModule(synthetic_num_classes=0) must be an integer >= 2",
     ),
     (
@@ -190,7 +196,8 @@ def test_the_same_errors_through_lit_compute_fit(tmp_path, monkeypatch, capsys, 
         main(["fit", "--config", str(config)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in err
+    assert "Traceback" not in err
 
 
 # -- images: named before training, or skipped on request ----------------------------------------------------------
@@ -218,7 +225,7 @@ if lit_compute.data.dali_datamodule.dali_available():
 
 
 def _dm(cls, root, mode):
-    kwargs = dict(data_dir=str(root), batch_size=4, image_size=16, on_bad_image=mode)
+    kwargs = {"data_dir": str(root), "batch_size": 4, "image_size": 16, "on_bad_image": mode}
     if cls is TorchvisionImageDataModule:
         kwargs["num_workers"] = 0
     return cls(**kwargs)
@@ -239,7 +246,8 @@ def test_a_bad_image_is_named_before_the_first_step_or_skipped(tmp_path, cls, fa
     trainer.fit(model, datamodule=data)
     assert trainer.global_step == 2
     bad_path = str(root / "train" / "class_001" / bad)
-    assert data.scan.bad_count == 1 and all(p != bad_path for p, _ in data.scan.samples["train"])
+    assert data.scan.bad_count == 1
+    assert all(p != bad_path for p, _ in data.scan.samples["train"])
     assert scalar_values(read_events(trainer.logger.log_dir), "data/skipped_images") == [(0, 1.0)]
 
 
@@ -278,7 +286,8 @@ def test_the_check_is_paid_once_per_dataset(tmp_path):
     root = _dataset(tmp_path, "none")
     first = _dm(TorchvisionImageDataModule, root, "error").check_data()
     again = _dm(TorchvisionImageDataModule, root, "error").check_data()
-    assert first.checked == 3 * 8 + 3 * 4 and again.checked == 0
+    assert first.checked == 3 * 8 + 3 * 4
+    assert again.checked == 0
     touched = Path(first.samples["train"][0][0])
     touched.write_bytes(touched.read_bytes())  # a new mtime: checked again
     assert _dm(TorchvisionImageDataModule, root, "error").check_data().checked == 1
@@ -287,15 +296,17 @@ def test_the_check_is_paid_once_per_dataset(tmp_path):
 # -- Prometheus ----------------------------------------------------------------------------------------------------
 def test_reserved_and_colliding_names_get_distinct_deterministic_series():
     prom = PrometheusLogger(port=0)
-    with pytest.warns(UserWarning) as caught:
+    with pytest.warns(UserWarning, match="already is") as caught:
         names = [prom.series_name(k) for k in ("train/loss", "train-loss", "step", "μ", "σ", "train/loss")]
-    assert names[0] == "lit_compute_train_loss" and names[5] == names[0]
+    assert names[0] == "lit_compute_train_loss"
+    assert names[5] == names[0]
     assert len(set(names[:5])) == 5
-    assert names[1].startswith("lit_compute_train_loss_") and names[2].startswith("lit_compute_step_")
+    assert names[1].startswith("lit_compute_train_loss_")
+    assert names[2].startswith("lit_compute_step_")
     assert PrometheusLogger(port=0).series_name("train-loss") == "lit_compute_train_loss"  # alone: no suffix
     again = PrometheusLogger(port=0)
     again.series_name("train/loss")
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match="'train/loss' already is"):
         assert again.series_name("train-loss") == names[1]  # the same suffix in every run
     assert any("'train/loss' already is" in str(w.message) for w in caught)
 
@@ -306,7 +317,8 @@ def test_prometheus_logs_a_step_key_without_crashing(tmp_path):
         with pytest.warns(UserWarning, match="metric 'step' would be series"):
             prom.log_metrics({"step": 3.0, "train/loss": 1.0, "train-loss": 2.0}, step=3)
         body = urllib.request.urlopen(f"http://127.0.0.1:{prom.port_in_use}/metrics", timeout=5).read().decode()
-        assert "lit_compute_step{" in body and "lit_compute_train_loss{" in body
+        assert "lit_compute_step{" in body
+        assert "lit_compute_train_loss{" in body
     finally:
         prom.close()
 
@@ -327,7 +339,8 @@ def test_bind_errors_name_host_port_and_the_fix(errno_name, expected):
     assert message.startswith("PrometheusLogger(host='127.0.0.1', port=9999): cannot serve on 127.0.0.1:9999")
     assert expected in message
     lookup = prom._bind_error(9999, socket.gaierror(-2, "Name or service not known"))
-    assert "is not a known address" in lookup and "'127.0.0.1'" in lookup
+    assert "is not a known address" in lookup
+    assert "'127.0.0.1'" in lookup
 
 
 def test_the_endpoint_stops_when_the_run_ends_unless_kept_and_writes_file_sd(tmp_path):
@@ -346,7 +359,8 @@ def test_the_endpoint_stops_when_the_run_ends_unless_kept_and_writes_file_sd(tmp
     try:
         trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
         assert seen["targets"] == [{"targets": [f"127.0.0.1:{seen['port']}"], "labels": {"run": "exp1", "rank": "0"}}]
-        assert prom.port_in_use is None and not (sd / "exp1_rank0.json").exists()
+        assert prom.port_in_use is None
+        assert not (sd / "exp1_rank0.json").exists()
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=2)
         assert (
@@ -362,7 +376,8 @@ def test_run_label_and_version_follow_tensorboard(tmp_path):
     tb = pl.loggers.TensorBoardLogger(str(tmp_path), name="lightning_logs")
     trainer = make_trainer(tmp_path, max_steps=1, logger=[tb, prom], callbacks=[StepTimeMonitor()])
     trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
-    assert prom.run_name == "lightning_logs/version_0" and prom.version == 0
+    assert prom.run_name == "lightning_logs/version_0"
+    assert prom.version == 0
     from lightning.pytorch.loggers.utilities import _version
 
     assert _version(trainer.loggers) == "0"  # the progress bar's v_num is the TensorBoard version
@@ -373,10 +388,8 @@ def test_a_taken_port_does_not_end_the_demo(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     with socket.socket() as taken:
-        try:
+        with contextlib.suppress(OSError):  # already taken by someone else: the same situation
             taken.bind(("127.0.0.1", 9464))
-        except OSError:
-            pass  # already taken by someone else: the same situation
         taken.listen(1)
         root = Path(__file__).resolve().parents[1]
         with pytest.warns(UserWarning, match="port 9464 on 127.0.0.1 is in use; serving on port"):
@@ -427,7 +440,8 @@ def test_a_broken_logger_is_one_warning_for_all_callbacks(tmp_path):
         trainer.fit(TimedNet(), train_dataloaders=DataLoader(TimedImages(DrivenClock()), batch_size=4))
     assert trainer.global_step == 4
     ours = [w for w in caught if "disk full" in str(w.message)]
-    assert len(ours) == 1 and "no longer sent to that logger" in str(ours[0].message)
+    assert len(ours) == 1
+    assert "no longer sent to that logger" in str(ours[0].message)
     assert not any(cb._disabled for cb in callbacks)
 
 
@@ -524,7 +538,8 @@ def test_loss_scale_monitor_counts_every_skipped_step_across_resume(tmp_path):
     resumed._count_pending()
     whole._count_pending()
     assert whole.skipped_steps == 5
-    assert resumed.skipped_steps == whole.skipped_steps and resumed.optimizer_steps == whole.optimizer_steps
+    assert resumed.skipped_steps == whole.skipped_steps
+    assert resumed.optimizer_steps == whole.optimizer_steps
 
 
 def _windows_fit(
@@ -621,4 +636,6 @@ def test_a_flops_logger_whose_counts_keep_failing_stops_counting(tmp_path, monke
     assert trainer.global_step == 8
     assert flops.counted_batches == 3  # then it stops trying
     messages = [str(w.message) for w in caught if "FlopsLogger" in str(w.message)]
-    assert len(messages) == 2 and "formula exploded" in messages[0] and "counting is now off" in messages[1]
+    assert len(messages) == 2
+    assert "formula exploded" in messages[0]
+    assert "counting is now off" in messages[1]

@@ -1,6 +1,7 @@
-"""Every Python block of the README and the docs pages runs (#29): a block that raises (a missing import, a renamed argument) fails
-here. Training is cut to two steps (the Trainer's length arguments are overridden) and ``lit_compute.tune`` only
-checks that the README's call binds to its signature, so the blocks run in seconds; everything else is real."""
+"""Every Python block of the README and the docs pages runs (#29): a block that raises (a missing import, a renamed
+argument) fails here. Training is cut to two steps (the Trainer's length arguments are overridden) and
+``lit_compute.tune`` only checks that the README's call binds to its signature, so the blocks run in seconds; everything
+else is real."""
 
 from __future__ import annotations
 

@@ -33,13 +33,18 @@ def test_a_run_writes_its_record_beside_the_events(tmp_path):
     )
     trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=8))
     record = read_record(trainer.logger.log_dir)
-    assert record is not None and record.format == 1
+    assert record is not None
+    assert record.format == 1
     assert (record.precision, record.device, record.chip, record.world_size) == ("32-true", "cpu", None, 1)
-    assert record.planned_steps == 3 and record.loader_workers == 0 and record.torch_threads >= 1
-    assert record.op_classes["samples"] == 8 and "optimizer" in record.op_classes["by_class"]
+    assert record.planned_steps == 3
+    assert record.loader_workers == 0
+    assert record.torch_threads >= 1
+    assert record.op_classes["samples"] == 8
+    assert "optimizer" in record.op_classes["by_class"]
     # the table TensorBoard shows is the record rendered
     (table,) = text_values(read_events(trainer.logger.log_dir), "lit_compute/run")
-    assert table == record.table() and "| planned | 3 steps |" in table
+    assert table == record.table()
+    assert "| planned | 3 steps |" in table
 
 
 def test_the_record_round_trips_and_keeps_what_a_newer_version_added(tmp_path):
@@ -49,7 +54,9 @@ def test_the_record_round_trips_and_keeps_what_a_newer_version_added(tmp_path):
     data["new_field"] = [1, 2]
     (tmp_path / RECORD_FILE).write_text(json.dumps(data))
     back = read_record(tmp_path)
-    assert back.extras == {"new_field": [1, 2]} and back.chip == "h200-sxm" and back.as_json()["new_field"] == [1, 2]
+    assert back.extras == {"new_field": [1, 2]}
+    assert back.chip == "h200-sxm"
+    assert back.as_json()["new_field"] == [1, 2]
     (tmp_path / RECORD_FILE).write_text("[1, 2]")
     assert read_record(tmp_path) is None
 
@@ -67,11 +74,17 @@ def test_a_run_written_by_0_3_0_still_reads():
     small MLP, batch 8, 8 steps): no run.json, the facts in its run-info table and op-class text."""
     assert not (FIXTURE / RECORD_FILE).exists()
     record = load_run(FIXTURE).record
-    assert record.format == 0 and record.precision == "32-true" and record.device == "cpu"
+    assert record.format == 0
+    assert record.precision == "32-true"
+    assert record.device == "cpu"
     assert (record.nodes, record.devices_per_node, record.data_parallel, record.tensor_parallel) == (1, 1, 1, 1)
-    assert record.planned_steps == 8 and record.loader_workers == 0 and record.op_classes["samples"] == 8
+    assert record.planned_steps == 8
+    assert record.loader_workers == 0
+    assert record.op_classes["samples"] == 8
     facts = read_run(FIXTURE)
-    assert facts.samples == 8 and facts.step_s and set(facts.by_class) >= {"matmul", "optimizer"}
+    assert facts.samples == 8
+    assert facts.step_s
+    assert set(facts.by_class) >= {"matmul", "optimizer"}
 
 
 def _gpu_run(tmp_path: Path, device: str, chip: str | None) -> Path:
@@ -89,15 +102,19 @@ def test_a_gpu_run_is_priced_against_its_own_chip_by_default(tmp_path, capsys):
     facts = read_run(folder)
     from lit_compute.hardware.chips import CHIPS
 
-    assert facts.runs_on(CHIPS["h100-sxm"]) and not facts.runs_on(CHIPS["a100"])
+    assert facts.runs_on(CHIPS["h100-sxm"])
+    assert not facts.runs_on(CHIPS["a100"])
     assert main([str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "| h100-sxm |" in out and "h100-sxm is the hardware version_0 ran on: calibrated on its measured step" in out
+    assert "| h100-sxm |" in out
+    assert "h100-sxm is the hardware version_0 ran on: calibrated on its measured step" in out
     assert main([str(folder), "--json", "--hardware", "run,a100"]) == 0
     own, other = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     # calibrated on its own step: at the run's own micro-batch the prediction is the measured step
-    assert own["hardware"] == "h100-sxm" and own["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)
-    assert other["hardware"] == "a100" and other["step_time_s"] != pytest.approx(facts.step_s, rel=0.01)
+    assert own["hardware"] == "h100-sxm"
+    assert own["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)
+    assert other["hardware"] == "a100"
+    assert other["step_time_s"] != pytest.approx(facts.step_s, rel=0.01)
     # a run on a device the table lacks: one line naming the fix
     unknown = _gpu_run(tmp_path / "other", "Made-up Accelerator 9000", None)
     assert main([str(unknown)]) == 2
@@ -119,7 +136,9 @@ def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
         extras={"device_name": "AMD EPYC", "this": True},
     )
     run = RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, device="cpu", cpu="AMD EPYC")
-    assert run.runs_on(here) and not run.runs_on(CHIPS["xeon-6248"]) and not run.runs_on(CHIPS["h100-sxm"])
+    assert run.runs_on(here)
+    assert not run.runs_on(CHIPS["xeon-6248"])
+    assert not run.runs_on(CHIPS["h100-sxm"])
     assert not RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, cpu="Intel Xeon").runs_on(here)
 
 
@@ -148,7 +167,8 @@ def test_a_log_folder_of_many_runs_is_priced_by_its_newest_version_and_says_so(t
     record.op_classes["samples"] = 16
     write_record(logs / "version_10", record)
     facts = read_run(logs)
-    assert facts.samples == 16 and facts.path.name == "version_10"
+    assert facts.samples == 16
+    assert facts.path.name == "version_10"
     assert any("holds 2 runs: priced the last, version_10" in n for n in facts.notes)
     # an event file named as RUN stands for its folder
     (event,) = (logs / "version_2").glob("events.out.tfevents.*")

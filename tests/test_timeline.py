@@ -129,8 +129,11 @@ def test_unit_marks_give_exact_wait_and_compute_and_the_first_step_is_tainted():
     first = _run_step(timeline, trainer, clock, wait=0.5, compute=0.25)
     second = _run_step(timeline, trainer, clock, wait=0.125, compute=0.25)
     assert (first.index, second.index) == (0, 1)
-    assert first.taints == {"start"} and not first.clean  # its wait includes the loader's start
-    assert second.clean and second.samples == 4 and second.batches == 1
+    assert first.taints == {"start"}
+    assert not first.clean
+    assert second.clean
+    assert second.samples == 4
+    assert second.batches == 1
     assert (second.wait_s, second.compute_s) == (pytest.approx(0.125), pytest.approx(0.25))
     # a later caller in the same batch gets the same record; the first caller took the mark
     assert timeline.batch_end(trainer) is second
@@ -150,8 +153,10 @@ def test_unit_intervals_inside_a_step_are_removed_and_taints_mark_the_step():
     clock.advance(0.1)
     trainer.finish_batch()
     record = timeline.batch_end(trainer)
-    assert record.compute_s == pytest.approx(0.4) and record.wait_s == pytest.approx(0.2)
-    assert record.taints == {"profiler"} and timeline.totals["instrument:trace_export"] == pytest.approx(7.0)
+    assert record.compute_s == pytest.approx(0.4)
+    assert record.wait_s == pytest.approx(0.2)
+    assert record.taints == {"profiler"}
+    assert timeline.totals["instrument:trace_export"] == pytest.approx(7.0)
     # a checkpoint between steps is left out of the next step's data wait
     with timeline.interval("checkpoint", "save_checkpoint"):
         clock.advance(3.0)
@@ -164,10 +169,15 @@ def test_unit_accumulated_micro_batches_are_one_step():
     timeline = Timeline(clock)
     timeline.train_start(trainer)
     records = [_run_step(timeline, trainer, clock, wait=0.01, compute=0.1) for _ in range(6)]
-    assert records[0] is None and records[1] is None and records[3] is None and records[4] is None
+    assert records[0] is None
+    assert records[1] is None
+    assert records[3] is None
+    assert records[4] is None
     assert (records[2].index, records[5].index) == (0, 1)
-    assert records[5].batches == 3 and records[5].samples == 12
-    assert records[5].compute_s == pytest.approx(0.3) and records[5].wait_s == pytest.approx(0.03)
+    assert records[5].batches == 3
+    assert records[5].samples == 12
+    assert records[5].compute_s == pytest.approx(0.3)
+    assert records[5].wait_s == pytest.approx(0.03)
 
 
 class _Event:
@@ -238,7 +248,8 @@ def test_unit_under_nccl_collectives_are_timed_on_the_stream_not_the_host(tmp_pa
         timeline.stop_watching()
         dist.destroy_process_group()
     second = records[1]
-    assert second.comm_s == 0.0 and second.forward_comm_s == 0.0  # the host waited for nothing
+    assert second.comm_s == 0.0
+    assert second.forward_comm_s == 0.0
     comm, forward_comm, between = second.device_comm_times()
     assert (comm, forward_comm, between) == (pytest.approx(0.37), pytest.approx(0.3), pytest.approx(0.02))
     # on the stream the forward lasted 0.5 s, 0.3 s of it in the collective: 0.2 s of its own work
@@ -273,7 +284,8 @@ def test_unit_flush_has_one_layout_whatever_a_rank_contributed():
     assert timeline.event is None
     # a rank without an event still joins the collective with the same layout, and returns nothing to write
     assert timeline.flush(trainer, participants, "train") is None
-    assert len(trainer.reduced[-1]) == 2 and all(v != v for v in trainer.reduced[-1])
+    assert len(trainer.reduced[-1]) == 2
+    assert all(v != v for v in trainer.reduced[-1])
 
 
 def test_unit_a_finish_that_raises_disables_its_owner_only():
@@ -286,7 +298,8 @@ def test_unit_a_finish_that_raises_disables_its_owner_only():
     timeline.event.contribute(good, {"g": 5.0}, lambda sums: {"good": sums["g"]})
     event = timeline.flush(trainer, [good, bad], "train")
     assert event.metrics == {"good": 5.0}
-    assert "ZeroDivisionError" in bad.disabled and good.disabled is None
+    assert "ZeroDivisionError" in bad.disabled
+    assert good.disabled is None
 
 
 # -- instrument time is not the user's time ---------------------------------------------------------------
@@ -475,13 +488,15 @@ def test_input_bound_and_compute_bound_runs_on_a_driven_clock(tmp_path):
 
     acc, stalls = fit("slow", 0.03)  # 120 ms of loading per batch against 10 ms of compute
     assert all(v == pytest.approx(120 / 130) for v in _values(acc, "time/data_wait_fraction").values())
-    assert len(stalls) == 1 and "num_workers=0" in stalls[0]
+    assert len(stalls) == 1
+    assert "num_workers=0" in stalls[0]
     assert "num_workers=0" in text_values(acc, "time/advice")[0]
     acc, stalls = fit("fast", 0.0005)
     assert all(v == pytest.approx(2 / 12) for v in _values(acc, "time/data_wait_fraction").values())
     assert stalls == []
     step, compute, wait = (_values(acc, f"time/{k}") for k in ("step_ms", "compute_ms", "data_wait_ms"))
-    assert step and all(step[s] == pytest.approx(compute[s] + wait[s]) for s in step)
+    assert step
+    assert all(step[s] == pytest.approx(compute[s] + wait[s]) for s in step)
 
 
 def test_every_lit_compute_metric_of_an_event_shares_lightnings_step_number(tmp_path):
@@ -648,7 +663,8 @@ def test_ddp_ranks_with_different_shapes_never_hang_and_sum_their_tflops(tmp_pat
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     if mode == "ok":
-        assert sorted(summed) and set(summed) <= {1, 3, 5, 7, 9, 11}
+        assert sorted(summed)
+        assert set(summed) <= {1, 3, 5, 7, 9, 11}
         for step, value in summed.items():
             assert value == pytest.approx(ranks[0][str(step)] + ranks[1][str(step)], rel=1e-6)  # float32 events
         mfu = _values(acc, "compute/mfu")  # the sum over both devices against both devices' peaks (0.1 TFLOP/s each)
@@ -687,10 +703,10 @@ def test_a_run_that_raised_mid_validation_leaves_no_stale_interval(tmp_path):
         limit_val_batches=1,
         callbacks=[StepTimeMonitor(log_every_n_steps=1)],
     )
-    loaders = dict(
-        train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-        val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-    )
+    loaders = {
+        "train_dataloaders": DataLoader(TimedImages(clock, 0.001), batch_size=4),
+        "val_dataloaders": DataLoader(TimedImages(clock, 0.001), batch_size=4),
+    }
     with pytest.raises(RuntimeError, match="boom in validation"):
         trainer.fit(model, **loaders)
     model.fail = False
@@ -705,7 +721,8 @@ def test_a_run_that_raised_mid_validation_leaves_no_stale_interval(tmp_path):
     timeline_for(again).clock = clock
     again.fit(model, **loaders)
     wait = _values(read_events(again.logger.log_dir), "time/data_wait_ms")
-    assert wait and all(v == pytest.approx(4.0) for v in wait.values())
+    assert wait
+    assert all(v == pytest.approx(4.0) for v in wait.values())
     # the same trainer object fitted again resets its timeline too
     trainer.fit(model, **loaders)
     assert timeline_for(trainer)._stack == []
@@ -737,7 +754,8 @@ def test_writing_the_loggers_is_not_the_writing_ranks_work(tmp_path, monkeypatch
     trainer.fit(TimedNet(clock, compute_s=0.05), train_dataloaders=DataLoader(TimedImages(clock, 0.0005), batch_size=4))
     acc = read_events(trainer.logger.log_dir)
     wait = _values(acc, "time/data_wait_ms")
-    assert len(wait) >= 4 and all(v == pytest.approx(2.0) for v in wait.values())  # 4 items x 0.5 ms
+    assert len(wait) >= 4
+    assert all(v == pytest.approx(2.0) for v in wait.values())
     assert all(v == pytest.approx(52.0) for v in _values(acc, "time/step_ms").values())
     assert max(_values(acc, "time/instrument_ms").values()) >= 300.0
     assert "log_metrics" not in vars(trainer.logger)

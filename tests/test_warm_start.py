@@ -60,20 +60,23 @@ def test_a_forked_script_gets_its_arguments_directory_environment_session_and_ex
         "main": "__main__",
     }
     code, out = _run(starter, tmp_path, "0")  # the same helper again, one child after the other
-    assert code == 0 and json.loads(out.splitlines()[0])["argv"] == ["0"]
+    assert code == 0
+    assert json.loads(out.splitlines()[0])["argv"] == ["0"]
 
 
 def test_an_exception_prints_its_traceback_and_exits_1(starter, tmp_path):
     code, out = _run(starter, tmp_path, "99")
     assert code == 1
-    assert "Traceback" in out and "RuntimeError: boom in the child" in out
+    assert "Traceback" in out
+    assert "RuntimeError: boom in the child" in out
 
 
 def test_wait_times_out_like_popen_and_the_group_can_be_stopped(starter, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(SCRIPT))
     proc = starter.start([str(script), "77"], cwd=tmp_path)
-    assert isinstance(proc, WarmProcess) and proc.poll() is None
+    assert isinstance(proc, WarmProcess)
+    assert proc.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.5)
     with pytest.raises(OSError, match="one child at a time"):
@@ -90,7 +93,8 @@ def test_a_second_child_while_the_first_runs_is_a_new_interpreter(tmp_path):
     first = start_process([str(script), "77"], env=env, cwd=tmp_path, preload=())
     second = start_process([str(script), "5"], env=env, cwd=tmp_path, preload=())
     try:
-        assert isinstance(first, WarmProcess) and isinstance(second, subprocess.Popen)
+        assert isinstance(first, WarmProcess)
+        assert isinstance(second, subprocess.Popen)
         assert second.wait(timeout=60) == 5
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -102,7 +106,8 @@ def test_without_warm_start_it_is_a_new_interpreter(tmp_path, monkeypatch):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(SCRIPT))
     proc = start_process([str(script), "4"], cwd=tmp_path, preload=())
-    assert isinstance(proc, subprocess.Popen) and proc.args[0] == sys.executable
+    assert isinstance(proc, subprocess.Popen)
+    assert proc.args[0] == sys.executable
     assert proc.wait(timeout=60) == 4
 
 
@@ -114,6 +119,9 @@ def test_a_prestarted_helper_is_the_one_the_first_child_comes_from(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "prestarted")}
     warm_start.prestart(env, preload=())
     helper = warm_start._STARTERS[(env["PYTHONPATH"], ())]._proc
-    assert helper is not None and helper.poll() is None  # started, not waited for
+    assert helper is not None
+    assert helper.poll() is None
     proc = start_process([str(script), "2"], env=env, cwd=tmp_path, preload=())
-    assert isinstance(proc, WarmProcess) and proc.starter._proc is helper and proc.wait(timeout=60) == 2
+    assert isinstance(proc, WarmProcess)
+    assert proc.starter._proc is helper
+    assert proc.wait(timeout=60) == 2

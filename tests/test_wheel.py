@@ -70,7 +70,8 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
     console = venv / "bin" / "lit-compute"
     assert _run([str(console), "--version"], user, 60, env).strip() == f"lit-compute {version}"
     listed = _run([str(console), "init"], user, 60, env)
-    assert "quickstart" in listed and "gpt" in listed
+    assert "quickstart" in listed
+    assert "gpt" in listed
 
     _run(
         [

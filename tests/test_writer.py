@@ -56,10 +56,10 @@ def test_each_logging_event_is_exactly_one_log_metrics_call(tmp_path):
         logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
         callbacks=[FlopsLogger(peak_flops=1e11), StepTimeMonitor(), DeviceMonitor(gpu=False)],
     )
-    loaders = dict(
-        train_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-        val_dataloaders=DataLoader(TimedImages(clock, 0.001), batch_size=4),
-    )
+    loaders = {
+        "train_dataloaders": DataLoader(TimedImages(clock, 0.001), batch_size=4),
+        "val_dataloaders": DataLoader(TimedImages(clock, 0.001), batch_size=4),
+    }
     trainer.fit(TimedNet(clock, compute_s=0.01), **loaders)
     ours = [(step, m) for step, m in recording.calls if any(k.startswith(OUR_PREFIXES) for k in m)]
     by_step: dict[int, list[dict]] = {}
@@ -77,7 +77,8 @@ def test_each_logging_event_is_exactly_one_log_metrics_call(tmp_path):
         } <= set(train)
     # each validation run is one event too (its own call, at the step Lightning's self.log uses)
     val_calls = [(s, m) for s, m in ours if any(k.startswith("compute/val_") for k in m)]
-    assert [s for s, _ in val_calls] == [2, 5] and all(len(by_step[s]) == 1 + (s == 5) for s, _ in val_calls)
+    assert [s for s, _ in val_calls] == [2, 5]
+    assert all(len(by_step[s]) == 1 + (s == 5) for s, _ in val_calls)
     assert all(not any(k.startswith("compute/val_") for k in m) for s, m in ours if s not in (2, 5))
     # the only call outside an event: the forward GFLOPs per sample, once, at step 0
     assert by_step[0] == [
@@ -135,7 +136,9 @@ def test_the_run_info_table_renders_the_run_record():
     trainer = _stub_trainer([])
     text = run_info(trainer)
     table = read_key_value_table(text)
-    assert table["precision"] == "32-true" and table["device"] == "cpu" and table["world size"] == "1"
+    assert table["precision"] == "32-true"
+    assert table["device"] == "cpu"
+    assert table["world size"] == "1"
     # the table is the record for people: the 0.3.0 reader gets the same facts back from it
     record, back = run_record(trainer), from_legacy([text], [])
     for name in (
@@ -223,9 +226,10 @@ def test_deleting_the_log_folder_mid_run_does_not_kill_the_run(tmp_path):
     trainer, model = _only_lit_compute(
         tmp_path, [DeleteLogs(), FlopsLogger(peak="none"), DeviceMonitor(gpu=False)], max_steps=12
     )
-    with warnings.catch_warnings(record=True) as caught, pytest.raises(FileNotFoundError) as raised:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(model)
+        with pytest.raises(FileNotFoundError) as raised:
+            trainer.fit(model)
     # every step ran and lit_compute said what broke; what still raises is Lightning's own TensorBoardLogger
     # closing its event file at the end of fit (no lit_compute frame in the traceback)
     assert trainer.global_step == 12
@@ -253,7 +257,8 @@ def test_messages_during_training_print_above_a_rich_progress_bar_as_whole_lines
     trainer = make_trainer(tmp_path, enable_progress_bar=True, callbacks=[bar, FlopsLogger()])
     trainer.fit(tiny_model(), datamodule=tiny_data())
     (line,) = _flops_line(terminal.getvalue())
-    assert "GFLOPs per sample" in line and "GFLOPs per training batch (forward + backward, model FLOPs)" in line
+    assert "GFLOPs per sample" in line
+    assert "GFLOPs per training batch (forward + backward, model FLOPs)" in line
 
 
 def test_messages_during_training_go_through_tqdm_write(tmp_path, capsys):
@@ -264,7 +269,8 @@ def test_messages_during_training_go_through_tqdm_write(tmp_path, capsys):
     trainer = make_trainer(tmp_path, enable_progress_bar=True, callbacks=[TQDMProgressBar(), FlopsLogger()])
     trainer.fit(tiny_model(), datamodule=tiny_data())
     (line,) = _flops_line(capsys.readouterr().out)
-    assert line.startswith("FlopsLogger: forward") and line.endswith("(forward + backward, model FLOPs)")
+    assert line.startswith("FlopsLogger: forward")
+    assert line.endswith("(forward + backward, model FLOPs)")
 
 
 def _charts(log_dir) -> set[str]:
@@ -297,10 +303,12 @@ def test_a_chart_is_in_the_layout_once_it_can_draw_a_line(tmp_path):
     log_scalars(trainer, {"compute/mfu": 0.31, "compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.02}, step=10)
     log_scalars(trainer, {"compute/mfu": 0.32}, step=15)
     charts = _charts(log_dir)
-    assert "MFU and HFU (fraction of peak)" in charts and not {flops, val} & charts  # one point each: a dot
+    assert "MFU and HFU (fraction of peak)" in charts
+    assert not {flops, val} & charts
     log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.025}, step=20)
     charts = _charts(log_dir)
-    assert flops in charts and val not in charts
+    assert flops in charts
+    assert val not in charts
     log_scalars(trainer, {"compute/val_flops_per_step": 9e9, "compute/val_mfu": 0.021}, step=30)
     assert {flops, val} <= _charts(log_dir)
 
@@ -324,10 +332,10 @@ def test_flops_rate_charts_are_drawn_in_the_unit_that_fits_the_device(tmp_path, 
         logger=[TensorBoardLogger(str(tmp_path), name="tb"), recording],
         callbacks=[FlopsLogger(peak_flops=peak)],
     )  # a peak above what the driven clock makes it achieve
-    loaders = dict(
-        train_dataloaders=DataLoader(TimedImages(clock), batch_size=4),
-        val_dataloaders=DataLoader(TimedImages(clock, compute_s), batch_size=4),
-    )
+    loaders = {
+        "train_dataloaders": DataLoader(TimedImages(clock), batch_size=4),
+        "val_dataloaders": DataLoader(TimedImages(clock, compute_s), batch_size=4),
+    }
     trainer.fit(TimedNet(clock, compute_s=compute_s), **loaders)
     acc = read_events(trainer.loggers[0].log_dir)
     twins = {
@@ -337,7 +345,8 @@ def test_flops_rate_charts_are_drawn_in_the_unit_that_fits_the_device(tmp_path, 
         "compute/peak_gflops": "compute/peak_tflops",
     }
     charts = _charts(trainer.loggers[0].log_dir)
-    assert f"model {unit} (this device, all ranks)" in charts and f"validation {unit}" in charts
+    assert f"model {unit} (this device, all ranks)" in charts
+    assert f"validation {unit}" in charts
     assert f"peak {unit} used for MFU" in charts
     assert not [c for c in charts if "FLOP/s" in c and unit not in c]
     assert set(twins.values()) <= set(acc.Tags()["scalars"])  # the logged unit is unchanged
@@ -346,7 +355,8 @@ def test_flops_rate_charts_are_drawn_in_the_unit_that_fits_the_device(tmp_path, 
         return
     for twin, tag in twins.items():
         original = scalar_values(acc, tag)
-        assert [s for s, _ in scalar_values(acc, twin)] == [s for s, _ in original] and len(original) >= 2
+        assert [s for s, _ in scalar_values(acc, twin)] == [s for s, _ in original]
+        assert len(original) >= 2
         assert [v for _, v in scalar_values(acc, twin)] == pytest.approx([1000 * v for _, v in original], rel=1e-6)
     assert scalar_values(acc, "compute/peak_gflops")[-1][1] == pytest.approx(5e14 / 1e9)  # the peak too
     assert not [k for _, m in recording.calls for k in m if k in twins]  # CSV, Prometheus...: one tag per figure

@@ -66,10 +66,7 @@ def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[A
         others = [r.measured.get("other_cores") for r in mine if r.ok]
         busy = max((o for o in others if o is not None), default=None)
         failed = [r for r in mine if not r.ok]
-        if name == names[0]:
-            ratio = "1 (reference)" if rates else "n/a"
-        else:
-            ratio = _ratio_to(mine, first)
+        ratio = ("1 (reference)" if rates else "n/a") if name == names[0] else _ratio_to(mine, first)
         if fastest is None:
             to_fastest = "n/a"
         elif name == fastest:

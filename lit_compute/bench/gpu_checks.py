@@ -359,8 +359,8 @@ def memory_format(model: str) -> str:
 
 def check_whatif(tmp: str) -> str:
     """``lit-compute whatif``'s prediction for this GPU from the step counted on fake tensors (no GPU involved; the
-    default efficiencies, which were fitted on published V100 and A100 results, not on this chip) against the samples/s that a
-    Lightning run measures here at the same micro-batch and precision."""
+    default efficiencies, which were fitted on published V100 and A100 results, not on this chip) against the samples/s
+    that a Lightning run measures here at the same micro-batch and precision."""
     from lit_compute.bench.whatif_bench import traced_facts
     from lit_compute.hardware.chips import find_chip
     from lit_compute.hardware.this_machine import host_dispatch_seconds

@@ -41,12 +41,12 @@ def main(argv: list[str]) -> int:
     if not dali_available():
         parser.error("NVIDIA DALI is not installed, so there is nothing to compare: pip install 'lit-compute[dali]'")
     cores = args.workers or available_cpu_cores()
-    common = dict(
-        data_dir=args.data_dir,
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        synthetic_images_per_class=args.images_per_class,
-    )
+    common = {
+        "data_dir": args.data_dir,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "synthetic_images_per_class": args.images_per_class,
+    }
     loaders: dict[str, tuple[Any, torch.device | None]] = {}
     tv = TorchvisionImageDataModule(num_workers=cores, persistent_workers=True, **common)
     tv.setup("fit")

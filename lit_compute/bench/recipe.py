@@ -71,12 +71,12 @@ def run_row(row: dict[str, Any], args: argparse.Namespace, log_dir: Path) -> dic
     from lit_compute.distributed import TunedDDPStrategy
 
     pl.seed_everything(0, verbose=False)
-    common = dict(
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        min_crop_scale=0.35,
-        synthetic_images_per_class=args.images_per_class,
-    )
+    common = {
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "min_crop_scale": 0.35,
+        "synthetic_images_per_class": args.images_per_class,
+    }
     if row["dali"]:
         data: pl.LightningDataModule = DALIImageDataModule(channels_last=row["channels_last"], **common)
     else:

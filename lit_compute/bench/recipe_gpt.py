@@ -4,9 +4,9 @@ Rows are cumulative: each adds one change to the row above: float32 on variable-
 batch (the baseline), then FP32BatchNormPrecision bf16-mixed (norms in float32), then packing documents into
 fixed-length rows instead of padding. Measured too and left out of the default rows, since none helped on 2 CPU
 cores: twice the tokens per batch, a fused AdamW (both within the noise), and ``torch.compile`` of the blocks
-(slower there; ``--compile`` adds that row, its compilation in the untimed first steps). Every row runs StepTimeMonitor and FlopsLogger (``peak="measure"``, the GEMM
-peak of the row's dtype) and writes TensorBoard logs under ``--log-dir``. Tokens per second count real
-(non-padding) tokens over the timed steps; MFU is FlopsLogger's, from model FLOPs.
+(slower there; ``--compile`` adds that row, its compilation in the untimed first steps). Every row runs StepTimeMonitor
+and FlopsLogger (``peak="measure"``, the GEMM peak of the row's dtype) and writes TensorBoard logs under ``--log-dir``.
+Tokens per second count real (non-padding) tokens over the timed steps; MFU is FlopsLogger's, from model FLOPs.
 """
 
 from __future__ import annotations

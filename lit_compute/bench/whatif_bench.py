@@ -787,13 +787,14 @@ def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
     waits = 100 * (base.wait_s or 0.0) / (base.step_s or 1.0)
     for size in sizes[1:]:
         measured = _median_run(runs[size])
+        step_times = sorted(r.step_s for r in runs[size])
         p = predict(base, Scenario(chip, "32-true", size), cal)
         rows.append(
             [
                 f"a linear probe on 224 px images, loader in the process (waits {waits:.0f}"
                 f"% of the step at micro-batch 8)",
                 f"calibrated on micro-batch 8, {loader}; predicts micro-batch "
-                f"{size} on this CPU (measured runs: {', '.join(f'{r.step_s * 1e3:.0f}' for r in sorted(runs[size], key=lambda r: r.step_s))} ms)",
+                f"{size} on this CPU (measured runs: {', '.join(f'{s * 1e3:.0f}' for s in step_times)} ms)",
                 f"{p.step_time_s * 1e3:.1f}",
                 f"{measured.step_s * 1e3:.1f}",
                 _error(p.step_time_s, measured.step_s),

@@ -19,7 +19,7 @@ from lit_compute.data.torchvision_datamodule import IMAGENET_MEAN, IMAGENET_STD,
 
 def _import_dali() -> Any:
     try:
-        import nvidia.dali as dali  # noqa: F401
+        import nvidia.dali as dali  # noqa: F401 - the package's absence is what this import finds out
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except ImportError as err:

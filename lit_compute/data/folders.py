@@ -198,7 +198,7 @@ def first_undecodable(paths: list[str], limit: int = 5) -> list[str]:
         try:
             with Image.open(path) as img:
                 img.load()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - any decoder error marks the file unreadable, named
             bad.append(f"{path} ({type(err).__name__}: {err})")
             if len(bad) >= limit:
                 break

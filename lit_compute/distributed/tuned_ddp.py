@@ -302,7 +302,7 @@ class TunedDDPStrategy(DDPStrategy):
         if backend == "nccl" and torch.cuda.is_available():
             try:
                 nccl_version = ".".join(str(v) for v in torch.cuda.nccl.version())
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a version for the record only: unknown is fine
                 nccl_version = None
         bucket = getattr(self.model, "bucket_bytes_cap", None)
         config: dict[str, Any] = {

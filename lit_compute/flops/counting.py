@@ -88,7 +88,8 @@ def op_class(name: str, optimizer: bool = False) -> str:
 
 
 def _op_name(name: str) -> str:
-    """An op's name without namespace and overload: ``aten.convolution_backward.default`` -> ``convolution_backward``."""
+    """An op's name without namespace and overload:
+    ``aten.convolution_backward.default`` -> ``convolution_backward``."""
     return name.split("::")[-1].split(".")[-2 if name.count(".") >= 2 else -1]
 
 
@@ -521,7 +522,7 @@ if _InnerMode is not None:
             self.counter._overload = func  # its schema tells a view (no bytes moved) from a copy
             try:
                 return super().__torch_dispatch__(func, types, args, kwargs)
-            except Exception as err:  # noqa: BLE001 - the counting path must not break the user's step
+            except Exception as err:  # the counting path must not break the user's step
                 if not isinstance(func, torch._ops.OpOverload):
                     raise
                 out = func(*args, **kwargs)  # raises the op's own error if the op itself fails
@@ -675,12 +676,10 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 10:
         seen += 1
-        inner = getattr(model, "_orig_mod", None)
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper
+        if not isinstance(inner, nn.Module) and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+            inner = getattr(model, "module", None)
         if isinstance(inner, nn.Module):
-            model = inner
-        elif type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
-            inner := getattr(model, "module", None), nn.Module
-        ):
             model = inner
         else:
             break

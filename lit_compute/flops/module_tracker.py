@@ -67,7 +67,7 @@ class HooklessModuleTracker(ModuleTracker):
                 if self._stack[i] == name:
                     del self._stack[i]
                     break
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a module hook must never break the user's forward
             pass
 
     def __exit__(self, *args: Any) -> None:

@@ -1,7 +1,7 @@
 """The hardware room: every chip and link (:mod:`~lit_compute.hardware.chips`), precision strings and the TF32 rules
 (:mod:`~lit_compute.hardware.dtypes`), measuring a device (:mod:`~lit_compute.hardware.measure`) and this machine,
-measured once and cached (:mod:`~lit_compute.hardware.this_machine`: its ``this_machine()``). Below every component: it imports nothing of
-lit_compute but the ground floor."""
+measured once and cached (:mod:`~lit_compute.hardware.this_machine`: its ``this_machine()``). Below every component: it
+imports nothing of lit_compute but the ground floor."""
 
 from lit_compute.hardware.chips import (
     CHIPS,

@@ -114,7 +114,7 @@ class StorageTracker(TorchDispatchMode):
             return record
         record = len(self._records)
         self._records.append([int(st.nbytes()), self._phase, None])
-        try:
+        try:  # noqa: SIM105 - once per saved tensor: a try is free, a context manager is not
             self._records[record][2] = weakref.ref(st, functools.partial(self._on_freed, key, record))
         except TypeError:  # not weak-referenceable: counted as live until the end
             pass
@@ -144,7 +144,8 @@ class StorageTracker(TorchDispatchMode):
                     self._note(st, part)
 
     def register_bytes(self, nbytes: int, part: str) -> None:
-        """Count ``nbytes`` that no tensor of the step shows (DDP's gradient buckets) in ``part``, live from the start."""
+        """Count ``nbytes`` that no tensor of the step shows (DDP's gradient buckets) in ``part``, live from the
+        start."""
         if nbytes > 0:
             record = len(self._records)
             self._records.append([int(nbytes), self._phase, None])

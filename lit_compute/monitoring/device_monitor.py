@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -50,7 +51,7 @@ class _GpuReader:
         nvml, h = self.nvml, self.handle
         util = nvml.nvmlDeviceGetUtilizationRates(h)
         mem = nvml.nvmlDeviceGetMemoryInfo(h)
-        out = {
+        return {
             "device/gpu_utilization_percent": float(util.gpu),
             "device/gpu_memory_used_gb": mem.used / 1e9,
             "device/gpu_memory_total_gb": mem.total / 1e9,
@@ -59,13 +60,10 @@ class _GpuReader:
             "device/gpu_sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
             "device/torch_max_memory_allocated_gb": torch.cuda.max_memory_allocated(self.device) / 1e9,
         }
-        return out
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class DeviceMonitor(MeasuringCallback):

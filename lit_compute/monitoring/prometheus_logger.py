@@ -24,7 +24,8 @@ _RESERVED = ("step", "up", "scrape_duration_seconds")
 
 
 def prometheus_name(key: str, prefix: str = "lit_compute") -> str:
-    """A metric key as a valid Prometheus metric name: ``compute/tflops_per_sec`` -> ``lit_compute_compute_tflops_per_sec``."""
+    """A metric key as a valid Prometheus metric name:
+    ``compute/tflops_per_sec`` -> ``lit_compute_compute_tflops_per_sec``."""
     name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
     name = re.sub(r"_+", "_", name).strip("_")
     full = f"{prefix}_{name}" if prefix else name

@@ -7,9 +7,9 @@ under :class:`~lit_compute.memory.StorageTracker`: the same tracker :class:`~lit
 real step, so the prediction has the same parts. What no tensor holds is added: each convolution's workspace,
 measured once per shape on the device (:mod:`lit_compute.memory.workspaces`), and on CUDA the caching allocator's
 rounding, blocks and segments, replayed through its model after the cuBLAS workspaces it keeps
-(:mod:`lit_compute.memory.caching_allocator`): the allocated and the reserved peak. The step is traced twice (the first creates the optimizer's state,
-as a real run's first step does) and the larger peak is the prediction. Per rank: under DDP its gradient buckets
-are added (every rank holds the whole model).
+(:mod:`lit_compute.memory.caching_allocator`): the allocated and the reserved peak. The step is traced twice (the first
+creates the optimizer's state, as a real run's first step does) and the larger peak is the prediction. Per rank: under
+DDP its gradient buckets are added (every rank holds the whole model).
 
 The largest micro-batch that fits ``--memory`` (or the ``--device``'s capacity) is found by tracing: peak memory
 grows linearly with the micro-batch, so two traces give the line, and the sizes around its crossing are traced to
@@ -370,8 +370,8 @@ def trace_step(
     caching_allocator: int | None = None,
 ) -> MemoryBreakdown:
     """Run one training step of ``model`` on ``batch`` as Lightning's automatic optimization does (``training_step``,
-    ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`; the
-    step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
+    ``zero_grad``, backward, every optimizer's step) under the precision plugin's context and a :class:`StorageTracker`;
+    the step's peak and its parts. Manual optimization runs as the module wrote it (``manual_backward`` is a plain
     backward, ``optimizers()`` the built optimizers). The batch counts as ``other`` (it is in memory through the step);
     ``workspaces`` adds what kernels allocate for themselves (:class:`~lit_compute.memory.workspaces.KernelWorkspaces`).
     ``caching_allocator`` (a CUDA device: the bytes of cuBLAS workspaces it keeps) replays the step through the model
@@ -528,7 +528,8 @@ def estimate(
     Args:
         config: A ``lit-compute fit`` YAML.
         micro_batches: Sizes to predict (default: the config's batch size, half and twice it).
-        device: A device name of :data:`~lit_compute.hardware.CHIPS` (a table key or a device name) whose capacity to fit into.
+        device: A device name of :data:`~lit_compute.hardware.CHIPS` (a table key or a device name) whose capacity to
+            fit into.
         memory: A capacity (``"80GB"``, ``"24GiB"`` or bytes); overrides ``device``.
         overrides: More ``lit-compute fit`` arguments (``--trainer.precision=bf16-mixed``).
         checkpoint_advice: Name the blocks to recompute when a size does not fit.

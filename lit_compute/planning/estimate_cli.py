@@ -98,7 +98,8 @@ def main(argv: list[str]) -> int:
     where.add_argument(
         "--device",
         default=None,
-        help="a device whose memory to fit into: a table key (h100-sxm, a100, l4, ...) or a device name ('NVIDIA H200')",
+        help="a device whose memory to fit into: a table key (h100-sxm, a100, l4, ...) or a device name "
+        "('NVIDIA H200')",
     )
     where.add_argument("--memory", default=None, help="the memory to fit into: 80GB, 24GiB, 512MB")
     parser.add_argument(

@@ -192,11 +192,12 @@ def _kept_key(config: Path, batch_size: int) -> dict[str, Any]:
 def kept_loader_cost(
     run_dir: str | Path, batch_size: int, timer: Callable[[Path, int], LoaderCost] | None = None
 ) -> tuple[LoaderCost, str]:
-    """``(cost, note)``: the run's loader timed apart (:func:`loader_cost`) once and kept in ``run_dir/loader_cost.json``,
-    then read back while the run's config, the batch size, this CPU and torch are the ones it was timed with (timed
-    again when any differs, or the file is unreadable). A loader of a few milliseconds a batch moves by the machine's
-    noise from one timing to the next; kept, every ``whatif`` of the run prices the same input. A folder that cannot
-    be written keeps nothing (the note says so). ``timer``: what times it (default :func:`loader_cost`)."""
+    """``(cost, note)``: the run's loader timed apart (:func:`loader_cost`) once and kept in
+    ``run_dir/loader_cost.json``, then read back while the run's config, the batch size, this CPU and torch are the ones
+    it was timed with (timed again when any differs, or the file is unreadable). A loader of a few milliseconds a batch
+    moves by the machine's noise from one timing to the next; kept, every ``whatif`` of the run prices the same input. A
+    folder that cannot be written keeps nothing (the note says so). ``timer``: what times it (default
+    :func:`loader_cost`)."""
     run_dir = Path(run_dir)
     config, kept = run_dir / "config.yaml", run_dir / KEPT_FILE
     if not config.is_file():

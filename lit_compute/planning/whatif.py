@@ -293,9 +293,9 @@ def read_run(path: str | Path) -> RunFacts:
         raise WhatifError(str(err).replace("lit-compute report: ", "")) from None
     notes = list(run.notes)
     if len(runs) > 1:
+        last = runs[-1].relative_to(folder) if runs[-1] != folder else runs[-1]
         notes.append(
-            f"{folder} holds {len(runs)} runs: priced the last, {runs[-1].relative_to(folder) if runs[-1] != folder else runs[-1]} "
-            "(name a version folder to price another)"
+            f"{folder} holds {len(runs)} runs: priced the last, {last} (name a version folder to price another)"
         )
     record = run.record
     table = record.op_classes if record is not None else None

@@ -1,6 +1,7 @@
 """``lit-compute whatif RUN | --config C [--hardware h100-sxm,a100,this] [--precision bf16-mixed] [--micro-batch 256]
 [--nodes 1,8,64] [--devices-per-node 8] [--network 25gbps,100gbps] [--prices FILE] [--hardware-file FILE]
-[--calibration RUN] [--host-dispatch-us US] [--json]``: the run's step on other hardware, node counts and networks (lit_compute.whatif)."""
+[--calibration RUN] [--host-dispatch-us US] [--json]``: the run's step on other hardware, node counts and networks
+(lit_compute.whatif)."""
 
 from __future__ import annotations
 
@@ -99,9 +100,12 @@ def sweep(
                         f"{chip.name} is the hardware {source.path.name} ran on: calibrated on its measured "
                         f"step ({cal.source})"
                     )
-                elif chip.kind != "cpu" and chip == CHIPS.get(chip.name):  # the table's row, not a --hardware-file one
-                    if checked := checked_on(chip.name, precision):
-                        row.notes.append(checked)
+                elif (
+                    chip.kind != "cpu"
+                    and chip == CHIPS.get(chip.name)  # the table's row, not a --hardware-file one
+                    and (checked := checked_on(chip.name, precision))
+                ):
+                    row.notes.append(checked)
                 rows.append(row)
     return rows
 

@@ -98,7 +98,8 @@ def bf16_is_fast_here(device: str) -> tuple[bool, str]:
 
 
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
-    """True for every ``_BatchNorm`` (BatchNorm1d/2d/3d, SyncBatchNorm) and classes whose name contains one of ``names``."""
+    """True for every ``_BatchNorm`` (BatchNorm1d/2d/3d, SyncBatchNorm) and classes whose name contains one of
+    ``names``."""
     if isinstance(module, _BatchNorm):
         return True
     return any(name in cls.__name__ for cls in type(module).__mro__ for name in names)
@@ -307,8 +308,8 @@ class FP32BatchNormPrecision(MixedPrecision):
         self._asked = value
 
     def _pick_for_the_hardware(self) -> None:
-        """``slow_bf16='float32'``: bf16 where it is fast on this run's device (before Lightning connects the plugin: the
-        device this process would train on), float32 where not; said in one line."""
+        """``slow_bf16='float32'``: bf16 where it is fast on this run's device (before Lightning connects the plugin:
+        the device this process would train on), float32 where not; said in one line."""
         device = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         fast, why = bf16_is_fast_here(device)
         self.float32, self._picked_for = not fast, device

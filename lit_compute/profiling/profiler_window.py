@@ -73,7 +73,8 @@ class ProfilerWindow(MeasuringCallback):
         - ``profiler/export_ms``: how long writing the window's trace and tables took (instrument time).
         - ``profiler/window_first_step``: the window's first step, logged at its last (what the report draws).
         - ``profiler/step_time_ms``: mean duration of the window's ``ProfilerStep#N`` ranges.
-        - ``profiler/dataloader_fraction``: share of the window spent in ``enumerate(DataLoader)`` (waiting for batches).
+        - ``profiler/dataloader_fraction``: share of the window spent in ``enumerate(DataLoader)`` (waiting for
+          batches).
         - ``profiler/top_op_fraction``: share of all op self time taken by the most expensive op.
         - ``profiler/peak_memory_mb``: peak allocated memory in the window (``profile_memory=True``).
         - ``profiler/gpu_idle_fraction``: GPU only; window span minus merged kernel time, as a share.
@@ -362,7 +363,8 @@ class ProfilerWindow(MeasuringCallback):
             scalars["profiler/top_op_fraction"] = top_fraction
         header = (
             f"Window {index}: steps {first}-{last}, trace `{trace_path.name}` in `{out}`. "
-            f"Mean step {summary.step_time_ms or 0:.2f} ms, data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n"
+            f"Mean step {summary.step_time_ms or 0:.2f} ms, "
+            f"data loader {100 * (summary.dataloader_fraction or 0):.1f}%.\n\n"
         )
         log_text(
             trainer,

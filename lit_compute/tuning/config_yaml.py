@@ -217,10 +217,7 @@ def _emit(
             else []
         ):
             lines.append(f"{comment_pad}# {text}" if text else f"{comment_pad}#")
-        if isinstance(value, dict):
-            head = f"{pad}{_scalar(key)}:"
-        else:
-            head = f"{pad}-"
+        head = f"{pad}{_scalar(key)}:" if isinstance(value, dict) else f"{pad}-"
         if n == 0 and first_prefix is not None:  # a mapping that is a list item: its first key on the dash line
             head = first_prefix + head.lstrip()
         if isinstance(item, (dict, list)) and item:

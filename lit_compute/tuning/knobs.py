@@ -136,12 +136,8 @@ def _ddp_edit(**settings: Any) -> Callable[[dict[str, Any], Any], None]:
         trainer = section(config, "trainer")
         strategy = trainer.get("strategy")
         start = {"ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}.get(str(strategy), "popen")
-        if isinstance(strategy, dict) and short(class_name(strategy)) == "TunedDDPStrategy":
-            init_args = dict(strategy.get("init_args") or {})
-        elif isinstance(strategy, dict):  # DDPStrategy's arguments carry over (same names)
-            init_args = dict(strategy.get("init_args") or {})
-        else:
-            init_args = {"start_method": start}
+        # TunedDDPStrategy's own arguments, or DDPStrategy's (the same names), carry over
+        init_args = dict(strategy.get("init_args") or {}) if isinstance(strategy, dict) else {"start_method": start}
         init_args.update({k: (value if v is None else v) for k, v in settings.items()})
         trainer["strategy"] = {"class_path": "lit_compute.TunedDDPStrategy", "init_args": init_args}
 

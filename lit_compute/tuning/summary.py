@@ -288,8 +288,9 @@ def _final_line(outcome: Outcome) -> str:
         else "against the search's first baseline run (no side-by-side baseline run finished: not side by side)"
     )
     if tuned_rate <= base_rate:
+        knobs = ", ".join(f"{k}={v}" for k, v in outcome.settings.items())
         return (
-            f"No faster configuration found: the accepted knobs ({', '.join(f'{k}={v}' for k, v in outcome.settings.items())}) "
+            f"No faster configuration found: the accepted knobs ({knobs}) "
             f"measured {tuned_rate / base_rate:.2f}x {how}; your config stands ({rate_text(base_rate)} {unit} per "
             f"device, {devices} device(s))."
         )

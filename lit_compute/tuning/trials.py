@@ -99,7 +99,8 @@ def trial_config(
     """The trial's config: the user's (with the knob values) plus what a measurement needs: one TensorBoard logger
     under ``log_dir``, no checkpoints, no validation but Lightning's sanity check, no progress bar (the model
     summary stays as configured), a fixed seed, the recorder callback (and a
-    FlopsLogger against the machine's cached peak, for MFU, when the config has none). Training length is the recorder's to decide."""
+    FlopsLogger against the machine's cached peak, for MFU, when the config has none). Training length is the recorder's
+    to decide."""
     c = copy.deepcopy(config)
     seed = c.get("seed_everything")
     c["seed_everything"] = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0

@@ -324,8 +324,8 @@ class _Tuner:
         return result
 
     def machine(self, device: str) -> Machine:
-        """What this machine answered (``measure_machine``: the hardware room's cached peaks and bf16 answer), kept in the
-        journal's folder once per journal so a resumed or replayed tune finds the same knobs."""
+        """What this machine answered (``measure_machine``: the hardware room's cached peaks and bf16 answer), kept in
+        the journal's folder once per journal so a resumed or replayed tune finds the same knobs."""
         path = self.log_dir / "machine.json"
         if path.is_file() and self.journal.results:
             data = json.loads(path.read_text())

@@ -128,14 +128,17 @@ def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, cap
     out = capsys.readouterr().out
     rows = _rows(out)[1:]
     assert [r[0].split(":")[0].split(" (")[0] for r in rows][:2] == ["baseline", "+ DataLoader workers"]
-    assert len(rows) == 5 and rows[-1][0].startswith("+ DALIImageDataModule")
+    assert len(rows) == 5
+    assert rows[-1][0].startswith("+ DALIImageDataModule")
     base = float(rows[0][1].replace(",", ""))
     for row in rows:  # 4 significant digits at any speed: the ratios hold on a slow or busy machine too
         sps, ratio = float(row[1].replace(",", "")), float(row[5].rstrip("x"))
         assert ratio == pytest.approx(sps / base, abs=0.01)
         assert float(row[2].replace(",", "")) == pytest.approx(1e3 / sps, rel=0.01)
     runs = sorted(p.parts[-3] for p in (tmp_path / "logs").glob("*/version_0/events.out.tfevents.*"))
-    assert len(runs) == 5 and runs[0] == "0_baseline" and runs[-1] == "4_dali_optimised"
+    assert len(runs) == 5
+    assert runs[0] == "0_baseline"
+    assert runs[-1] == "4_dali_optimised"
     assert re.search(r"optimised / baseline samples per second: [0-9.]+x", out)
 
 
@@ -173,7 +176,8 @@ def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvisi
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "NVIDIA DALI is not installed" in err and "--no-dali" in err
+    assert "NVIDIA DALI is not installed" in err
+    assert "--no-dali" in err
     assert not (tmp_path / "logs").exists()  # nothing trained
     # --no-dali: the same rows, the last on the torchvision loader (the rows' runs are the test above's, which trains
     # rows 0-3 on that loader and the DALI row)
@@ -181,7 +185,8 @@ def test_recipe_without_dali_says_so_before_training_and_no_dali_keeps_torchvisi
 
     args = argparse.Namespace(no_dali=True, devices=1)
     names = [(row["slug"], row["name"], row["dali"]) for row in recipe.rows_for(args, "cpu")]
-    assert len(names) == 5 and names[-1][:2] == ("4_optimised", "+ FlopsLogger on (optimised, torchvision loader)")
+    assert len(names) == 5
+    assert names[-1][:2] == ("4_optimised", "+ FlopsLogger on (optimised, torchvision loader)")
     assert not any(dali for _, _, dali in names)
 
 
@@ -219,7 +224,8 @@ def test_gpt_recipe_rows_are_computed_from_measured_tokens_and_times(tmp_path, c
     assert all(t > 0 for t in tokens)
     for t, ratio in zip(tokens, ratios):
         assert ratio == pytest.approx(t / tokens[0], abs=0.01)
-    assert body[0][4] != "0.0%" and body[2][4] == "0.0%"  # padded rows pad, packed rows do not
+    assert body[0][4] != "0.0%"
+    assert body[2][4] == "0.0%"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r["slug"] for r in recipe_gpt.rows_for("cpu"))
 
 
@@ -232,7 +238,8 @@ def test_markdown_writes_what_the_bench_printed_under_the_figure_header(tmp_path
     assert re.match(r"<!-- written by `lit-compute bench flops --models resnet18 --plain-on meta` at commit \S+", first)
     assert re.search(r"on \d{4}-\d\d-\d\d \d\d:\d\d UTC; machine: .+ torch threads", first)
     table = [line for line in out.splitlines() if line.startswith("|")]
-    assert table and all(line in text for line in table)  # the table as printed
+    assert table
+    assert all(line in text for line in table)
     assert f"written: {figure}" in out
 
 
@@ -286,9 +293,11 @@ def test_bench_configs_alternates_the_order_and_pairs_each_round(tmp_path, capsy
     assert ran == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
     rows = {r[0]: r for r in _rows(capsys.readouterr().out)}
     assert rows["b"][3] == "2.00x, 95% interval 2.00-2.00x over 2 pair(s)"
-    assert rows["a"][3] == "1 (reference)" and rows["a"][5] == "0.50"
+    assert rows["a"][3] == "1 (reference)"
+    assert rows["a"][5] == "0.50"
     # #51 item 5: each config against the fastest as well as against the first
-    assert rows["b"][4] == "1 (fastest)" and rows["a"][4] == "0.50x, 95% interval 0.50-0.50x over 2 pair(s)"
+    assert rows["b"][4] == "1 (fastest)"
+    assert rows["a"][4] == "0.50x, 95% interval 0.50-0.50x over 2 pair(s)"
 
 
 def test_bench_configs_names_a_config_it_cannot_read(tmp_path, capsys):
@@ -296,7 +305,8 @@ def test_bench_configs_names_a_config_it_cannot_read(tmp_path, capsys):
         main(["bench", "configs", str(tmp_path / "missing.yaml"), "quickstart"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "missing.yaml" in err and "no such file" in err
+    assert "missing.yaml" in err
+    assert "no such file" in err
 
 
 def test_bench_configs_refuses_a_negative_warm_up_before_starting_a_run(tmp_path, capsys):
@@ -387,7 +397,8 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
         for r in every
         if r["model"] in ("resnet50", "gpt") and r["chip"] != "h200-sxm" or (r["model"], r["batch"]) == ("gpt", 16)
     ]
-    assert len({r["set"] for r in chosen}) == 2 and len(chosen) < len(every)
+    assert len({r["set"] for r in chosen}) == 2
+    assert len(chosen) < len(every)
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: chosen)
     out, errors = tmp_path / "whatif.md", tmp_path / "errors.json"
     assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out), "--errors", str(errors)]) == 0
@@ -397,8 +408,10 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     committed = (Path(__file__).resolve().parents[2] / "docs" / "figures" / "whatif_gpu.md").read_text()
     rows, kept = _table_rows(written, title), _table_rows(committed, title)
     assert rows[0] == kept[0] == ["set", "workload", "source", "predicted", "published", "error"]
-    assert len(rows) - 1 == len(chosen) and all(row in kept for row in rows[1:])
-    assert len(kept) - 1 == len(every) >= 20 and {r[0] for r in kept[1:]} == {"fit", "check"}
+    assert len(rows) - 1 == len(chosen)
+    assert all(row in kept for row in rows[1:])
+    assert len(kept) - 1 == len(every) >= 20
+    assert {r[0] for r in kept[1:]} == {"fit", "check"}
     # --errors: the check rows, as the table has them (what whatif quotes beside a prediction on their chips)
     kept_errors = json.loads(errors.read_text())
     assert kept_errors["command"] == f"lit-compute bench whatif --only gpu --errors {errors}"
@@ -407,12 +420,14 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     hopper = sum(
         r["set"] == "check" and r["chip"].startswith(("h100", "h200")) and "16" in r["precision"] for r in chosen
     )
-    assert f"Hopper at 16 bits: {hopper} row(s)" in by_generation and "Volta at 16 bits: 1 row(s)" in by_generation
+    assert f"Hopper at 16 bits: {hopper} row(s)" in by_generation
+    assert "Volta at 16 bits: 1 row(s)" in by_generation
     assert "- **check set by generation**" in committed
     # the chosen rows hold every check row that convolved channels-first at 16 bits (Lambda's ResNet-50 runs): the
     # transposes' worth, priced and left out, is the committed file's line
     (line,) = [x for x in written.splitlines() if "convolving channels-first at 16 bits" in x]
-    assert line in committed and "with cuDNN's transposes priced" in line
+    assert line in committed
+    assert "with cuDNN's transposes priced" in line
 
 
 @pytest.mark.slow
@@ -441,9 +456,11 @@ def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
         # the error is the prediction's against the measured peak (from the bytes: the MB shown are rounded)
         assert float(error[:-1]) == pytest.approx(100 * (float(predicted) / float(measured) - 1), abs=0.2)
         assert abs(float(error[:-1])) <= 10
-        assert float(timeline.split()[0]) > 0 and float(monitor) > 0
+        assert float(timeline.split()[0]) > 0
+        assert float(monitor) > 0
     assert float(rows[0][3]) < float(rows[1][3])  # more samples, more memory, measured
-    assert "Largest error against the allocator: " in text and "over 2 predictions." in text
+    assert "Largest error against the allocator: " in text
+    assert "over 2 predictions." in text
 
 
 def test_published_gpu_results_span_three_generations_and_the_check_set_never_sets_a_default(monkeypatch):
@@ -455,7 +472,8 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     from lit_compute.planning.whatif import RunFacts
 
     rows = whatif_bench.published_rows()
-    assert len(rows) >= 20 and {r["set"] for r in rows} == {"fit", "check"}
+    assert len(rows) >= 20
+    assert {r["set"] for r in rows} == {"fit", "check"}
     assert all(r["source"] and r["samples_per_s"] > 0 and r["batch"] > 0 for r in rows)
     generations = {
         "v100": "Volta",
@@ -487,7 +505,8 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     base = [{**r, "samples_per_s": r["samples_per_s"] / 10} for r in rows]
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: base)
     first = whatif_bench.fit_defaults()
-    assert 0.05 < first["tensor"] < 1.0 and 0.05 < first["conv_tensor"] < 1.0
+    assert 0.05 < first["tensor"] < 1.0
+    assert 0.05 < first["conv_tensor"] < 1.0
     moved = [{**r, "samples_per_s": r["samples_per_s"] * 10} if r["set"] == "check" else r for r in base]
     monkeypatch.setattr(whatif_bench, "published_rows", lambda: moved)
     assert whatif_bench.fit_defaults() == first
@@ -656,4 +675,5 @@ def test_the_setup_probe_measures_inside_the_training_process_once(tmp_path, mon
     make_trainer(tmp_path, max_steps=3, callbacks=[SetupProbe(str(path), step=2)]).fit(
         tiny_model(), datamodule=tiny_data()
     )
-    assert json.loads(path.read_text()) == [7e-10, True] and len(calls) == 1
+    assert json.loads(path.read_text()) == [7e-10, True]
+    assert len(calls) == 1

@@ -45,7 +45,8 @@ if __name__ == "__main__":
 def test_two_processes_fill_the_same_cold_caches_at_once(tmp_path):
     result = run_script(tmp_path, RACE, str(tmp_path / "cache"), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "CODES [0, 0]" in result.stdout and "SAME True" in result.stdout, result.stdout[-3000:]
+    assert "CODES [0, 0]" in result.stdout, result.stdout[-3000:]
+    assert "SAME True" in result.stdout, result.stdout[-3000:]
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.name.startswith(".tmp") or p.suffix == ".tmp"]
     assert leftovers == []
     assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "tokens").iterdir()] == ["stdlib"]  # no temporary

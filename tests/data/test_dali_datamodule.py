@@ -7,7 +7,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
-import nvidia.dali  # noqa: E402,F401 - part of the test install (.[all,dev]): a missing DALI fails, never skips
+import nvidia.dali  # noqa: F401 - part of the test install (.[all,dev]): a missing DALI fails, never skips
 import pytest
 import torch
 from PIL import Image
@@ -19,12 +19,11 @@ from ..conftest import TINY_DATA, SpawnDDP, make_trainer, tiny_model
 
 pytestmark = pytest.mark.dali
 
-SMALL = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_images_per_class=8)
+SMALL = {"batch_size": 8, "image_size": 32, "synthetic_num_classes": 4, "synthetic_images_per_class": 8}
 
 
 def _dm(**kwargs) -> DALIImageDataModule:
-    dm = DALIImageDataModule(**{**SMALL, **kwargs})
-    return dm
+    return DALIImageDataModule(**{**SMALL, **kwargs})
 
 
 def test_batches_match_the_torchvision_datamodule():
@@ -34,9 +33,12 @@ def test_batches_match_the_torchvision_datamodule():
     for split in ("train_dataloader", "val_dataloader"):
         xd, yd = next(iter(getattr(dali, split)()))
         xt, yt = next(iter(getattr(tv, split)()))
-        assert xd.shape == xt.shape and xd.dtype == xt.dtype and yd.dtype == yt.dtype == torch.int64
+        assert xd.shape == xt.shape
+        assert xd.dtype == xt.dtype
+        assert yd.dtype == yt.dtype == torch.int64
         assert abs(float(xd.mean()) - float(xt.mean())) < 0.5  # same normalisation
-        assert -2.2 < float(xd.min()) and float(xd.max()) < 2.7
+        assert float(xd.min()) > -2.2
+        assert float(xd.max()) < 2.7
     assert dali.classes == tv.classes
     labels = {int(v) for _, y in dali.train_dataloader() for v in y}
     assert labels == {0, 1, 2, 3}
@@ -84,7 +86,8 @@ def test_limited_epochs_start_fresh_shuffled_passes(tmp_path):
         tmp_path, max_epochs=3, max_steps=-1, limit_train_batches=3, callbacks=[Record()], limit_val_batches=0
     )
     trainer.fit(Model(num_classes=4), datamodule=dm)
-    assert len(seen) == 3 and all(len(s) == 24 and len(set(s)) == 24 for s in seen)
+    assert len(seen) == 3
+    assert all(len(s) == 24 and len(set(s)) == 24 for s in seen)
     # a continuation would have read the rest of pass 0; fresh passes read new permutations from their start
     reference = DALIImageDataModule(**{**SMALL, "synthetic_images_per_class": 16})
     reference.with_source_info = True
@@ -92,7 +95,9 @@ def test_limited_epochs_start_fresh_shuffled_passes(tmp_path):
     first_pass = [p for _, _, ps in reference.train_dataloader() for p in ps]
     assert dm.train_dataloader().passes == 3, dm.train_dataloader().passes
     assert seen[0] == first_pass[:24]
-    assert seen[1] != first_pass[24:48] and seen[1] != seen[0] and seen[2] != seen[1]
+    assert seen[1] != first_pass[24:48]
+    assert seen[1] != seen[0]
+    assert seen[2] != seen[1]
     assert dm.train_dataloader().passes == 3
 
 
@@ -213,7 +218,8 @@ def test_channels_last_and_half_output():
     dm = _dm(channels_last=True, output_dtype="bfloat16")
     dm.setup("fit")
     x, _ = next(iter(dm.train_dataloader()))
-    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    assert x.dtype == torch.bfloat16
+    assert x.is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.parametrize(
@@ -257,7 +263,9 @@ def test_gpu_pipeline_outputs_on_the_device(tmp_path):
     dm = _dm(device="gpu")
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
-    assert x.is_cuda and y.is_cuda and x.shape == (8, 3, 32, 32)
+    assert x.is_cuda
+    assert y.is_cuda
+    assert x.shape == (8, 3, 32, 32)
 
 
 DALI_THEN_FORKED_WORKERS = r"""
@@ -271,7 +279,8 @@ DATA = dict(batch_size=8, image_size=32, synthetic_num_classes=4, synthetic_imag
 if __name__ == "__main__":
     for round_ in range(2):  # a notebook comparing loaders: DALI, then forked workers, then both again
         for dm in (DALIImageDataModule(device="cpu", **DATA), TorchvisionImageDataModule(num_workers=2, **DATA)):
-            trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=3, limit_val_batches=2, logger=False,
+            trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=3, limit_val_batches=2,
+            logger=False,
                                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
             trainer.fit(ImageClassifier("resnet18", num_classes=4), datamodule=dm)
             del trainer, dm

@@ -22,7 +22,9 @@ def test_layout_and_determinism(tmp_path):
     assert len(list((a / "val").rglob("*.jpg"))) == 12  # at least 4 per class
     assert _digest(a) == _digest(b)
     img = Image.open(next((a / "train" / "class_000").iterdir()))
-    assert img.size == (48, 40) and img.mode == "RGB" and img.format == "JPEG"
+    assert img.size == (48, 40)
+    assert img.mode == "RGB"
+    assert img.format == "JPEG"
 
 
 def test_idempotent_second_call_writes_nothing(tmp_path):
@@ -69,6 +71,7 @@ def test_two_writers_of_one_cold_cache_both_succeed(tmp_path, monkeypatch):
     root = synthetic.make_synthetic_image_folder(
         tmp_path / "cache", num_classes=2, images_per_class=3, image_size=(16, 16)
     )
-    assert raced and (root / "manifest.json").is_file()
+    assert raced
+    assert (root / "manifest.json").is_file()
     assert sorted(p.name for p in (root / "train").iterdir()) == ["class_000", "class_001"]
     assert not list(tmp_path.glob(".cache.tmp-*"))  # this writer's own copy is cleaned up

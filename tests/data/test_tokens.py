@@ -16,7 +16,7 @@ from lit_compute.models import GPT
 from ..conftest import DrivenClock, clocked_trainer, read_events, scalar_values
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = dict(seq_len=128, max_tokens=60_000, batch_size=4)
+SMALL = {"seq_len": 128, "max_tokens": 60_000, "batch_size": 4}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def test_padded_batches_vary_in_length_and_mask_exactly_the_padding(corpus):
     lengths, masked, positions = set(), 0, 0
     for batch in corpus.train_dataloader():
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        assert ids.shape == mask.shape and bool(((ids == PAD) == (mask == 0)).all())
+        assert ids.shape == mask.shape
+        assert bool(((ids == PAD) == (mask == 0)).all())
         lengths.add(ids.shape[1])
         masked += int((mask == 0).sum())
         positions += ids.numel()
@@ -71,7 +72,8 @@ def test_gpt_flops_follow_the_analytic_formula():
     count = count_flops(model, ids, count_on="real")
     t, d, n, v, length = 2 * 16, 32, 2, 258, 16
     forward = n * (24 * t * d * d + 4 * 2 * length * length * d) + 2 * t * d * v
-    assert count.forward == forward and count.total == 3 * forward
+    assert count.forward == forward
+    assert count.total == 3 * forward
 
 
 def _fit_tokens(tmp_path, corpus, callback):
@@ -136,7 +138,8 @@ def test_a_token_spec_points_at_other_keys(tmp_path):
         train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None),
     )
     padding = [v for _, v in scalar_values(read_events(trainer.logger.log_dir), "compute/padding_fraction")]
-    assert padding and all(v == pytest.approx(6 / 24) for v in padding)
+    assert padding
+    assert all(v == pytest.approx(6 / 24) for v in padding)
 
 
 def test_bad_token_arguments_are_named():
@@ -193,4 +196,5 @@ def test_a_cut_token_cache_is_named_and_rebuilt(monkeypatch, tmp_path):
     path.write_bytes(path.read_bytes()[:10])
     with pytest.warns(UserWarning, match=f"the token cache {path} is damaged .*BadZipFile.*rebuilding it"):
         dm.setup()
-    assert [d.tolist() for d in dm.splits["train"]] == before and path.stat().st_size > 10
+    assert [d.tolist() for d in dm.splits["train"]] == before
+    assert path.stat().st_size > 10

@@ -11,9 +11,12 @@ def test_batches_shape_dtype_and_normalisation():
     dm = tiny_data()
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
-    assert y.dtype == torch.int64 and set(y.tolist()) <= {0, 1, 2, 3}
-    assert x.min() < -0.5 and x.max() > 0.5  # ImageNet-normalised, not [0, 1]
+    assert x.shape == (8, 3, 32, 32)
+    assert x.dtype == torch.float32
+    assert y.dtype == torch.int64
+    assert set(y.tolist()) <= {0, 1, 2, 3}
+    assert x.min() < -0.5
+    assert x.max() > 0.5
     xv, _ = next(iter(dm.val_dataloader()))
     assert xv.shape == (8, 3, 32, 32)
     assert dm.num_classes == 4

@@ -24,11 +24,15 @@ def _count(length: int) -> FlopCount:
 
 def test_a_counted_signature_is_known_and_never_counted_again():
     book = CountBook()
-    assert book.values(_sig(8)) is None and book.wants_count(_sig(8))
+    assert book.values(_sig(8)) is None
+    assert book.wants_count(_sig(8))
     booked = book.record(_sig(8), _count(8))
-    assert booked.values == (1440, 2880, 4320) and not booked.prediction_missed
-    assert book.values(_sig(8)) == (1440, 2880, 4320) and not book.wants_count(_sig(8))
-    assert book.counted == 1 and book.first_train is book.counts[_sig(8)]
+    assert booked.values == (1440, 2880, 4320)
+    assert not booked.prediction_missed
+    assert book.values(_sig(8)) == (1440, 2880, 4320)
+    assert not book.wants_count(_sig(8))
+    assert book.counted == 1
+    assert book.first_train is book.counts[_sig(8)]
 
 
 def test_new_lengths_are_predicted_exactly_once_the_fit_has_enough_points():
@@ -54,12 +58,17 @@ def test_failed_counts_use_up_the_budget_and_then_nothing_is_counted():
     book = CountBook(max_failures=2)
     empty = FlopCount(forward=0, backward=0, hardware=0, uncounted_ops=["aten.foo"])
     first = book.record(_sig(8), empty)
-    assert first.values is None and "aten.foo" in first.reason and not first.exhausted
-    assert book.values(_sig(8)) is None and not book.wants_count(_sig(8))  # a failed signature is not retried
+    assert first.values is None
+    assert "aten.foo" in first.reason
+    assert not first.exhausted
+    assert book.values(_sig(8)) is None
+    assert not book.wants_count(_sig(8))
     broken = FlopCount(forward=5, backward=5, hardware=5, errors=["mm: bad shape"])
     second = book.record(_sig(9), broken)
-    assert second.exhausted and second.reason == "mm: bad shape"
-    assert book.exhausted and not book.wants_count(_sig(10))
+    assert second.exhausted
+    assert second.reason == "mm: bad shape"
+    assert book.exhausted
+    assert not book.wants_count(_sig(10))
 
 
 def test_state_round_trips_counts_and_the_module_table_through_lists():
@@ -71,8 +80,10 @@ def test_state_round_trips_counts_and_the_module_table_through_lists():
     state["counts"] = [[[sig[0], [[p, list(s), d] for p, s, d in sig[1]]], v] for sig, v in state["counts"]]
     again = CountBook()
     again.load_state_dict(state)
-    assert again.values(_sig(8)) == (1440, 2880, 4320) and again.values(_sig(8, "val")) == (1440, 2880, 4320)
-    assert again.first_train.by_module == {"model": 4320} and again.counted == 0
+    assert again.values(_sig(8)) == (1440, 2880, 4320)
+    assert again.values(_sig(8, "val")) == (1440, 2880, 4320)
+    assert again.first_train.by_module == {"model": 4320}
+    assert again.counted == 0
 
 
 def test_a_signature_is_recounted_at_its_16th_64th_256th_occurrence():
@@ -86,15 +97,19 @@ def test_a_recount_that_differs_makes_the_signature_estimated_with_the_mean_of_r
     book = CountBook()
     first = FlopCount(forward=100, backward=200, hardware=300, by_module={"net": 300})
     book.record(_sig(8), first)
-    assert book.values(_sig(8)) == (100, 200, 300) and not book.estimated(_sig(8))
+    assert book.values(_sig(8)) == (100, 200, 300)
+    assert not book.estimated(_sig(8))
     other = FlopCount(forward=150, backward=300, hardware=450, by_module={"net": 300, "policy": 150, "policy.0": 150})
     booked = book.record(_sig(8), other)
     assert booked.values == (150, 300, 450)  # the recounted batch itself is exact
     assert booked.value_dependent == "two batches of the same shapes counted differently in `policy`"
-    assert book.values(_sig(8)) == (125, 250, 375) and book.any_estimated
-    assert book.counts[_sig(8)] is first and book.counted == 2  # the first count keeps the module table
+    assert book.values(_sig(8)) == (125, 250, 375)
+    assert book.any_estimated
+    assert book.counts[_sig(8)] is first
+    assert book.counted == 2
     broken = FlopCount(errors=["mm: bad"])
-    assert book.record(_sig(8), broken).values == (100, 200, 300) and book.failures == 0  # a failed recount
+    assert book.record(_sig(8), broken).values == (100, 200, 300)
+    assert book.failures == 0
 
 
 def test_an_op_whose_flops_follow_values_flags_the_signature_at_once():
@@ -102,4 +117,5 @@ def test_an_op_whose_flops_follow_values_flags_the_signature_at_once():
     count = _count(8)
     count.value_dependent = {"aten._nested_tensor_from_mask": ["encoder"]}
     assert book.record(_sig(8, "val"), count).value_dependent == "_nested_tensor_from_mask in `encoder`"
-    assert book.estimated(_sig(8, "val")) and not book.estimated(_sig(8))
+    assert book.estimated(_sig(8, "val"))
+    assert not book.estimated(_sig(8))

@@ -73,10 +73,12 @@ def test_sdpa_cpu_kernel_forward_and_backward():
     assert count.forward == attn
     # model FLOPs: 4 gradient matmuls (2 x forward); hardware FLOPs: the kernel also recomputes the scores
     assert count.backward == 2 * attn
-    assert count.hardware == count.forward + 2.5 * attn and count.recompute == 0.5 * attn
+    assert count.hardware == count.forward + 2.5 * attn
+    assert count.recompute == 0.5 * attn
     assert "aten._scaled_dot_product_flash_attention_for_cpu" in count.by_op
     meta = count_flops(Attn(), q, count_on="meta")  # the math path on meta: the same model FLOPs
-    assert (meta.forward, meta.backward) == (count.forward, count.backward) and meta.recompute == 0
+    assert (meta.forward, meta.backward) == (count.forward, count.backward)
+    assert meta.recompute == 0
 
 
 class _SelfAttention(nn.Module):
@@ -156,7 +158,8 @@ def test_bytes_are_counted_per_op_class_and_views_move_nothing():
     assert flops == 2 * 8 * 64 * 32
     # addmm reads the bias, the input and the weight, writes the output (the transpose of the weight is a view)
     assert moved == 4 * (32 + 8 * 64 + 64 * 32 + 8 * 32)
-    assert count.bytes == moved and count.bytes_by_module == {}
+    assert count.bytes == moved
+    assert count.bytes_by_module == {}
     with_view = count_flops(
         torch.nn.Sequential(torch.nn.Flatten(0), torch.nn.ReLU()), x, backward=False, count_on="real"
     )

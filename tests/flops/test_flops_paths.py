@@ -75,7 +75,8 @@ def test_masked_encoder_in_eval_counts_each_sequence_at_its_own_length():
     with torch.inference_mode():
         count = count_flops(encoder, torch.randn(3, 8, e), src_key_padding_mask=mask, backward=False, count_on="real")
     per_layer = sum(8 * n * e * e + 4 * n * n * e + 4 * n * e * f for n in lengths)
-    assert count.errors == [] and count.forward == layers * per_layer
+    assert count.errors == []
+    assert count.forward == layers * per_layer
 
 
 def test_bilinear_counts_every_term():
@@ -145,7 +146,8 @@ def test_activation_checkpointing_raises_hfu_not_mfu(tmp_path):
     assert set(model_flops.values()) == {3 * forward - 2 * 8 * 16 * 32}  # the first layer's input needs no gradient
     assert all(hardware[s] - model_flops[s] == recomputed for s in model_flops)
     mfu, hfu = _values(acc, "compute/mfu"), _values(acc, "compute/hfu")
-    assert mfu and all(hfu[s] / mfu[s] == pytest.approx(hardware[s] / model_flops[s], rel=1e-5) for s in mfu)
+    assert mfu
+    assert all(hfu[s] / mfu[s] == pytest.approx(hardware[s] / model_flops[s], rel=1e-5) for s in mfu)
 
 
 # -- counting never breaks the user's step ------------------------------------------------------------------------
@@ -255,7 +257,8 @@ def test_training_is_bitwise_identical_with_and_without_flops_logger(tmp_path, c
     plain = run([])
     logger = FlopsLogger(peak="none", log_every_n_steps=1)
     counted = run([logger])
-    assert logger.counted_batches >= 1 and not logger._disabled
+    assert logger.counted_batches >= 1
+    assert not logger._disabled
     assert plain.keys() == counted.keys()
     for key in plain:
         assert torch.equal(plain[key], counted[key]), key
@@ -288,7 +291,8 @@ def test_a_counter_that_raises_as_it_leaves_the_step_warns_once_and_the_run_goes
         "the way out.*disabled; training goes on",
     ) as caught:
         trainer, counted = run([logger])
-    assert trainer.global_step == 4 and logger._disabled
+    assert trainer.global_step == 4
+    assert logger._disabled
     assert sum("counter broke" in str(w.message) for w in caught) == 1
     for key in plain:
         assert torch.equal(plain[key], counted[key]), key
@@ -299,7 +303,8 @@ def test_gradient_penalty_step_is_counted_with_its_double_backward(tmp_path):
     trainer.fit(_GradientPenalty(), train_dataloaders=CASES["gradient_penalty"][1]())
     logged = _values(read_events(trainer.logger.log_dir), "compute/flops_per_step")
     forward = 2 * 8 * (8 * 16 + 16 * 1)
-    assert set(logged) == {0, 1} and all(v > 3 * forward for v in logged.values())
+    assert set(logged) == {0, 1}
+    assert all(v > 3 * forward for v in logged.values())
 
 
 def test_a_formula_that_raises_never_reaches_the_users_code():
@@ -380,7 +385,8 @@ def test_variable_length_batches_are_predicted_exactly(tmp_path):
     batches = list(loader)[:30]
     distinct = {b["input_ids"].shape[1] for b in batches}
     assert len(distinct) > 12
-    assert flops.counted_batches <= 8 and flops.predicted_batches >= len(distinct) - 8
+    assert flops.counted_batches <= 8
+    assert flops.predicted_batches >= len(distinct) - 8
     for step, batch in enumerate(batches):
         real = count_flops(
             model.model,

@@ -36,7 +36,8 @@ def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_
     assert (first.flops, first.cached) == (2.0e11, False)
     assert (again.flops, again.cached) == (2.0e11, True)  # a second run, a loaded machine: the same peak
     assert again.describe().startswith(f"cached from {first.measured_at} on ")
-    assert f"{torch.get_num_threads()} threads" in again.describe() and f"torch {torch.__version__}" in again.describe()
+    assert f"{torch.get_num_threads()} threads" in again.describe()
+    assert f"torch {torch.__version__}" in again.describe()
     bf16 = cached_peak_flops("cpu", torch.bfloat16)  # another dtype is another entry
     assert (bf16.flops, bf16.cached) == (3.0e11, False)
     redone = cached_peak_flops("cpu", torch.float32, remeasure=True)
@@ -61,10 +62,12 @@ def test_a_busy_measurement_serves_its_run_only_and_a_run_that_beats_the_cache_r
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     _measurements(monkeypatch, (4.6e10, False), (1.6e11, True), (9.0e10, False), (1.7e11, False))
     busy = cached_peak_flops("cpu", torch.float32)
-    assert (busy.flops, busy.quiet) == (4.6e10, False) and "busy" in busy.describe()
+    assert (busy.flops, busy.quiet) == (4.6e10, False)
+    assert "busy" in busy.describe()
     assert not (tmp_path / "this_machine.json").exists()  # nothing cached
     quiet = cached_peak_flops("cpu", torch.float32)
-    assert quiet.quiet and cached_peak_flops("cpu", torch.float32).flops == 1.6e11
+    assert quiet.quiet
+    assert cached_peak_flops("cpu", torch.float32).flops == 1.6e11
     # the cached value is above what the run achieved: served from the cache, nothing measured
     assert cached_peak_flops("cpu", torch.float32, at_least=1.0e11).cached
     # a run beat it: measured again; a busy measurement below the cache changes nothing
@@ -88,8 +91,10 @@ def test_a_peak_measured_beside_cpu_burners_is_not_cached(tmp_path, monkeypatch)
         for burner in burners:
             burner.kill()
             burner.wait()
-    assert not measured.quiet and measured.cpu_share < measure.QUIET_CPU_SHARE
-    assert not peak.quiet and "the machine was busy" in peak.describe()
+    assert not measured.quiet
+    assert measured.cpu_share < measure.QUIET_CPU_SHARE
+    assert not peak.quiet
+    assert "the machine was busy" in peak.describe()
     assert not (tmp_path / "this_machine.json").exists()
 
 
@@ -124,11 +129,13 @@ def test_mfu_over_one_is_never_logged_and_a_measured_peak_is_measured_again(tmp_
         warnings.simplefilter("always")
         trainer.fit(tiny_model(), datamodule=tiny_data())
     said = [str(w.message) for w in caught if "that peak was wrong" in str(w.message)]
-    assert len(said) == 1 and "the peak of 1 MFLOP/s (cached from 2026-12-01 10:00" in said[0]
+    assert len(said) == 1
+    assert "the peak of 1 MFLOP/s (cached from 2026-12-01 10:00" in said[0]
     assert "Measured again: 1,000 TFLOP/s (measured " in said[0]
     acc = read_events(trainer.logger.log_dir)
     mfu = scalar_values(acc, "compute/mfu")
-    assert mfu and all(0 < v <= 1 for _, v in mfu)
+    assert mfu
+    assert all(0 < v <= 1 for _, v in mfu)
     assert {v for _, v in scalar_values(acc, "compute/peak_tflops")} == {1000.0}
     assert json.loads((tmp_path / "this_machine.json").read_text())["peaks"][key]["flops"] == 1e15
 
@@ -138,17 +145,21 @@ def test_a_given_peak_below_what_the_device_achieves_logs_no_mfu_and_says_so(tmp
     with pytest.warns(UserWarning, match=r"MFU would be over 100%.*peak_flops=\.\.\.\) to the device's real peak"):
         trainer.fit(tiny_model(), datamodule=tiny_data())
     tags = read_events(trainer.logger.log_dir).Tags()["scalars"]
-    assert "compute/tflops_per_sec" in tags and "compute/mfu" not in tags and "compute/hfu" not in tags
+    assert "compute/tflops_per_sec" in tags
+    assert "compute/mfu" not in tags
+    assert "compute/hfu" not in tags
 
 
 def test_the_policy_computes_mfu_and_hfu_in_one_place():
     policy = PeakPolicy(peak_flops=2e12)
     policy.resolve(torch.device("cpu"), torch.float32)
     metrics, warning = policy.utilisation(tflops=1.0, hw_tflops=1.5, devices=2)
-    assert warning is None and metrics == {"compute/peak_tflops": 2.0, "compute/mfu": 0.25, "compute/hfu": 0.375}
+    assert warning is None
+    assert metrics == {"compute/peak_tflops": 2.0, "compute/mfu": 0.25, "compute/hfu": 0.375}
     assert policy.utilisation(tflops=math.nan, hw_tflops=1.0, devices=2) == ({}, None)
     metrics, warning = policy.utilisation(tflops=3.0, hw_tflops=5.0, devices=2)  # HFU 1.25: nothing logged
-    assert metrics == {} and "1.250x the peak of 2 TFLOP/s (given as FlopsLogger(peak_flops=...))" in warning
+    assert metrics == {}
+    assert "1.250x the peak of 2 TFLOP/s (given as FlopsLogger(peak_flops=...))" in warning
 
 
 def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
@@ -164,7 +175,8 @@ def test_a_dtype_the_cpu_runs_slowly_is_timed_on_a_smaller_product(monkeypatch):
     assert peaks_module._affordable_side(2048, torch.float32, per_round=0.3) == 2048
     monkeypatch.setattr(peaks_module.time, "perf_counter", clock(0.05))  # 0.05 s for 256: 2048 would take 26 s
     side = peaks_module._affordable_side(2048, torch.float32, per_round=0.3)
-    assert 256 <= side < 2048 and side % 64 == 0
+    assert 256 <= side < 2048
+    assert side % 64 == 0
     assert 0.05 * (side / 256) ** 3 <= 0.3 * 1.5  # about one round
 
 

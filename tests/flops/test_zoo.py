@@ -12,7 +12,7 @@ from lit_compute.flops import count_flops
 transformers = pytest.importorskip("transformers", reason="the zoo needs transformers (pip install 'lit-compute[dev]')")
 timm = pytest.importorskip("timm", reason="the zoo needs timm (pip install 'lit-compute[dev]')")
 
-from lit_compute.bench.zoo import transformers_zoo  # noqa: E402
+from lit_compute.bench.zoo import transformers_zoo  # noqa: E402 - only once transformers and timm are known to be installed
 
 TOL = 1e-3  # the bar; the counts below are in fact exact
 ZOO = {m.name: m for m in transformers_zoo()}

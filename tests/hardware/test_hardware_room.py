@@ -18,10 +18,14 @@ from lit_compute.planning.capacity import CapacityError, capacity_of
 def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
     for name, chip in CHIPS.items():
         assert chip.name == name
-        assert chip.peaks and all(v > 0 for v in chip.peaks.values()), name
-        assert math.isfinite(chip.memory) and chip.memory > 0, name
-        assert chip.bandwidth > 0 and chip.link in chips_module.LINKS, name
-        assert set(chip.sources) - {"sm"} == {"peaks", "memory", "bandwidth"} and all(chip.sources.values()), name
+        assert chip.peaks, name
+        assert all(v > 0 for v in chip.peaks.values()), name
+        assert math.isfinite(chip.memory), name
+        assert chip.memory > 0, name
+        assert chip.bandwidth > 0, name
+        assert chip.link in chips_module.LINKS, name
+        assert set(chip.sources) - {"sm"} == {"peaks", "memory", "bandwidth"}, name
+        assert all(chip.sources.values()), name
         # SMs x clock: cited where given, and the tensor peak over it is a whole tensor rate per SM and clock (512,
         # 1,024, 2,048 or 4,096 dense FP16 FLOP: the whitepapers' figures), so the count and the clock agree with it
         assert ("sm" in chip.sources) == (chip.sm_clock is not None), name
@@ -29,12 +33,14 @@ def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
             per_sm_clock = (chip.peak("bfloat16") or chip.peak("float16")) / (chip.sm_clock * 1e9)
             assert min(abs(per_sm_clock / rate - 1) for rate in (512, 1024, 2048, 4096)) < 0.01, (name, per_sm_clock)
     # the 0.3.0 tables are views of the one table: no chip without a memory row (v100s-pcie had none)
-    assert "v100s-pcie" in MEMORY_TABLE and PEAK_TABLE["h200-sxm"] == CHIPS["h200-sxm"].peaks
-    assert set(PEAK_TABLE) <= set(CHIPS) and set(MEMORY_TABLE) <= set(CHIPS)
+    assert "v100s-pcie" in MEMORY_TABLE
+    assert PEAK_TABLE["h200-sxm"] == CHIPS["h200-sxm"].peaks
+    assert set(PEAK_TABLE) <= set(CHIPS)
+    assert set(MEMORY_TABLE) <= set(CHIPS)
 
 
 @pytest.mark.parametrize(
-    "name, key",
+    ("name", "key"),
     [
         ("h200-sxm", "h200-sxm"),
         ("NVIDIA H200", "h200-sxm"),
@@ -49,7 +55,8 @@ def test_every_chip_has_peaks_capacity_and_bandwidth_each_with_its_source():
 def test_estimate_and_whatif_accept_the_same_names(name, key):
     assert find_chip(name).name == key
     capacity, source = capacity_of(name, None)
-    assert capacity == int(CHIPS[key].memory) and source.startswith(f"{key}: ")
+    assert capacity == int(CHIPS[key].memory)
+    assert source.startswith(f"{key}: ")
 
 
 def test_an_unknown_device_is_named_with_the_option_that_gave_it():
@@ -64,8 +71,10 @@ def test_this_machine_on_a_cuda_device_is_its_table_row(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     chip = this_module.this_machine()
-    assert chip.name == "h200-sxm" and chip.peaks == CHIPS["h200-sxm"].peaks
-    assert chip.extras["device_name"] == "NVIDIA H200" and chip.extras["this"]
+    assert chip.name == "h200-sxm"
+    assert chip.peaks == CHIPS["h200-sxm"].peaks
+    assert chip.extras["device_name"] == "NVIDIA H200"
+    assert chip.extras["this"]
     assert "this machine's NVIDIA H200: the table row h200-sxm" in chip.source
 
 
@@ -86,17 +95,23 @@ def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path,
         lambda: calls.append("mixed") or measure.MixedSpeedup({"matmul": 1.8, "conv": 2.0, "attention": 0.5}, True),
     )
     chip = this_module.this_machine("cpu")
-    assert chip.name == "this" and chip.kind == "cpu" and chip.extras["device_name"] == this_module.cpu_name()
-    assert chip.peaks["float32"] == 1e11 and chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
-    assert chip.peak_of("attention", "bfloat16") == pytest.approx(0.5e11) and chip.bandwidth == 2e10
+    assert chip.name == "this"
+    assert chip.kind == "cpu"
+    assert chip.extras["device_name"] == this_module.cpu_name()
+    assert chip.peaks["float32"] == 1e11
+    assert chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
+    assert chip.peak_of("attention", "bfloat16") == pytest.approx(0.5e11)
+    assert chip.bandwidth == 2e10
     assert sorted(calls) == ["bandwidth", "mixed", "peak"]
     assert [p.name for p in tmp_path.iterdir()] == ["this_machine.json"]
     calls.clear()
     again = this_module.this_machine("cpu")
     assert (again.peaks, again.bandwidth, again.class_peaks) == (chip.peaks, chip.bandwidth, chip.class_peaks)
-    assert calls == [] and "cached from" in again.source  # from the cache
+    assert calls == []
+    assert "cached from" in again.source
     fast, why = this_module.bf16_fast("cpu")
-    assert fast and "1.90x float32's speed" in why
+    assert fast
+    assert "1.90x float32's speed" in why
     monkeypatch.setattr(
         measure,
         "measure_mixed_speedup",
@@ -123,7 +138,8 @@ def test_the_tune_and_the_benches_ask_the_same_bf16_question(monkeypatch):
     monkeypatch.setattr(_common, "bf16_fast", this_module.bf16_fast)
     assert _common.low_precision("cpu") == "32-true"
     machine = tune.measure_machine("cpu")
-    assert machine.bf16_fast is False and "0.40x" in machine.note
+    assert machine.bf16_fast is False
+    assert "0.40x" in machine.note
 
 
 def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
@@ -143,12 +159,14 @@ def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, m
         lambda: measure.MixedSpeedup({"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False),
     )
     chip = this_module.this_machine("cpu")
-    assert "lower bounds" in chip.extras["busy"] and not (tmp_path / "this_machine.json").exists()
+    assert "lower bounds" in chip.extras["busy"]
+    assert not (tmp_path / "this_machine.json").exists()
     run = RunFacts(
         path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25, wait_s=0.0
     )
     p = predict(run, Scenario(chip, "32-true", 8), Calibration(1.0, 1.0, 1.0, 0.0, 1.0, "t"))
-    assert p.mfu is None and any("MFU is not given" in n for n in p.notes)
+    assert p.mfu is None
+    assert any("MFU is not given" in n for n in p.notes)
 
 
 def test_the_measurements_run_on_real_tensors_under_a_fake_tensor_mode_a_tracer_and_autocast():
@@ -170,4 +188,7 @@ def test_the_measurements_run_on_real_tensors_under_a_fake_tensor_mode_a_tracer_
         bandwidth = measure.measure_bandwidth(megabytes=4, repeats=1)
         peak = measure.measure_peak("cpu", torch.float32, size=64, seconds=0.05, rounds=1)
     assert Seen.ops == []
-    assert bandwidth > 0 and math.isfinite(bandwidth) and peak.flops > 0 and math.isfinite(peak.flops)
+    assert bandwidth > 0
+    assert math.isfinite(bandwidth)
+    assert peak.flops > 0
+    assert math.isfinite(peak.flops)

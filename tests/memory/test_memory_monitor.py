@@ -87,8 +87,8 @@ class _ToFloat64(pl.LightningModule):
 
 
 def test_a_model_moved_to_another_dtype_is_tracked_again(tmp_path):
-    """#47 item 5: after ``model.to(torch.float64)`` the logged parameters and peak were the float32 model's for the rest
-    of the run (the model's key ignored dtypes and devices)."""
+    """#47 item 5: after ``model.to(torch.float64)`` the logged parameters and peak were the float32 model's for the
+    rest of the run (the model's key ignored dtypes and devices)."""
     model = _ToFloat64()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     trainer = make_trainer(
@@ -176,5 +176,6 @@ def test_with_flops_logger_in_one_step_both_modes_leave_in_order(tmp_path):
         trainer = make_trainer(tmp_path, max_steps=2, callbacks=callbacks, accumulate_grad_batches=2)
         trainer.fit(tiny_model(), datamodule=tiny_data())
         acc = read_events(trainer.logger.log_dir)
-        assert scalar_values(acc, "memory/activations_gb") and scalar_values(acc, "compute/flops_per_step")
+        assert scalar_values(acc, "memory/activations_gb")
+        assert scalar_values(acc, "compute/flops_per_step")
         assert torch._C._len_torch_dispatch_stack() == 0

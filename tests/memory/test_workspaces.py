@@ -69,7 +69,8 @@ def test_beyond_the_budget_the_workspace_follows_the_line_through_two_smaller_ba
     limited = KernelWorkspaces(budget=2 * 9 * x[0].numel() * 4)  # room for 8 samples' input and output, not 16
     at_16 = exact(torch.ops.aten.convolution.default, args, {})
     extrapolated = limited(torch.ops.aten.convolution.default, args, {})
-    assert at_16 > 0 and sorted(n for (_, n) in limited._measured) == [4, 8]  # measured at 4 and 8 only
+    assert at_16 > 0
+    assert sorted(n for (_, n) in limited._measured) == [4, 8]
     assert extrapolated == pytest.approx(at_16, rel=0.25)
     assert exact(torch.ops.aten.mm.default, (x, x), {}) == 0  # not a probed op: nothing
 
@@ -103,7 +104,8 @@ def test_the_caching_allocator_model_rounds_splits_and_keeps_segments():
     assert peaks.allocated == 1_500_160 + 1_000_448 + 512 + 50 * MiB
     # a freed block is reused (no new segment), and neighbours merge into one block that a larger request fits
     peaks = simulate([(1, 0, 4 * MiB), (1, 1, 4 * MiB), (-1, 0, 0), (-1, 1, 0), (1, 2, 8 * MiB)])
-    assert peaks.reserved == 20 * MiB and peaks.allocated == 8 * MiB
+    assert peaks.reserved == 20 * MiB
+    assert peaks.allocated == 8 * MiB
 
 
 def test_a_cuda_step_is_replayed_through_the_allocator_model_and_printed_with_its_reserved_peak():
@@ -132,9 +134,11 @@ def test_a_cuda_step_is_replayed_through_the_allocator_model_and_printed_with_it
     batch = (torch.randn(7, 100),)
     tensors = trace_step(model, batch, [opt], NoPrecision())
     modelled = trace_step(model, batch, [opt], NoPrecision(), caching_allocator=32 * MiB)
-    assert tensors.reserved is None and modelled.reserved is not None
+    assert tensors.reserved is None
+    assert modelled.reserved is not None
     assert modelled.peak >= tensors.peak + 32 * MiB  # the workspaces are allocated through the step
-    assert modelled.reserved >= modelled.peak and modelled.reserved % (2 * MiB) == 0  # whole segments
+    assert modelled.reserved >= modelled.peak
+    assert modelled.reserved % (2 * MiB) == 0
     assert sum(modelled.parts.values()) == modelled.peak  # the allocator's extra bytes are "other"
     row = EstimateRow(
         micro_batch=7, peak_bytes=modelled.peak, parts=modelled.parts, fits=None, reserved_bytes=modelled.reserved

@@ -41,9 +41,11 @@ def test_prometheus_endpoint_during_and_after_fit(tmp_path):
     )
     try:
         trainer.fit(tiny_model(), train_dataloaders=DataLoader(RandomImages(), batch_size=4))
-        assert "lit_compute_train_loss" in seen and "lit_compute_time_step_ms" in seen
+        assert "lit_compute_train_loss" in seen
+        assert "lit_compute_time_step_ms" in seen
         sample = seen["lit_compute_train_loss"][0]
-        assert sample.labels == {"run": "demo", "rank": "0"} and sample.value > 0
+        assert sample.labels == {"run": "demo", "rank": "0"}
+        assert sample.value > 0
         after = _scrape(prom.port_in_use)
         assert after["lit_compute_step"][0].value >= 4
         # the same values TensorBoard got
@@ -92,7 +94,9 @@ def test_port_in_use_warning_is_one_line_on_stderr(tmp_path):
     assert result.returncode == 0, result.stdout
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     (line,) = [line for line in lines if "PrometheusLogger: port" in line]
-    assert "prometheus_logger.py:" in line and "UserWarning: PrometheusLogger: port" in line and "is in use" in line
+    assert "prometheus_logger.py:" in line
+    assert "UserWarning: PrometheusLogger: port" in line
+    assert "is in use" in line
     assert not any("rank_zero_warn(" in line for line in lines), lines
 
 

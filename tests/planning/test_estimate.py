@@ -72,13 +72,15 @@ def test_the_predicted_peak_is_within_10_percent_of_the_measured_one(case, tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = estimate(config, micro_batches=sizes, overrides=overrides)
-    assert [r.micro_batch for r in plan.rows] == sizes and all(r.method == "traced on fake tensors" for r in plan.rows)
+    assert [r.micro_batch for r in plan.rows] == sizes
+    assert all(r.method == "traced on fake tensors" for r in plan.rows)
     for row in plan.rows:
         real = measured_peak(config, overrides, row.micro_batch, tmp_path)
         assert row.peak_bytes == pytest.approx(real, rel=0.10), (case, row.micro_batch, row.peak_bytes, real)
         assert sum(v for k, v in row.parts.items() if k != "other") <= row.peak_bytes  # "other" is the rest
     peaks = [r.peak_bytes for r in plan.rows]
-    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]  # more samples, more activations
+    assert peaks == sorted(peaks)
+    assert peaks[0] < peaks[-1]
 
 
 @pytest.mark.slow
@@ -92,9 +94,13 @@ def test_the_largest_micro_batch_that_fits_trains_under_the_cap_and_the_next_doe
         plan = estimate(config, micro_batches=[4, 8], memory=cap, overrides=overrides)
     assert [r.fits for r in plan.rows] == [True, False]
     largest, over = plan.largest_fitting, plan.next_size
-    assert largest is not None and largest >= 6 and over.micro_batch == largest + 1 and over.peak_bytes > cap
+    assert largest is not None
+    assert largest >= 6
+    assert over.micro_batch == largest + 1
+    assert over.peak_bytes > cap
     assert measured_peak(config, overrides, largest, tmp_path) <= cap  # one real step under the cap
-    assert plan.checkpointing and plan.checkpointing[0].module.startswith("blocks.")
+    assert plan.checkpointing
+    assert plan.checkpointing[0].module.startswith("blocks.")
     assert all(c.saved_bytes > 0 and c.recompute_flops > 0 for c in plan.checkpointing)
 
 
@@ -116,7 +122,8 @@ def test_a_model_fake_tensors_cannot_run_is_named_in_one_line_and_measured(tmp_p
         warnings.simplefilter("ignore")
         plan = estimate(path, micro_batches=[4, 8])
     (note,) = [n for n in plan.notes if "cannot be traced" in n]
-    assert note.startswith("the model cannot be traced on fake tensors (selector: ") and "\n" not in note
+    assert note.startswith("the model cannot be traced on fake tensors (selector: ")
+    assert "\n" not in note
     assert all(r.method == "measured on a real step" and r.peak_bytes > 0 for r in plan.rows)
 
 
@@ -125,8 +132,10 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     path = _small_config(tmp_path, "tests.tuning.tune_models.SleepyRegression")
     assert main(["--config", str(path), "--micro-batch", "4,8", "--memory", "1GB", "--json"]) == 0
     *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["micro_batch"] for r in rows] == [4, 8] and all(r["fits"] for r in rows)
-    assert summary["largest_fitting_micro_batch"] > 8 and summary["capacity_bytes"] == 10**9
+    assert [r["micro_batch"] for r in rows] == [4, 8]
+    assert all(r["fits"] for r in rows)
+    assert summary["largest_fitting_micro_batch"] > 8
+    assert summary["capacity_bytes"] == 10**9
     assert set(rows[0]) == {
         "micro_batch",
         "peak_bytes",
@@ -147,7 +156,8 @@ def test_the_command_answers_in_json_and_refuses_bad_input_in_one_line(tmp_path,
     ):
         assert main(["--config", str(path), *args]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and phrase in err, err
+        assert err.count("\n") == 1, err
+        assert phrase in err, err
     assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert os.getcwd() == str(ROOT)
@@ -178,7 +188,8 @@ def test_manual_optimization_stepping_its_own_scheduler_is_traced(tmp_path, monk
     monkeypatch.chdir(ROOT)
     path = _small_config(tmp_path, "tests.planning.models.ManualWithScheduler")
     plan = _quietly(path, micro_batches=[4])
-    assert plan.rows[0].method == "traced on fake tensors" and plan.rows[0].parts["gradients"] > 0
+    assert plan.rows[0].method == "traced on fake tensors"
+    assert plan.rows[0].parts["gradients"] > 0
 
 
 @pytest.mark.slow
@@ -190,11 +201,14 @@ def test_the_largest_micro_batch_is_found_when_the_optimizer_holds_the_peak(tmp_
     assert main(["--config", str(path), "--micro-batch", "4", "--memory", "60MB", "--json"]) == 0
     row, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     largest = summary["largest_fitting_micro_batch"]
-    assert largest and summary["next_size"]["micro_batch"] == largest + 1
+    assert largest
+    assert summary["next_size"]["micro_batch"] == largest + 1
     assert summary["next_size"]["peak_bytes"] > 60e6 >= row["peak_bytes"]
     plan = _quietly(path, micro_batches=[4], memory="10MB")
     state = sum(plan.rows[0].parts[p] for p in ("parameters", "gradients", "optimizer"))
-    assert state > 10e6 and plan.largest_fitting is None and plan.checkpointing == []
+    assert state > 10e6
+    assert plan.largest_fitting is None
+    assert plan.checkpointing == []
     assert any(
         n.startswith("does not fit even at micro-batch 1: the parameters, gradients and optimizer state alone need")
         for n in plan.notes
@@ -218,7 +232,9 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
     path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
     plan = _quietly(path, micro_batches=[4], memory="80GB")
     peaks = {r.micro_batch: r.peak_bytes for r in plan.rows}
-    assert plan.largest_fitting and plan.next_size is None and max(measured) == plan.largest_fitting
+    assert plan.largest_fitting
+    assert plan.next_size is None
+    assert max(measured) == plan.largest_fitting
     assert any(
         "larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
         for n in plan.notes
@@ -251,7 +267,8 @@ def test_bad_input_to_estimate_is_one_line_naming_it(tmp_path, monkeypatch, caps
     ):
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and phrase in err, err
+        assert err.count("\n") == 1, err
+        assert phrase in err, err
 
 
 BUILD_MODELS = '''
@@ -347,18 +364,17 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
         ("_clock", iter(range(0, 10**6, 100)).__next__, "it ran for more than 300 s"),
     ):
         capsys.readouterr()
-        with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as info:
+        with pytest.MonkeyPatch.context() as patch:
             patch.setattr(estimate_module, name, value)
-            estimate(schedule, micro_batches=[2])
+            with pytest.raises(SystemExit) as info:
+                estimate(schedule, micro_batches=[2])
         assert info.value.code == 2
         (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert (
-            line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device")
-            and phrase in line
-            and line.endswith(
-                "stopped. Give the model a constructor that does not read tensor "
-                "values, or estimate on a machine with more memory"
-            )
+        assert line.startswith("lit-compute: error: DropPathSchedule(...) cannot be built on the meta device"), line
+        assert phrase in line, line
+        assert line.endswith(
+            "stopped. Give the model a constructor that does not read tensor "
+            "values, or estimate on a machine with more memory"
         ), line
 
 
@@ -424,7 +440,8 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fresh = estimate(path, micro_batches=[4])
-        assert len(seen) == 3 and all(s == ("Tensor", None, False, True, None) for s in seen), seen
+        assert len(seen) == 3, seen
+        assert all(s == ("Tensor", None, False, True, None) for s in seen), seen
         cached = estimate(path, micro_batches=[4])
     assert len(seen) == 3  # the second estimate read the cache: nothing measured
     assert fresh.rows[0].peak_bytes == cached.rows[0].peak_bytes < 2**26
@@ -437,5 +454,6 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
         counted_fresh = config_facts(path, time_the_loader=False)
         assert len(seen) == 6
         counted_cached = config_facts(path, time_the_loader=False)
-    assert len(seen) == 6 and counted_fresh.by_class == counted_cached.by_class
+    assert len(seen) == 6
+    assert counted_fresh.by_class == counted_cached.by_class
     assert counted_fresh.model_flops == counted_cached.model_flops < 2 * 256**3

@@ -40,17 +40,17 @@ CHIP = Chip("made-up", {"float32": 100 * G, "bfloat16": 400 * G}, 10 * G, 32 * G
 
 
 def _run(**kwargs) -> RunFacts:
-    facts = dict(
-        path=Path("run"),
-        by_class={"matmul": (100 * G, 1 * G, 0), "elementwise": (0, 5 * G, 0), "optimizer": (0, 2 * G, 0)},
-        samples=16,
-        model_flops=100 * G,
-        trainable=10_000_000,
-        precision="32-true",
-        step_s=3.0,
-        wait_s=0.0,
-        loader_workers=2,
-    )
+    facts = {
+        "path": Path("run"),
+        "by_class": {"matmul": (100 * G, 1 * G, 0), "elementwise": (0, 5 * G, 0), "optimizer": (0, 2 * G, 0)},
+        "samples": 16,
+        "model_flops": 100 * G,
+        "trainable": 10_000_000,
+        "precision": "32-true",
+        "step_s": 3.0,
+        "wait_s": 0.0,
+        "loader_workers": 2,
+    }
     facts.update(kwargs)
     return RunFacts(**facts)
 
@@ -58,13 +58,16 @@ def _run(**kwargs) -> RunFacts:
 def test_a_step_is_priced_class_by_class_on_the_roofline():
     # matmul: max(100 GFLOP / 100 GFLOP/s, 1 GB / 10 GB/s) = 1 s; elementwise 0.5 s; optimizer 0.2 s
     p = predict(_run(), Scenario(CHIP, "32-true", 16), UNIT)
-    assert p.compute_s == pytest.approx(1.7) and p.step_time_s == pytest.approx(1.7)
-    assert p.samples_per_s == pytest.approx(16 / 1.7) and p.bottleneck == "compute"
+    assert p.compute_s == pytest.approx(1.7)
+    assert p.step_time_s == pytest.approx(1.7)
+    assert p.samples_per_s == pytest.approx(16 / 1.7)
+    assert p.bottleneck == "compute"
     assert p.mfu == pytest.approx(100 / 1.7 / 100)
     # twice the micro-batch: everything doubles but the optimizer's step and the matmul's weight traffic
     two = predict(_run(), Scenario(CHIP, "32-true", 32), UNIT)
     weights = 3 * 10_000_000 * 4
-    assert two.compute_s == pytest.approx(2.0 + 1.0 + 0.2) and two.compute_s > 0
+    assert two.compute_s == pytest.approx(2.0 + 1.0 + 0.2)
+    assert two.compute_s > 0
     assert (weights + (1 * G - weights) * 2) / (10 * G) < 2.0  # the matmul stays compute-bound
     # bf16-mixed on a GPU: the matmuls at the bf16 peak, activations 2 bytes a value plus autocast's casts of every
     # weight (12 bytes a parameter over forward and backward); the optimizer still float32
@@ -91,7 +94,9 @@ def test_a_cpu_convolution_net_at_another_micro_batch_says_which_way_it_leans():
 
     assert "micro-batch 32 against the run's 16 leans slow (an upper bound)" in note(convs, cpu, 32)[0]
     assert "leans fast (a lower bound)" in note(convs, cpu, 8)[0]
-    assert note(convs, cpu, 16) == [] and note(convs, CHIP, 32) == [] and note(_run(), cpu, 32) == []
+    assert note(convs, cpu, 16) == []
+    assert note(convs, CHIP, 32) == []
+    assert note(_run(), cpu, 32) == []
 
 
 def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
@@ -153,7 +158,8 @@ def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
     )  # 2.4 s of set-up, a 2.2 s step
     convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
     cal = calibrate(convs, cpu)
-    assert not cal.conv_setup and cal.tensor == pytest.approx(1.2 / 2.2)
+    assert not cal.conv_setup
+    assert cal.tensor == pytest.approx(1.2 / 2.2)
     assert (
         "the convolutions' set-up measured on this CPU, 2,400 ms, is not less than the run's measured compute, 2,200 ms"
         in cal.source
@@ -202,7 +208,8 @@ def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_p
 
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
     fresh = this_machine.conv_setup_in_fresh_process(torch.float32)  # a real child process, this CPU measured
-    assert fresh.seconds_per_byte > 0 and isinstance(fresh.quiet, bool)
+    assert fresh.seconds_per_byte > 0
+    assert isinstance(fresh.quiet, bool)
     monkeypatch.setattr(
         this_machine,
         "conv_setup_in_fresh_process",
@@ -231,7 +238,8 @@ def test_channels_first_convolutions_pay_their_transposes_on_a_gpu_at_16_bits_on
     moved = 2 * (4 * G * 2 + 0.4 * G) / 2  # twice the micro-batch; 4-byte values counted, 2-byte ones priced
     priced = predict(first, Scenario(CHIP, "bf16-mixed", 32), UNIT)
     assert priced.compute_s == pytest.approx(base.compute_s + moved / (10 * G))
-    assert "lit_compute.speedup.ChannelsLast" in priced.notes[0] and f"{moved / 10 / G * 1e3:.3g} ms" in priced.notes[0]
+    assert "lit_compute.speedup.ChannelsLast" in priced.notes[0]
+    assert f"{moved / 10 / G * 1e3:.3g} ms" in priced.notes[0]
     for scenario in (Scenario(CHIP, "32-true", 32), Scenario(cpu, "bf16-mixed", 32)):
         assert predict(first, scenario, UNIT).compute_s == pytest.approx(predict(plain, scenario, UNIT).compute_s)
     own = dataclasses.replace(first, precision="bf16-mixed", step_s=5.0)
@@ -249,9 +257,11 @@ def test_a_note_of_some_rows_names_them_and_json_rows_carry_their_own():
     shared = "a note of both rows"
     one.notes.append(shared)
     four.notes.append(shared)
-    assert four.label == "made-up 4 x 8 over 25gbps" and one.label == "made-up 1 x 1"
+    assert four.label == "made-up 4 x 8 over 25gbps"
+    assert one.label == "made-up 1 x 1"
     overlap = next(n for n in four.notes if n.startswith("no overlap of collectives"))
-    assert one.notes == [shared] and four.notes == [overlap, shared]
+    assert one.notes == [shared]
+    assert four.notes == [overlap, shared]
     assert row_notes([one, four]) == [shared, f"made-up 4 x 8 over 25gbps: {overlap}"]
     assert four.as_json()["notes"] == four.notes
 
@@ -321,7 +331,9 @@ def test_whatif_rows_at_the_defaults_carry_the_note_and_the_runs_own_chip_does_n
     cpu = Chip("made-up-cpu", CHIP.peaks, CHIP.bandwidth, CHIP.memory, "pcie4", "test", kind="cpu")
     rows = whatif_cli.sweep(run, [CHIPS["h100-sxm"], CHIPS["a100"], cpu], "bf16-mixed", 16, [1], 1, [], {})
     own, a100, on_cpu = ([n for n in r.notes if "published result" in n] for r in rows)
-    assert not own and not on_cpu and any("calibrated on its measured step" in n for n in rows[0].notes)
+    assert not own
+    assert not on_cpu
+    assert any("calibrated on its measured step" in n for n in rows[0].notes)
     assert a100 == [whatif.checked_on("a100", "bf16-mixed", path)]
     # a row of the user's own under a table key (--hardware-file) is not what the published results checked
     mine = dataclasses.replace(CHIPS["a100"], peaks={"bfloat16": 900 * G, "float32": 90 * G})
@@ -348,7 +360,8 @@ def test_a_tensor_core_ops_sm_work_is_priced_at_the_chips_sms_and_clock(tmp_path
     assert compute["made-up200.0"] == pytest.approx(100 * G / (400 * G) + 100 * G / (2.0 * 200 * 1e9 * 1024))
     assert predict(run, Scenario(few, "32-true", 16), cal).compute_s == pytest.approx(1.0)  # 100 G at 100 G/s
     assert predict(run, Scenario(few, "bf16-mixed", 16), UNIT).compute_s == pytest.approx(0.25)
-    assert sm_rate(CHIP) == 200 * G and sm_rate(CHIPS["h100-sxm"]) == pytest.approx(132 * 1.83e9 * 1024)
+    assert sm_rate(CHIP) == 200 * G
+    assert sm_rate(CHIPS["h100-sxm"]) == pytest.approx(132 * 1.83e9 * 1024)
     assert "132 SMs at 1.83 GHz" in CHIPS["h100-sxm"].sources["sm"]
     path = tmp_path / "hw.yaml"
     path.write_text(
@@ -366,7 +379,8 @@ def test_a_tensor_core_ops_sm_work_is_priced_at_the_chips_sms_and_clock(tmp_path
 def test_the_efficiency_on_the_runs_own_hardware_is_measured():
     run = _run(step_s=3.4, wait_s=0.0)  # the roofline says 1.7 s: the chip reaches half its peaks here
     cal = calibrate(run, CHIP)
-    assert cal.tensor == pytest.approx(0.5) and "50% of the peaks" in cal.source
+    assert cal.tensor == pytest.approx(0.5)
+    assert "50% of the peaks" in cal.source
     assert predict(run, Scenario(CHIP, "32-true", 16), cal).step_time_s == pytest.approx(3.4)
     with pytest.raises(WhatifError, match="StepTimeMonitor"):
         calibrate(_run(step_s=None), CHIP)
@@ -376,15 +390,18 @@ def test_an_input_bound_run_stays_input_bound_on_a_faster_chip():
     """A loader with workers that the run waited for: its rate is a ceiling no chip lifts."""
     run = _run(step_s=2.0, wait_s=1.5, loader_workers=1)  # 16 samples per 2 s: the loader feeds 8 samples/s
     p = predict(run, Scenario(find_chip("h100-sxm"), "bf16-mixed", 16), default_calibration())
-    assert p.bottleneck == "input" and p.samples_per_s == pytest.approx(8.0)
+    assert p.bottleneck == "input"
+    assert p.samples_per_s == pytest.approx(8.0)
     serial = predict(
         _run(step_s=2.0, wait_s=1.5, loader_workers=0),
         Scenario(find_chip("h100-sxm"), "bf16-mixed", 32),
         default_calibration(),
     )
     # in the process, its loader not timed apart: the 1.5 s wait is priced per batch, and the GPU computes meanwhile
-    assert serial.host_s == pytest.approx(1.5) and serial.bottleneck == "input"
-    assert serial.step_time_s == pytest.approx(1.5) and serial.input_s == pytest.approx(1.5 - serial.compute_s)
+    assert serial.host_s == pytest.approx(1.5)
+    assert serial.bottleneck == "input"
+    assert serial.step_time_s == pytest.approx(1.5)
+    assert serial.input_s == pytest.approx(1.5 - serial.compute_s)
     assert any("cost per sample is not known" in n for n in serial.notes)
 
 
@@ -407,7 +424,8 @@ def test_an_in_process_loader_is_priced_per_batch_and_per_sample_as_timed(kind):
     assert gpu.host_s == pytest.approx(expected)
     assert gpu.step_time_s == pytest.approx(max(gpu.compute_s, expected))  # overlapped
     cpu = predict(run, Scenario(dataclasses.replace(CHIP, kind="cpu"), "32-true", 64), UNIT)
-    assert cpu.step_time_s == pytest.approx(cpu.compute_s + expected) and cpu.input_s == pytest.approx(expected)
+    assert cpu.step_time_s == pytest.approx(cpu.compute_s + expected)
+    assert cpu.input_s == pytest.approx(expected)
     assert not any("not known" in n for n in gpu.notes + cpu.notes)
 
 
@@ -422,13 +440,16 @@ def test_the_hosts_eager_dispatch_bounds_a_small_model_on_a_fast_gpu():
     h100 = find_chip("h100-sxm")
     free = predict(small, Scenario(h100, "32-true", 16), default_calibration())
     bound = predict(small, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
-    assert free.dispatch_s == 0 and free.bottleneck != "host dispatch"
+    assert free.dispatch_s == 0
+    assert free.bottleneck != "host dispatch"
     assert bound.dispatch_s == pytest.approx(2 * 2000 * 20e-6)  # every kernel of both accumulated batches
-    assert bound.step_time_s == pytest.approx(bound.dispatch_s) and bound.bottleneck == "host dispatch"
+    assert bound.step_time_s == pytest.approx(bound.dispatch_s)
+    assert bound.bottleneck == "host dispatch"
     assert any("4,000 eager kernels (20 us each)" in n and "torch.compile" in n for n in bound.notes)
     big = _run(by_class={"matmul": (100_000 * G, 1 * G, 2000)})
     hidden = predict(big, Scenario(h100, "32-true", 16, host_dispatch_s=20e-6), default_calibration())
-    assert hidden.step_time_s == pytest.approx(hidden.compute_s) and hidden.bottleneck == "compute"
+    assert hidden.step_time_s == pytest.approx(hidden.compute_s)
+    assert hidden.bottleneck == "compute"
     cpu = dataclasses.replace(CHIP, kind="cpu")
     assert predict(small, Scenario(cpu, "32-true", 16, host_dispatch_s=20e-6), UNIT).dispatch_s == 0
     own = dataclasses.replace(small, device="NVIDIA H100 80GB HBM3", chip="h100-sxm")
@@ -442,7 +463,8 @@ def test_the_hosts_dispatch_cost_is_measured_on_this_cpu_and_cached(tmp_path, mo
 
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")
     measured = measure.measure_dispatch(steps=3, rounds=1)
-    assert measured.ops > 10 and measured.seconds > 0
+    assert measured.ops > 10
+    assert measured.seconds > 0
     monkeypatch.setattr(measure, "measure_dispatch", lambda: dataclasses.replace(measured, seconds=7e-6, quiet=True))
     assert this_machine.host_dispatch_seconds() == 7e-6
     monkeypatch.setattr(measure, "measure_dispatch", lambda: pytest.fail("measured again"))
@@ -470,11 +492,13 @@ def test_a_loader_is_timed_apart_from_its_run_config_on_a_driven_clock(tmp_path,
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cost = module.loader_cost(tmp_path, 8, clock=models.CLOCK.now)
     assert cost.sizes == (4, 8)
-    assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
+    assert cost.per_sample == pytest.approx(0.002)
+    assert cost.per_batch == pytest.approx(0.015)
     # an odd batch: 7 batches of 9 (63 samples) against 16 of 4 (64 samples: the last batch holds one more)
     cost = module.loader_cost(tmp_path, 9, clock=models.CLOCK.now)
     assert cost.sizes == (4, 9)
-    assert cost.per_sample == pytest.approx(0.002) and cost.per_batch == pytest.approx(0.015)
+    assert cost.per_sample == pytest.approx(0.002)
+    assert cost.per_batch == pytest.approx(0.015)
     with pytest.raises(FileNotFoundError, match="has no config.yaml"):
         module.loader_cost(tmp_path / "elsewhere", 8)
 
@@ -514,21 +538,26 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
     run = _run(path=tmp_path, step_s=1.0, wait_s=0.05, samples=8, loader_workers=0)
     monkeypatch.setattr(module, "loader_cost", timer)  # what whatif calls, on the driven clock
     first = with_loader_cost(run)
-    assert first.loader.per_batch == pytest.approx(0.015) and first.loader.per_sample == pytest.approx(0.002)
+    assert first.loader.per_batch == pytest.approx(0.015)
+    assert first.loader.per_sample == pytest.approx(0.002)
     assert any(
         "timed apart on this CPU now: 15 ms a batch + 2 ms a sample" in n and "kept in" in n for n in first.notes
     )
     saved = json.loads((tmp_path / module.KEPT_FILE).read_text())
-    assert saved["per_batch_s"] == pytest.approx(0.015) and saved["key"]["batch_size"] == 8
+    assert saved["per_batch_s"] == pytest.approx(0.015)
+    assert saved["key"]["batch_size"] == 8
 
     again, note = module.kept_loader_cost(tmp_path, 8, timer=lambda *a: pytest.fail("timed again"))
-    assert again == first.loader and "delete it to time again" in note and timings == [8]
+    assert again == first.loader
+    assert "delete it to time again" in note
+    assert timings == [8]
 
     module.kept_loader_cost(tmp_path, 4, timer=timer)  # another batch size
     config["data"]["init_args"]["per_sample_s"] = 0.004  # the user changed the run's config
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     changed, _ = module.kept_loader_cost(tmp_path, 8, timer=timer)
-    assert changed.per_sample == pytest.approx(0.004) and timings == [8, 4, 8]
+    assert changed.per_sample == pytest.approx(0.004)
+    assert timings == [8, 4, 8]
     (tmp_path / module.KEPT_FILE).write_text("{not json")
     module.kept_loader_cost(tmp_path, 8, timer=timer)
     assert timings == [8, 4, 8, 8]
@@ -540,7 +569,9 @@ def test_a_loader_timed_once_is_kept_in_the_run_folder_and_read_back(tmp_path, m
         files, "write_whole", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
     )
     _, note = module.kept_loader_cost(tmp_path, 8, timer=timer)
-    assert "not kept" in note and "Permission denied" in note and not (tmp_path / module.KEPT_FILE).exists()
+    assert "not kept" in note
+    assert "Permission denied" in note
+    assert not (tmp_path / module.KEPT_FILE).exists()
 
 
 def test_a_run_config_whose_classes_do_not_import_here_is_named_with_the_fix(tmp_path):
@@ -573,7 +604,8 @@ def test_the_gradient_exchange_over_a_network_and_the_node_count_it_allows():
     # DDP's ring all-reduce of 40 MB of gradients in buckets of 1 MiB, 25 MiB and the rest; no overlap
     buckets = [2**20, 25 * 2**20, 40e6 - 26 * 2**20]
     ring = sum(2 * 3 / 4 * b / net.bandwidth + 2 * 3 * net.latency for b in buckets)
-    assert four.comm_s == pytest.approx(ring) and four.network == "25gbps"
+    assert four.comm_s == pytest.approx(ring)
+    assert four.network == "25gbps"
     assert "no overlap of collectives" in four.notes[0]
     overlapped = predict(_run(comm_overlap=0.75), Scenario(CHIP, "32-true", 16, 4, 1, net), UNIT)
     assert overlapped.comm_s == pytest.approx(ring / 4)
@@ -588,16 +620,20 @@ def test_memory_fit_follows_precision_sharding_and_micro_batch():
     parts = {"parameters": 4 * G, "gradients": 4 * G, "optimizer": 8 * G, "activations": 10 * G, "other": 2 * G}
     run = _run(memory=parts)
     same = predict(run, Scenario(CHIP, "32-true", 16), UNIT)
-    assert same.peak_memory_bytes == pytest.approx(28 * G) and same.fits
+    assert same.peak_memory_bytes == pytest.approx(28 * G)
+    assert same.fits
     bigger = predict(run, Scenario(CHIP, "32-true", 32), UNIT)
-    assert bigger.peak_memory_bytes == pytest.approx(40 * G) and not bigger.fits
+    assert bigger.peak_memory_bytes == pytest.approx(40 * G)
+    assert not bigger.fits
     half = predict(run, Scenario(CHIP, "bf16-true", 16), UNIT)
     assert half.peak_memory_bytes == pytest.approx(8 * G + 6 * G)
 
 
 def test_hardware_tables_cite_their_rows_and_bad_rows_are_named(tmp_path):
     for chip in CHIPS.values():
-        assert chip.source and chip.bandwidth > 0 and chip.peaks, chip.name
+        assert chip.source, chip.name
+        assert chip.bandwidth > 0, chip.name
+        assert chip.peaks, chip.name
     assert all(link.source and link.bandwidth > 0 for link in LINKS.values())
     assert find_chip("NVIDIA H100 80GB HBM3").name == "h100-sxm"
     with pytest.raises(HardwareError, match="--hardware 'h900' is not in the table; known: .*h100-sxm"):
@@ -634,7 +670,10 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     run_dir = trainer.logger.log_dir
     facts = read_run(run_dir)
     # the facts are the micro-batch's, not those of the last batch counted (the epoch's partial one)
-    assert facts.samples == 6 and facts.step_s and facts.loader_workers == 0 and facts.memory
+    assert facts.samples == 6
+    assert facts.step_s
+    assert facts.loader_workers == 0
+    assert facts.memory
     assert set(facts.by_class) >= {"matmul", "norm", "elementwise", "optimizer"}
     model = tiny_model()
     assert facts.conv_weights == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Conv2d))
@@ -659,9 +698,8 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     assert main([run_dir, "--micro-batch", "12", "--json"]) == 0
     (own,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     weights = facts.conv_weights / 1e6
-    assert own["hardware"] == "this" and any(
-        f"{weights:.3g} MB of weights a batch at 1 ns a byte" in n for n in own["notes"]
-    )
+    assert own["hardware"] == "this"
+    assert any(f"{weights:.3g} MB of weights a batch at 1 ns a byte" in n for n in own["notes"])
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 3.0\n")
     assert (
@@ -688,13 +726,13 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     assert [(r["hardware"], r["nodes"]) for r in rows] == [("h100-sxm", 1), ("h100-sxm", 4), ("a100", 1), ("a100", 4)]
     # on an H100 the host's eager dispatch of the tiny model's kernels (measured on this CPU, the note says so) is
     # beside its loading work: the step is at least the two together
-    assert rows[0]["dispatch_s"] > 0 and rows[0]["step_time_s"] >= rows[0]["dispatch_s"] + rows[0]["host_s"]
+    assert rows[0]["dispatch_s"] > 0
+    assert rows[0]["step_time_s"] >= rows[0]["dispatch_s"] + rows[0]["host_s"]
     assert "us per eager kernel measured here (--host-dispatch-us for another host)" in captured.err
     assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "1000", "--json"]) == 0  # a slow host
     slow = json.loads(capsys.readouterr().out)
-    assert slow["bottleneck"] == "host dispatch" and slow["step_time_s"] == pytest.approx(
-        slow["dispatch_s"] + slow["host_s"]
-    )
+    assert slow["bottleneck"] == "host dispatch"
+    assert slow["step_time_s"] == pytest.approx(slow["dispatch_s"] + slow["host_s"])
     assert main([run_dir, "--hardware", "h100-sxm", "--host-dispatch-us", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dispatch_s"] == 0
     assert set(rows[0]) >= {
@@ -710,7 +748,9 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
         "peak_memory_bytes",
         "cost",
     }
-    assert rows[0]["cost"] > 0 and rows[2]["cost"] is None and rows[0]["fits"] is True
+    assert rows[0]["cost"] > 0
+    assert rows[2]["cost"] is None
+    assert rows[0]["fits"] is True
     # bad input: one line each
     plain = make_trainer(tmp_path / "plain", max_steps=2, callbacks=[StepTimeMonitor(log_every_n_steps=1)])
     plain.fit(tiny_model(), datamodule=tiny_data())
@@ -733,7 +773,8 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     ):
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and phrase in err, err
+        assert err.count("\n") == 1, err
+        assert phrase in err, err
     prices.write_text("prices:\n  h100-sxm: cheap\n")
     assert main([run_dir, "--hardware", "h100-sxm", "--prices", str(prices)]) == 2
     assert "prices.h100-sxm is 'cheap'" in capsys.readouterr().err
@@ -750,7 +791,8 @@ def test_messages_follow_the_strategy_and_a_measured_curve_prices_each_size():
     )
     assert fsdp == {"allgather": [20e6 / 4 * 2] * 8, "reducescatter": [80e6 / 4] * 4}
     curve = [(1e3, 1e7), (1e6, 1e9)]
-    assert _curve_busbw(curve, 1e6) == pytest.approx(1e9) and _curve_busbw(curve, 1e9) == pytest.approx(1e9)
+    assert _curve_busbw(curve, 1e6) == pytest.approx(1e9)
+    assert _curve_busbw(curve, 1e9) == pytest.approx(1e9)
     assert _curve_busbw(curve, 1e3 * 10**1.5) == pytest.approx(1e8)  # halfway in log-log
     assert _curve_busbw(curve, 100) == pytest.approx(1e6)  # below the smallest size the time holds (latency)
     run = _run(trainable=20_000_000, curves={"allreduce": curve})
@@ -856,12 +898,14 @@ def test_an_op_class_with_its_own_measured_peak_runs_at_it():
         kind="cpu",
         class_peaks={"attention": {"bfloat16": 50 * G}},
     )
-    assert chip.peak_of("attention", "bfloat16") == 50 * G and chip.peak_of("matmul", "bfloat16") == 200 * G
+    assert chip.peak_of("attention", "bfloat16") == 50 * G
+    assert chip.peak_of("matmul", "bfloat16") == 200 * G
     assert chip.peak_of("attention", "float32") == 100 * G  # a dtype it has no own peak for: the chip's
     run = _run(by_class={"matmul": (100 * G, 0, 0), "attention": (100 * G, 0, 0)})
     assert predict(run, Scenario(chip, "bf16-true", 16), UNIT).compute_s == pytest.approx(0.5 + 2.0)
     speedups = measure_mixed_speedup(repeats=1, trials=1)
-    assert set(speedups.ratios) == {"matmul", "conv", "attention"} and all(v > 0 for v in speedups.ratios.values())
+    assert set(speedups.ratios) == {"matmul", "conv", "attention"}
+    assert all(v > 0 for v in speedups.ratios.values())
 
 
 def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
@@ -922,8 +966,12 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     facts = config_facts(path)
-    assert facts.samples == 8 and facts.device == "traced" and facts.loader is not None
-    assert facts.loader_workers == 0 and facts.memory and facts.memory["optimizer"] > 0
+    assert facts.samples == 8
+    assert facts.device == "traced"
+    assert facts.loader is not None
+    assert facts.loader_workers == 0
+    assert facts.memory
+    assert facts.memory["optimizer"] > 0
     LitComputeCLI(
         args=[
             "fit",
@@ -946,11 +994,13 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
     (real.path / "config.yaml").unlink()
     bare = read_run(real.path)
     with_counts_at(bare, "bf16-mixed")
-    assert not bare.recounted and "has no config.yaml" in bare.notes[-1]
+    assert not bare.recounted
+    assert "has no config.yaml" in bare.notes[-1]
     capsys.readouterr()  # the fit's own output
     assert main(["--config", str(path), "--hardware", "h100-sxm,a100", "--micro-batch", "64", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["hardware"] for r in rows] == ["h100-sxm", "a100"] and all(r["samples_per_s"] > 0 for r in rows)
+    assert [r["hardware"] for r in rows] == ["h100-sxm", "a100"]
+    assert all(r["samples_per_s"] > 0 for r in rows)
     assert all(r["host_s"] > 0 for r in rows)  # the loader, timed here, at micro-batch 64
     for argv, phrase in (
         (["--config", str(path)], "a config has run nowhere yet: name the target with --hardware"),
@@ -1017,4 +1067,5 @@ def test_a_config_with_channels_last_is_traced_channels_last_as_its_run_counts_i
         real = read_run(next((tmp_path / layout / "lightning_logs").glob("version_*")))
         assert traced == real.channels_first
         counted[layout] = traced
-    assert counted["first"][2] > 0 and counted["last"] == (0.0, 0.0, 0.0)
+    assert counted["first"][2] > 0
+    assert counted["last"] == (0.0, 0.0, 0.0)

@@ -1,4 +1,5 @@
-"""FP32BatchNormPrecision on CPU (bf16/fp16 autocast work on CPU): norms in float32, statistics, refusals, SyncBatchNorm."""
+"""FP32BatchNormPrecision on CPU (bf16/fp16 autocast work on CPU): norms in float32, statistics, refusals,
+SyncBatchNorm."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_norms_stay_float32_and_others_have_the_mode_dtype(tmp_path, precision):
     assert trainer.precision == precision
 
 
-@pytest.mark.parametrize("capability, warned", [("AVX2", True), ("AVX512", False)])
+@pytest.mark.parametrize(("capability", "warned"), [("AVX2", True), ("AVX512", False)])
 def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_path, monkeypatch, capability, warned):
     import platform
     import warnings
@@ -60,7 +61,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_so_once_with_the_fix(tmp_p
         said += [str(w.message) for w in caught if "AVX512-BF16" in str(w.message)]
     if warned:  # once per plugin class in a process, however many trainers
         assert [text.split("(")[0] for text in said] == ["FP32BatchNormPrecision", "FP32BatchNormHalfPrecision"]
-        assert "AVX2" in said[0] and "'32-true'" in said[0]
+        assert "AVX2" in said[0]
+        assert "'32-true'" in said[0]
     else:
         assert said == []
 
@@ -71,7 +73,8 @@ def test_group_norm_kept_in_float32_when_named(tmp_path):
         tmp_path, max_steps=2, plugins=[FP32BatchNormHalfPrecision("bf16-true", fp32_norms=["BatchNorm", "GroupNorm"])]
     )
     trainer.fit(model, train_dataloaders=_loader())
-    assert model.gn.weight.dtype == torch.float32 and model.conv.weight.dtype == torch.bfloat16
+    assert model.gn.weight.dtype == torch.float32
+    assert model.conv.weight.dtype == torch.bfloat16
 
 
 def test_bf16_true_model_summary_forwards_the_example_input(tmp_path):
@@ -90,7 +93,8 @@ def test_bf16_true_model_summary_forwards_the_example_input(tmp_path):
         plugins=[FP32BatchNormHalfPrecision("bf16-true")],
     )
     trainer.fit(model, train_dataloaders=_loader())
-    assert model.example_input_array.dtype == torch.bfloat16 and trainer.global_step == 1
+    assert model.example_input_array.dtype == torch.bfloat16
+    assert trainer.global_step == 1
 
 
 def _running_stats(precision_kwargs, steps=8):
@@ -117,7 +121,8 @@ def test_batchnorm_statistics_track_float32_closer_than_plain_low_precision():
     def err(a, b):
         return float((a - b).abs().max() / b.abs().max())
 
-    assert err(ours_var, ref_var) < 0.02 and err(ours_mean, ref_mean) < 0.02
+    assert err(ours_var, ref_var) < 0.02
+    assert err(ours_mean, ref_mean) < 0.02
     assert err(ours_var, ref_var) < err(plain_var, ref_var)
     assert err(ours_mean, ref_mean) < err(plain_mean, ref_mean)
 
@@ -141,7 +146,8 @@ def test_huge_activation_keeps_running_variance_finite():
     plain = fit(precision="16-true")  # plain float16 BatchNorm
     ours = fit(plugins=[FP32BatchNormPrecision("16-mixed")])
     assert not torch.isfinite(plain).all()
-    assert torch.isfinite(ours).all() and ours.max() > 65504
+    assert torch.isfinite(ours).all()
+    assert ours.max() > 65504
 
 
 def test_16_true_is_refused_with_the_reason():
@@ -224,13 +230,15 @@ def test_sync_batchnorm_trains_float32_on_two_gpus(tmp_path):
 
 
 def test_each_refusal_of_16_true_recommends_only_what_can_be_used():
-    with pytest.raises(ValueError) as mixed:
+    with pytest.raises(ValueError, match="precision='16-mixed'") as mixed:
         FP32BatchNormPrecision("16", "cpu")
-    assert "precision='16-mixed'" in str(mixed.value) and "FP32BatchNormHalfPrecision('bf16-true')" in str(mixed.value)
+    assert "precision='16-mixed'" in str(mixed.value)
+    assert "FP32BatchNormHalfPrecision('bf16-true')" in str(mixed.value)
     assert "precision='bf16-true'" not in str(mixed.value)  # this class refuses bf16-true: it must not suggest it
-    with pytest.raises(ValueError) as half:
+    with pytest.raises(ValueError, match="precision='bf16-true'") as half:
         FP32BatchNormHalfPrecision("16-true")
-    assert "precision='bf16-true'" in str(half.value) and "FP32BatchNormPrecision('16-mixed')" in str(half.value)
+    assert "precision='bf16-true'" in str(half.value)
+    assert "FP32BatchNormPrecision('16-mixed')" in str(half.value)
 
 
 @pytest.mark.parametrize(
@@ -287,7 +295,8 @@ def test_slow_bf16_float32_picks_the_precision_by_the_rule_and_says_which(
     assert set(seen) == {torch.float32 if picked == "32-true" else torch.bfloat16}
     assert asked == ([] if capability == "AVX2" else ["cpu"])  # picked once for the device
     want = "float32 (autocast off)" if picked == "32-true" else "bf16-mixed"
-    assert len(said) == 1 and f"training in {want} on cpu: " in said[0], said
+    assert len(said) == 1, said
+    assert f"training in {want} on cpu: " in said[0], said
     assert ("AVX2" in said[0]) if capability == "AVX2" else measured[1] in said[0]
 
 

@@ -100,15 +100,17 @@ def test_report_sections_match_the_event_file(runs, tmp_path):
     assert (
         f"| step peak memory per device (GB): parameters, gradients, optimizer, activations, other | {human(peak)}: "
         in text
-        and human(activations) in text
     )
+    assert human(activations) in text
     gflops = scalar_values(acc, "compute/forward_gflops_per_sample")[0][1]
     assert f"| model forward GFLOPs per sample | {human(gflops, 4)} |" in text
     assert "of 100 GFLOP/s peak per device" in text  # 0.1 TFLOP/s in the unit that fits
     assert "| precision | 16-mixed (FP32BatchNormPrecision) |" in text
-    assert "### Profiler windows" in text and "aten::" in text
+    assert "### Profiler windows" in text
+    assert "aten::" in text
     assert "### Advice" in text
-    assert "e+" not in text and "e-0" not in text  # no scientific notation anywhere people read
+    assert "e+" not in text
+    assert "e-0" not in text
     pngs = sorted((tmp_path / "report_plots").glob("*.png"))
     prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", loaded[0].name).strip("_.")  # plots are named after their run
     assert {p.name for p in pngs} == {
@@ -129,8 +131,10 @@ def test_human_numbers():
     assert human(3.14159) == "3.14"
     assert human(0.0025118) == "0.00251"
     assert human(250.0) == "250"
-    assert human(None) == "n/a" and human(float("nan")) == "n/a"
-    assert flops_rate(0.0025) == "2.5 GFLOP/s" and flops_rate(312.0) == "312 TFLOP/s"
+    assert human(None) == "n/a"
+    assert human(float("nan")) == "n/a"
+    assert flops_rate(0.0025) == "2.5 GFLOP/s"
+    assert flops_rate(312.0) == "312 TFLOP/s"
     assert flops_rate(4e-5) == "40 MFLOP/s"
 
 
@@ -172,11 +176,14 @@ def test_runs_of_different_workloads_are_compared_like_with_like(tmp_path):
     )
     text, _ = build_report([str(a), str(gpt), str(b)], tmp_path / "r.md", None, None, plots=False)
     assert "These runs train 2 different workloads" in text
-    assert "### Images, 4.1 GFLOPs forward per sample" in text and "### TokenDataModule, 0.52 GFLOPs" in text
+    assert "### Images, 4.1 GFLOPs forward per sample" in text
+    assert "### TokenDataModule, 0.52 GFLOPs" in text
     images = text[text.index("### Images") : text.index("### TokenDataModule")]
-    assert "| resnet/version_1 | 40 | 25 | 30.0% | 0.4 | 2.5 |" in images and "gpt/" not in images
+    assert "| resnet/version_1 | 40 | 25 | 30.0% | 0.4 | 2.5 |" in images
+    assert "gpt/" not in images
     tokens = text[text.index("### TokenDataModule") : text.index("## resnet/version_0")]
-    assert "| run | time per token (ms) | tokens/s |" in tokens and "| gpt/version_0 | 0.25 | 4,000 |" in tokens
+    assert "| run | time per token (ms) | tokens/s |" in tokens
+    assert "| gpt/version_0 | 0.25 | 4,000 |" in tokens
 
 
 def test_two_experiments_with_the_same_version_stay_apart(tmp_path):
@@ -290,8 +297,10 @@ def test_runs_without_our_tags_are_skipped_with_a_line(tmp_path, capsys):
     plain.finalize("success")
     assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert "skipped:" in out and "plain/version_0 has none of lit_compute's tags" in out
-    assert "(1 run(s): " in out and out.rstrip().endswith(")")  # the closing line names the run
+    assert "skipped:" in out
+    assert "plain/version_0 has none of lit_compute's tags" in out
+    assert "(1 run(s): " in out
+    assert out.rstrip().endswith(")")
     assert "Skipped 1 folder(s)" in (tmp_path / "r.md").read_text()
     assert ours.exists()
 
@@ -305,7 +314,8 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     run = _write_run(tmp_path / "run", {"time/step_ms": 5.0}, {})
     assert main([str(run), "--out", str(tmp_path)]) == 2  # a folder
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is a folder; name a file such as" in err
+    assert err.count("\n") == 1
+    assert "is a folder; name a file such as" in err
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -314,7 +324,8 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     else:
         assert main([str(run), "--out", "/proc/r.md", "--no-plots"]) == 2  # not writable, even for root
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "cannot write --out /proc/r.md" in err
+        assert err.count("\n") == 1
+        assert "cannot write --out /proc/r.md" in err
 
 
 def test_a_plain_run_alone_is_a_clear_error(tmp_path):
@@ -446,7 +457,8 @@ def test_each_custom_scalars_chart_matches_exactly_its_tags(tensorboard):
             checked += 1
             rates.update([title] if "FLOP/s" in title else [])
     assert checked >= 12
-    assert rates and not [t for t in rates if "TFLOP/s" in t], rates  # a CPU's FLOP/s in a unit that fits it
+    assert rates, rates
+    assert not [t for t in rates if "TFLOP/s" in t], rates  # a CPU's FLOP/s in a unit that fits it
 
 
 def test_training_and_validation_figures_never_share_a_chart():
@@ -467,7 +479,8 @@ def test_report_over_many_runs_reads_every_one(tmp_path):
             BF16_CPU,
         )
     text, runs = build_report([str(tmp_path / "sweep")], tmp_path / "r.md", None, None, plots=False)
-    assert len(runs) == 12 and len({r.name for r in runs}) == 12
+    assert len(runs) == 12
+    assert len({r.name for r in runs}) == 12
     assert "lr_11/version_0" in text
 
 
@@ -521,7 +534,8 @@ def test_plots_in_a_folder_that_cannot_be_written_end_in_one_line(tmp_path, caps
     assert main([str(run_dir), "--out", str(tmp_path / "r.md"), "--plots", str(blocked / "plots")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"lit-compute report: cannot write the plots to {blocked / 'plots'}: ")
-    assert err.endswith("pass --plots DIR (a writable folder) or --no-plots") and "\n" not in err
+    assert err.endswith("pass --plots DIR (a writable folder) or --no-plots")
+    assert "\n" not in err
 
 
 def test_without_an_example_input_the_flops_hparam_reaches_hparams_yaml_once_known(tmp_path):
@@ -592,7 +606,8 @@ def test_two_runs_started_together_never_share_a_version_folder(tmp_path, monkey
     ours = tmp_path / "lightning_logs" / "version_1"
     assert (tmp_path / "run.txt").read_text().strip() == str(ours)
     assert not list((tmp_path / "lightning_logs" / "version_0").iterdir())  # nothing written into the other run's
-    assert list(ours.glob("events.out.tfevents.*")) and (ours / "config.yaml").exists()
+    assert list(ours.glob("events.out.tfevents.*"))
+    assert (ours / "config.yaml").exists()
 
 
 def test_low_mfu_advice_names_channels_last_only_for_image_runs_and_points_to_tune():
@@ -618,5 +633,7 @@ def test_low_mfu_advice_names_channels_last_only_for_image_runs_and_points_to_tu
 
     gpt = " ".join(advice(FakeRun(tokens=True)))
     image = " ".join(advice(FakeRun(tokens=False)))
-    assert "Low MFU" in gpt and "channels-last" not in gpt and "lit-compute tune --config" in gpt
+    assert "Low MFU" in gpt
+    assert "channels-last" not in gpt
+    assert "lit-compute tune --config" in gpt
     assert "channels-last weights for the convolutions" in image

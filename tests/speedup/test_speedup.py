@@ -13,16 +13,16 @@ from tests.conftest import tiny_data, tiny_model
 
 
 def _trainer(tmp_path, callbacks, **kwargs):
-    settings = dict(
-        accelerator="cpu",
-        max_steps=2,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    settings = {
+        "accelerator": "cpu",
+        "max_steps": 2,
+        "limit_val_batches": 0,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": tmp_path,
+    }
     return pl.Trainer(callbacks=callbacks, **{**settings, **kwargs})
 
 
@@ -30,7 +30,8 @@ def test_channels_last_converts_the_convolutions_and_trains(tmp_path):
     model = tiny_model()
     _trainer(tmp_path, [ChannelsLast()]).fit(model, datamodule=tiny_data())
     weights = [p for p in model.parameters() if p.dim() == 4]
-    assert weights and all(
+    assert weights
+    assert all(
         p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
         for p in weights
         if p.shape[1] > 1 and p.shape[-1] > 1
@@ -54,7 +55,9 @@ def test_fused_optimizer_switches_the_kernel_and_matches_the_plain_update(tmp_pa
         trainer.fit(model)
         results.append((model, trainer.optimizers[0].param_groups[0]))
     (plain, plain_group), (fused, fused_group) = results
-    assert not plain_group["fused"] and fused_group["fused"] is True and fused_group["foreach"] is False
+    assert not plain_group["fused"]
+    assert fused_group["fused"] is True
+    assert fused_group["foreach"] is False
     for a, b in zip(plain.parameters(), fused.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

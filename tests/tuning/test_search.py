@@ -3,6 +3,7 @@ driven clock, the numerics guard, the journal, the YAML with comments, the final
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -122,8 +123,10 @@ def test_trial_config_measures_the_users_config_without_checkpoints_or_validatio
     )
     trainer = c["trainer"]
     assert trainer["logger"]["init_args"] == {"save_dir": str(tmp_path), "name": "runs", "version": "t00_long_baseline"}
-    assert trainer["check_val_every_n_epoch"] == 100_000 and trainer["enable_checkpointing"] is False
-    assert "limit_val_batches" not in trainer and "enable_model_summary" not in trainer  # as the user's fit runs
+    assert trainer["check_val_every_n_epoch"] == 100_000
+    assert trainer["enable_checkpointing"] is False
+    assert "limit_val_batches" not in trainer
+    assert "enable_model_summary" not in trainer
     names = [cb["class_path"] for cb in trainer["callbacks"]]
     assert "lightning.pytorch.callbacks.ModelCheckpoint" not in names
     assert names[-2:] == ["lit_compute.FlopsLogger", "lit_compute.tuning.TrialRecorder"]
@@ -256,8 +259,10 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
     assert verdicts[("compile", "short", "True")].reason == "crashed: boom"
     # +2% against trials of +-2% noise: three pairs and the interval still straddles the 3% minimum gain
     fused = verdicts[("fused_optimizer", "long", "True")]
-    assert fused.reason.startswith("inconclusive: 1.02x, 95% interval") and "over 3 pair(s)" in fused.reason
-    assert not fused.accepted and len(fused.runs) == 6
+    assert fused.reason.startswith("inconclusive: 1.02x, 95% interval")
+    assert "over 3 pair(s)" in fused.reason
+    assert not fused.accepted
+    assert len(fused.runs) == 6
     # never a grid: one short trial per value, a long one only for the promising, each beside a fresh run of the
     # configuration before it (alternating which runs first); clear gains take one pair
     assert sum(1 for rung, _ in calls if rung == "short") == 7
@@ -289,8 +294,10 @@ def test_greedy_search_halves_keeps_winners_rejects_nan_and_survives_failures():
         {},
         tuned,
     ]
-    assert outcome.speedup == pytest.approx(1.8 * 1.25) and not outcome.switched
-    assert outcome.rivals[0].paired.ratio == pytest.approx(1.02) and outcome.rivals[0].paired.pairs == 3
+    assert outcome.speedup == pytest.approx(1.8 * 1.25)
+    assert not outcome.switched
+    assert outcome.rivals[0].paired.ratio == pytest.approx(1.02)
+    assert outcome.rivals[0].paired.pairs == 3
     assert outcome.rivals[1].paired.ratio == pytest.approx(1 / 1.25)
     assert budget.spent() <= 1000.0
 
@@ -315,15 +322,18 @@ def test_a_rival_faster_in_the_finals_replaces_the_searchs_answer():
     )
     bf16 = {"precision": "bf16-mixed"}
     answer = {**bf16, "loader": knobs[1].values[0]}
-    assert outcome.settings == bf16 and outcome.speedup == pytest.approx(1.5)
+    assert outcome.settings == bf16
+    assert outcome.speedup == pytest.approx(1.5)
     assert outcome.switched.startswith("the finals measured precision=bf16-mixed 1.25x, 95% interval")
     assert outcome.switched.endswith(
         f"beside the search's answer (precision=bf16-mixed, loader={answer['loader']}): it is the answer"
     )
     replaced = next(r for r in outcome.rivals if r.settings == answer)
-    assert replaced.paired.ratio == pytest.approx(0.8) and len(replaced.runs) == 3
+    assert replaced.paired.ratio == pytest.approx(0.8)
+    assert len(replaced.runs) == 3
     line = final_line(outcome)
-    assert line.startswith("Tuned: 1.50x") and "Beside the answer in the finals: precision=bf16-mixed, loader=" in line
+    assert line.startswith("Tuned: 1.50x")
+    assert "Beside the answer in the finals: precision=bf16-mixed, loader=" in line
     assert "The search's answer was replaced: the finals measured" in line
     rows = table(outcome, knobs, {})
     assert rows.count("side by side: another combination the search measured") == 2 * 3  # two rivals, three rounds
@@ -367,13 +377,15 @@ def test_journal_keeps_finished_trials_and_ignores_other_configs_and_cut_lines(t
     with open(path, "a") as f:
         f.write('{"config_hash": "abc", "kind": "trial", "result": {"ke')  # killed mid-write
     again = Journal(path, "abc")
-    assert again.spent_s == pytest.approx(20.0) and again.other_config
+    assert again.spent_s == pytest.approx(20.0)
+    assert again.other_config
     assert again.results[TrialSpec({}, "long").key].rate == 20.0
     assert len([json.loads(line) for line in path.read_text().splitlines()[:3]]) == 3
     # the next trial after a cut line gets a line of its own (it joined the cut one: a finished trial ran again)
     again.add(_result({"loader": 2}, "short", 25.0, wall=3.0))
     third = Journal(path, "abc")
-    assert third.results[TrialSpec({"loader": 2}, "short").key].rate == 25.0 and third.spent_s == pytest.approx(23.0)
+    assert third.results[TrialSpec({"loader": 2}, "short").key].rate == 25.0
+    assert third.spent_s == pytest.approx(23.0)
     # valid JSON that is no entry, and entries with parts missing, are skipped, not a traceback
     with open(path, "a") as f:
         f.write(
@@ -402,10 +414,11 @@ def test_tune_paths_are_checked_before_any_trial(tmp_path):
     assert (tmp_path / "new" / "logs").is_dir()
     # each config (name and content) tunes in its own folder; one folder is one tune at a time
     a, b = tune_folder(tmp_path, Path("my.yaml"), "abcdef0123"), tune_folder(tmp_path, Path("my.yaml"), "99990000")
-    assert a.name == "my-abcdef01" and a != b
-    with locked(a), pytest.raises(TuneError, match=rf"another tune of this config is running in {a} \(pid \d+\)"):
-        with locked(a):
-            pass
+    assert a.name == "my-abcdef01"
+    assert a != b
+    busy = rf"another tune of this config is running in {a} \(pid \d+\)"
+    with locked(a), pytest.raises(TuneError, match=busy), locked(a):
+        pass
     with locked(a):  # released after the first tune
         pass
 
@@ -479,7 +492,7 @@ def test_dump_yaml_keeps_every_value_and_only_comments_what_changed():
     changed = apply_settings(config, find_knobs(RESNET_FACTS, CPU_BF16)[0], {"loader": 1})
     paths = paths_differing(config, changed)
     assert paths == [("data", "init_args", "num_workers"), ("data", "init_args", "persistent_workers")]
-    text = dump_yaml(changed, {p: "tune: x" for p in paths})
+    text = dump_yaml(changed, dict.fromkeys(paths, "tune: x"))
     assert yaml.safe_load(text) == changed
     assert [line.strip() for line in text.splitlines() if "# tune" in line] == [
         "num_workers: 1  # tune: x",
@@ -524,7 +537,8 @@ def test_recorder_leaves_an_epochs_remainder_batch_out_and_reports_the_interval(
     ]
     recorder._real_tokens = [None] * 4
     result = recorder.result()
-    assert result["timed_steps"] == 3 and result["remainder_steps"] == 1
+    assert result["timed_steps"] == 3
+    assert result["remainder_steps"] == 1
     assert result["samples_per_sec"] == pytest.approx(96 / 2.8)
     assert result["data_wait"] == pytest.approx(0.1 / 2.8)
     assert result["ci"] == pytest.approx(relative_ci([32.0, 32.0, 40.0]))
@@ -600,7 +614,7 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
         "loader": {"batch_size": 16, "num_workers": 0},
         "accumulate_grad_batches": 2,
     }
-    (knob,) = [k for k in find_knobs(facts, CPU_BF16, only=["micro_batch"])[0]]
+    (knob,) = list(find_knobs(facts, CPU_BF16, only=["micro_batch"])[0])
     assert knob.values == [8, 32]
     peaks = {}
     for size in (16, 32):
@@ -624,9 +638,8 @@ def test_device_memory_leaves_out_a_micro_batch_predicted_not_to_fit_without_sta
     tuner.knobs, tuner.device_memory = [knob], (peaks[16] + peaks[32]) // 2
     spec = TrialSpec({"micro_batch": 32}, "short", 0, 1.0)
     result = tuner.measure(spec, 10.0, 60.0)
-    assert result.status == "skipped" and result.reason.startswith(
-        f"predicted peak {peaks[32] / 1e9:.3g} GB > --device-memory"
-    )
+    assert result.status == "skipped"
+    assert result.reason.startswith(f"predicted peak {peaks[32] / 1e9:.3g} GB > --device-memory")
     assert not (tmp_path / "logs" / "trials" / f"{spec.slug(0)}.log").exists()  # never started
     assert "skipped: predicted peak" in lines[-1]
     assert tuner.journal.results[spec.key].status == "skipped"
@@ -655,10 +668,12 @@ def test_the_paired_interval_comes_from_the_same_steps_of_the_two_runs():
 
     drift = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1, 9.9, 10.3]  # both runs see the same slow and fast steps
     clear = paired_ratio([(_stepped({"a": 1}, "long", [1.10 * r for r in drift]), _stepped({}, "pair", drift))])
-    assert clear.ratio == pytest.approx(1.10, rel=1e-3) and clear.low > 1.03  # step noise cancels in the pairs
+    assert clear.ratio == pytest.approx(1.10, rel=1e-3)
+    assert clear.low > 1.03
     noisy = [r * (1.12 if i % 2 else 0.90) for i, r in enumerate(drift)]  # +-10% step to step in one run only
     unclear = paired_ratio([(_stepped({"a": 1}, "long", noisy), _stepped({}, "pair", drift))])
-    assert unclear.low < 1.03 < unclear.high and unclear.pairs == 1
+    assert unclear.low < 1.03 < unclear.high
+    assert unclear.pairs == 1
     # three pairs: the spread between them counts too (a run-wide slowdown hits one pair, not its steps)
     pairs = [
         (_stepped({"a": 1}, "long", [f * r for r in drift], i), _stepped({}, "pair", drift, i))
@@ -691,11 +706,13 @@ def test_a_finished_tune_replays_from_its_journal_whatever_the_budget_says():
         return outcome, table(outcome, knobs, {}), final_line(outcome)
 
     first = run(Budget(900.0, clock=clock))
-    assert first[0].settings == {"precision": "bf16-mixed"} and len(ran) > 10
+    assert first[0].settings == {"precision": "bf16-mixed"}
+    assert len(ran) > 10
     trials = len(ran)
     again = run(Budget(900.0, spent_before_s=900.0, clock=clock))  # the journal's time: the budget is all spent
     assert len(ran) == trials  # nothing ran
-    assert again[1:] == first[1:] and again[0].settings == first[0].settings
+    assert again[1:] == first[1:]
+    assert again[0].settings == first[0].settings
 
 
 def test_the_final_line_says_what_was_side_by_side_and_never_calls_a_slower_config_tuned(tmp_path):
@@ -721,12 +738,14 @@ def test_the_final_line_says_what_was_side_by_side_and_never_calls_a_slower_conf
         final_tuned=[_result({"channels_last": True}, "final", 25.0)],
     )
     line = final_line(no_final_base)
-    assert "not side by side" in line and "1.25x" in line
+    assert "not side by side" in line
+    assert "1.25x" in line
     assert "An epoch (1,000 samples) takes 50 s -> 40 s" in line  # the dataset's size, not 32 full batches
     # --out when nothing beat the baseline: the user's own file, comments kept, under a header saying what ran
     source = "# my comment\nmodel:\n  class_path: my.Model  # keep this too\n"
     text = untuned_yaml(source, "my.yaml", final_line(slower), slower, [])
-    assert text.endswith(source) and text.startswith("# lit-compute tune --config my.yaml on ")
+    assert text.endswith(source)
+    assert text.startswith("# lit-compute tune --config my.yaml on ")
     assert "nothing beat the baseline; this is your config unchanged" in text.splitlines()[0]
     assert yaml.safe_load(text) == yaml.safe_load(source)
 
@@ -772,10 +791,8 @@ def test_a_process_outside_this_tree_burning_cpu_is_seen(tmp_path):
     subprocess.run([sys.executable, "-c", launcher], check=True, timeout=60)
     burner = psutil.Process(int(pid_file.read_text()))
     start = cpu_sample()
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         burner.wait(timeout=60)
-    except psutil.NoSuchProcess:
-        pass
     end = cpu_sample()
     assert burner.pid not in {c.pid for c in psutil.Process().children(recursive=True)}
     # it spun for most of the window: at least a third of a CPU even on the busiest machine
@@ -834,7 +851,8 @@ def test_a_manual_optimization_gan_is_checked_on_its_logged_loss(tmp_path):
     )
     trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(30, 4)), batch_size=4))
     result = json.loads((tmp_path / "r.json").read_text())
-    assert len(result["losses"]) == 4 and result["loss_source"] == "logged as train_loss"
+    assert len(result["losses"]) == 4
+    assert result["loss_source"] == "logged as train_loss"
     assert result["facts"]["epoch_samples"] == 30
     # what it ran on comes from the run's record, as report and whatif read it (#46)
     facts = result["facts"]
@@ -853,11 +871,8 @@ def test_a_ctrl_c_something_swallowed_still_stops_the_tune_before_its_next_trial
 
     tuner = SimpleNamespace(interrupted=False)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite runs in a background job
-    with _remembered_ctrl_c(tuner):
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-        except KeyboardInterrupt:
-            pass  # what the swallowing code did
+    with _remembered_ctrl_c(tuner), contextlib.suppress(KeyboardInterrupt):  # what the swallowing code did
+        os.kill(os.getpid(), signal.SIGINT)
     assert tuner.interrupted
     assert signal.getsignal(signal.SIGINT) == before  # the handler is put back
     real = _Tuner(
@@ -901,13 +916,15 @@ def test_drift_text_compares_the_loss_after_warm_up_the_last_quarter_and_validat
         "Numerics over 8 steps (same seed and batches): the tuned run's training loss after "
         "warm-up (steps 3-8) 1.167 vs 1.167 (+0.0%); over the last quarter (steps 7-8) 1 vs 1 (+0.0%)"
     )
-    assert "validation after the last step: val_loss 2.02 vs 2 (+1.0%)" in same and "within the 5% tolerance" in same
+    assert "validation after the last step: val_loss 2.02 vs 2 (+1.0%)" in same
+    assert "within the 5% tolerance" in same
     drifted = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 1.2, 1.2]), 2, 0.05)
     assert "over the last quarter (steps 7-8) 1.2 vs 1 (+20.0%)" in drifted
     assert "loss worse by 20.0%, more than the 5% tolerance (--loss-tolerance)" in drifted
     # lower losses and a higher accuracy are a different path, not a fault; a lower accuracy is worse
     better = drift_text(base, run([4.0, 3.0, 2.0, 1.0, 1.0, 1.0, 0.8, 0.8], {"val_loss": 1.5}), 2, 0.05)
-    assert "every difference for the better" in better and "up to 25.0% apart" in better
+    assert "every difference for the better" in better
+    assert "up to 25.0% apart" in better
     base.measured["val_metrics"] = {"val/acc": 0.9}
     assert "val/acc worse by 10.0%" in drift_text(base, run(base.measured["losses"], {"val/acc": 0.81}), 2, 0.05)
     assert (
@@ -934,7 +951,8 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
         "trainer"
     ]
     assert (trainer_args["max_steps"], trainer_args["val_check_interval"]) == (7, 12)
-    assert trainer_args["check_val_every_n_epoch"] is None and "limit_val_batches" not in trainer_args
+    assert trainer_args["check_val_every_n_epoch"] is None
+    assert "limit_val_batches" not in trainer_args
 
     out = tmp_path / "check.json"
     trainer = pl.Trainer(
@@ -950,8 +968,10 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
     )
     trainer.fit(ValidatedRegression(coef=0.0), datamodule=ValidatedRegressionData())
     measured = json.loads(out.read_text())
-    assert len(measured["losses"]) == 6 and measured["steps_seen"] == 6
-    assert measured["stop_reason"] == "validated after 6 steps" and set(measured["val_metrics"]) == {"val_loss"}
+    assert len(measured["losses"]) == 6
+    assert measured["steps_seen"] == 6
+    assert measured["stop_reason"] == "validated after 6 steps"
+    assert set(measured["val_metrics"]) == {"val_loss"}
 
     asked = []
 
@@ -977,4 +997,5 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
         ({}, "check6v", {"check_steps": 6, "validate": True}),
         ({"micro_batch": 8}, "check6v", {"check_steps": 6, "validate": True}),
     ]
-    assert text.startswith("Numerics over 6 steps (same seed and batches)") and "val_loss" in text
+    assert text.startswith("Numerics over 6 steps (same seed and batches)")
+    assert "val_loss" in text

@@ -56,7 +56,8 @@ def test_the_settling_steps_of_a_run_are_found_and_left_out():
     r = random.Random(0)
     warming = [0.30, 0.26, 0.22, 0.18, 0.15, 0.13, 0.12, 0.11] + [0.10 + r.uniform(-0.004, 0.004) for _ in range(30)]
     steady = [0.10 + r.uniform(-0.004, 0.004) for _ in range(38)]
-    assert steady_start(warming) == 10 and steady_start(steady) == 0  # whole batches of five steps
+    assert steady_start(warming) == 10
+    assert steady_start(steady) == 0
     assert steady_start([0.3, 0.1, 0.1]) == 0  # too few steps to tell: none dropped
 
 
@@ -121,9 +122,11 @@ def test_every_interval_carries_the_spread_between_runs():
     a.measured["step_rates"] = [22.0] * 10
     b.measured["step_rates"] = [20.0] * 10
     tight, honest = paired_ratio([(a, b)]), paired_ratio([(a, b)], run_noise=0.05)
-    assert tight.low == pytest.approx(1.1) and tight.high == pytest.approx(1.1)
+    assert tight.low == pytest.approx(1.1)
+    assert tight.high == pytest.approx(1.1)
     half = 1.96 * math.sqrt(2 * 0.05**2)
-    assert honest.low == pytest.approx(1.1 * math.exp(-half)) and honest.high == pytest.approx(1.1 * math.exp(half))
+    assert honest.low == pytest.approx(1.1 * math.exp(-half))
+    assert honest.high == pytest.approx(1.1 * math.exp(half))
     rates = iter([20.0, 22.0])
     search, _ = _search([], lambda spec: (next(rates), 0.0))
     assert search.run_noise() == Options().run_noise  # nothing run twice yet: the prior

@@ -93,34 +93,38 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
     finally:
         first.kill()
     assert first.returncode == 130, err[-2000:]
-    assert "interrupted; finished trials are kept in" in err and "run the same command again to resume" in err
+    assert "interrupted; finished trials are kept in" in err
+    assert "run the same command again to resume" in err
 
     second = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     text = second.stdout
-    assert "resuming from" in text and "t00 long  baseline:" in text and "(from the journal)" in text
+    assert "resuming from" in text
+    assert "t00 long  baseline:" in text
+    assert "(from the journal)" in text
     folder = _folder(logs)
     entries = [e["result"] for e in _journal(folder / "tune.jsonl") if e["kind"] == "trial"]
     assert sum(1 for e in entries if e["settings"] == {} and e["rung"] == "long") == 1  # the baseline ran once
     by_knob = {tuple(sorted(e["settings"])): e for e in entries if e["rung"] == "short"}
     nan = by_knob[("channels_last",)]["measured"]["losses"][0]
-    assert nan != nan  # noqa: PLR0124 - NaN
+    assert nan != nan  # NaN
     assert by_knob[("fused_optimizer",)]["status"] == "oom"
     # the table says what happened to each
     assert "rejected: the training loss is nan at step 0 (the baseline's is finite)" in text
     assert "rejected: oom: out of memory" in text
     assert "micro-batch 8 x 2 accumulated (same global batch 16)" in text
-    assert "Tuned: " in text and "x samples/s measured side by side (1 run(s) each, alternating)" in text
+    assert "Tuned: " in text
+    assert "x samples/s measured side by side (1 run(s) each, alternating)" in text
 
     figure = (tmp_path / "figures" / "tune.md").read_text()  # the table and the result under the figure header
-    assert (
-        figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m")
-        and "--markdown" not in figure.splitlines()[0]
-    )
-    assert "| t00 |" in figure and "Tuned: " in figure
+    assert figure.startswith(f"<!-- written by `lit-compute tune --config {config} --budget 4m")
+    assert "--markdown" not in figure.splitlines()[0]
+    assert "| t00 |" in figure
+    assert "Tuned: " in figure
 
     tuned = yaml.safe_load(out.read_text())
-    assert tuned["data"]["init_args"]["batch_size"] == 8 and tuned["trainer"]["accumulate_grad_batches"] == 2
+    assert tuned["data"]["init_args"]["batch_size"] == 8
+    assert tuned["trainer"]["accumulate_grad_batches"] == 2
     assert "speedup" not in str(tuned["trainer"].get("callbacks", []))  # the rejected knobs are not in it
     assert "# tune: micro-batch 8 x 2 accumulated (same global batch 16): " in out.read_text()
     # every trial is a TensorBoard run
@@ -137,7 +141,8 @@ def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that
         lit_compute_main(["report", str(folder / "runs"), "--out", str(tmp_path / "tune_report.md"), "--no-plots"]) == 0
     )
     text = (tmp_path / "tune_report.md").read_text()
-    assert "stopped at step" not in text and "Stopped early" not in text
+    assert "stopped at step" not in text
+    assert "Stopped early" not in text
     baseline_section = text[text.index("## t00_long_baseline") :].split("\n## ", 1)[0]
     for figure in ("mean step time (ms)", "samples/s", "MFU"):
         row = next(line for line in baseline_section.splitlines() if line.startswith(f"| {figure} |"))
@@ -159,7 +164,8 @@ def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, mon
     result = run_trial(
         config, TrialSpec({}, "short", 0, 1.0), 0, tmp_path, timeout=3.0, recorder={"warmup_steps": 1, "loss_steps": 2}
     )
-    assert result.status == "timeout" and result.reason == "no result after 3 s (stopped)"
+    assert result.status == "timeout"
+    assert result.reason == "no result after 3 s (stopped)"
     assert result.wall_s >= 3.0  # it waited out its timeout (no upper bound: a busy machine is slower)
     assert (tmp_path / "trials" / "t00_short_baseline.yaml").is_file()
 
@@ -199,14 +205,14 @@ def test_a_failed_baseline_is_run_again_and_a_full_disk_blames_no_knob(tmp_path,
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     config = {**CONFIG, "model": {"class_path": "tests.tuning.tune_models.Faulty"}}
     (tmp_path / "faulty.yaml").write_text(yaml.safe_dump(config))
-    args = dict(
-        budget="2m",
-        log_dir=tmp_path / "logs",
-        short_seconds=1,
-        long_seconds=1,
-        side_by_side=1,
-        echo=lambda line: lines.append(line),
-    )
+    args = {
+        "budget": "2m",
+        "log_dir": tmp_path / "logs",
+        "short_seconds": 1,
+        "long_seconds": 1,
+        "side_by_side": 1,
+        "echo": lambda line: lines.append(line),
+    }
     lines: list[str] = []
     (tmp_path / "fault.txt").write_text("crash")
     with pytest.raises(TuneError, match=r"the baseline .* failed: crashed: RuntimeError: a bug in the model.*--fresh"):
