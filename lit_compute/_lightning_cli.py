@@ -192,7 +192,7 @@ class _OneLineParser(LightningArgumentParser):
             cfg = self.without_unasked_data(cfg)
         return super().dump(cfg, *args, **kwargs)
 
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")

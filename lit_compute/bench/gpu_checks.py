@@ -339,8 +339,8 @@ def measure_rate(
             max_steps=steps,
             logger=False,
             benchmark=True,
-            precision="32-true" if tf32 else precision,
-            callbacks=[clock],  # type: ignore[arg-type]
+            precision="32-true" if tf32 else precision,  # type: ignore[arg-type]
+            callbacks=[clock],
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,

@@ -14,7 +14,7 @@ from lit_compute.data import DALIImageDataModule, TorchvisionImageDataModule
 from lit_compute.data.dali_datamodule import dali_available
 
 
-def _epoch_rate(loader, device: torch.device | None) -> float:
+def _epoch_rate(loader: Any, device: torch.device | None) -> float:
     start, n = time.perf_counter(), 0
     for images, labels in loader:
         if device is not None and device.type == "cuda":

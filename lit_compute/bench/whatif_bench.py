@@ -309,8 +309,8 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
         device="traced",
         loader_workers=None,
         conv_weights=float(count.conv_weights),
-        channels_first=tuple(float(n) for n in count.channels_first),
-    )  # type: ignore[arg-type]
+        channels_first=tuple(float(n) for n in count.channels_first),  # type: ignore[arg-type]
+    )
 
 
 def _optimizer(model: str, net: Any) -> Any:

@@ -250,7 +250,7 @@ class TokenDataModule(LightningDataModule):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
         os.close(fd)
-        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its allow_pickle flag
+        np.savez(tmp, **arrays)
         os.replace(tmp, path)
         return {split: np.split(arrays[f"{split}_tokens"], arrays[f"{split}_ends"][:-1]) for split in ("train", "val")}
 

@@ -39,11 +39,14 @@ the kernel executed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
 from torch.utils.flop_counter import conv_flop_count, mm_flop, sdpa_backward_flop_count, sdpa_flop_count
+
+# what torch.utils.flop_counter hands a formula for each tensor argument: its shape (a torch.Size, or a list)
+Shape = Sequence[int]
 
 aten = torch.ops.aten
 
@@ -54,11 +57,13 @@ def _raw(fn: Callable[..., int]) -> Callable[..., int]:
     return fn
 
 
-def _sdpa_forward(query_shape, key_shape, value_shape, *args: Any, **kwargs: Any) -> int:
+def _sdpa_forward(query_shape: Shape, key_shape: Shape, value_shape: Shape, *args: Any, **kwargs: Any) -> int:
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args: Any, **kwargs: Any) -> int:
+def _sdpa_backward(
+    grad_out_shape: Shape, query_shape: Shape, key_shape: Shape, value_shape: Shape, *args: Any, **kwargs: Any
+) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
@@ -86,28 +91,36 @@ def _sequence_lengths(t: torch.Tensor) -> list[int]:
 
 
 @_raw
-def _native_mha(query, key, value, embed_dim, num_head, *args: Any, **kwargs: Any) -> int:
+def _native_mha(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: Any,
+    num_head: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
     q_lengths, k_lengths = _sequence_lengths(query), _sequence_lengths(key)
     return sum(_mha_core(1, lq, lk, int(embed_dim)) for lq, lk in zip(q_lengths, k_lengths))
 
 
 @_raw
 def _encoder_layer(
-    src,
-    embed_dim,
-    num_heads,
-    qkv_weight,
-    qkv_bias,
-    proj_weight,
-    proj_bias,
-    use_gelu,
-    norm_first,
-    eps,
-    nw1,
-    nb1,
-    nw2,
-    nb2,
-    ffn_weight_1,
+    src: torch.Tensor,
+    embed_dim: Any,
+    num_heads: Any,
+    qkv_weight: torch.Tensor,
+    qkv_bias: Any,
+    proj_weight: torch.Tensor,
+    proj_bias: Any,
+    use_gelu: Any,
+    norm_first: Any,
+    eps: Any,
+    nw1: Any,
+    nb1: Any,
+    nw2: Any,
+    nb2: Any,
+    ffn_weight_1: torch.Tensor,
     *args: Any,
     **kwargs: Any,
 ) -> int:
@@ -116,25 +129,25 @@ def _encoder_layer(
 
 
 def _conv_backward(
-    grad_out_shape,
-    x_shape,
-    w_shape,
-    _bias,
-    _stride,
-    _padding,
-    _dilation,
-    transposed,
-    _output_padding,
-    _groups,
-    output_mask,
+    grad_out_shape: Shape,
+    x_shape: Shape,
+    w_shape: Shape,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: Any,
+    _output_padding: Any,
+    _groups: Any,
+    output_mask: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
-    forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
+def _grouped_mm(a_shape: Shape, b_shape: Shape, *args: Any, **kwargs: Any) -> int:
     """``_grouped_mm(a, b, offs)``: 2D x 3D (rows of ``a`` split over experts), 3D x 3D (batched), 3D x 2D (columns
     of ``b`` split over groups), 2D x 2D (the contraction split over groups): every case is one multiply-add per
     (row, contraction, column) triple that meets."""
@@ -149,79 +162,89 @@ def _grouped_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
     raise ValueError(f"unsupported _grouped_mm shapes {tuple(a_shape)} x {tuple(b_shape)}")
 
 
-def _mm_like(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
+def _mm_like(a_shape: Shape, b_shape: Shape, *args: Any, **kwargs: Any) -> int:
     return mm_flop(a_shape, b_shape)
 
 
-def _int8pack_mm(a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
+def _int8pack_mm(a_shape: Shape, b_shape: Shape, *args: Any, **kwargs: Any) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[0]  # the packed weight is (out, in)
 
 
-def _addmm_activation(self_shape, a_shape, b_shape, *args: Any, **kwargs: Any) -> int:
+def _addmm_activation(self_shape: Shape, a_shape: Shape, b_shape: Shape, *args: Any, **kwargs: Any) -> int:
     return mm_flop(a_shape, b_shape)
 
 
-def _rnn_tokens(input_shape, batch_sizes: Any) -> int:
+def _rnn_tokens(input_shape: Shape, batch_sizes: Any) -> int:
     if batch_sizes is not None and len(batch_sizes) > 0:  # a PackedSequence: the real time steps of every sequence
         return int(sum(int(b) for b in batch_sizes))
     return int(math.prod(input_shape[:-1]))
 
 
 def _mkldnn_rnn_layer(
-    input_shape, w_ih_shape, w_hh_shape, b_ih, b_hh, hx, cx, reverse, batch_sizes, *args: Any, **kwargs: Any
+    input_shape: Shape,
+    w_ih_shape: Shape,
+    w_hh_shape: Shape,
+    b_ih: Any,
+    b_hh: Any,
+    hx: Any,
+    cx: Any,
+    reverse: Any,
+    batch_sizes: Any,
+    *args: Any,
+    **kwargs: Any,
 ) -> int:
     return 2 * _rnn_tokens(input_shape, batch_sizes) * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
 
 
 def _mkldnn_rnn_layer_backward(
-    input_shape,
-    w_ih_shape,
-    w_hh_shape,
-    b_ih,
-    b_hh,
-    hx,
-    cx,
-    output,
-    hy,
-    cy,
-    grad_output,
-    grad_hy,
-    grad_cy,
-    reverse,
-    mode,
-    hidden_size,
-    num_layers,
-    has_biases,
-    train,
-    bidirectional,
-    batch_sizes,
+    input_shape: Shape,
+    w_ih_shape: Shape,
+    w_hh_shape: Shape,
+    b_ih: Any,
+    b_hh: Any,
+    hx: Any,
+    cx: Any,
+    output: Any,
+    hy: Any,
+    cy: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    reverse: Any,
+    mode: Any,
+    hidden_size: Any,
+    num_layers: Any,
+    has_biases: Any,
+    train: Any,
+    bidirectional: Any,
+    batch_sizes: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
     return 2 * _mkldnn_rnn_layer(input_shape, w_ih_shape, w_hh_shape, None, None, None, None, reverse, batch_sizes)
 
 
-def _packed_rnn(input_shape, weight_shapes, batch_sizes: Any) -> int:
+def _packed_rnn(input_shape: Shape, weight_shapes: Sequence[Shape], batch_sizes: Any) -> int:
     matrices = sum(math.prod(s) for s in weight_shapes if len(s) == 2)
     return 2 * _rnn_tokens(input_shape, batch_sizes) * matrices
 
 
 def _cudnn_rnn(
-    input_shape,
-    weight_shapes,
-    weight_stride0,
-    weight_buf,
-    hx,
-    cx,
-    mode,
-    hidden_size,
-    proj_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
+    input_shape: Shape,
+    weight_shapes: Sequence[Shape],
+    weight_stride0: Any,
+    weight_buf: Any,
+    hx: Any,
+    cx: Any,
+    mode: Any,
+    hidden_size: Any,
+    proj_size: Any,
+    num_layers: Any,
+    batch_first: Any,
+    dropout: Any,
+    train: Any,
+    bidirectional: Any,
+    batch_sizes: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
@@ -229,25 +252,25 @@ def _cudnn_rnn(
 
 
 def _cudnn_rnn_backward(
-    input_shape,
-    weight_shapes,
-    weight_stride0,
-    weight_buf,
-    hx,
-    cx,
-    output,
-    grad_output,
-    grad_hy,
-    grad_cy,
-    mode,
-    hidden_size,
-    proj_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
+    input_shape: Shape,
+    weight_shapes: Sequence[Shape],
+    weight_stride0: Any,
+    weight_buf: Any,
+    hx: Any,
+    cx: Any,
+    output: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    mode: Any,
+    hidden_size: Any,
+    proj_size: Any,
+    num_layers: Any,
+    batch_first: Any,
+    dropout: Any,
+    train: Any,
+    bidirectional: Any,
+    batch_sizes: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
@@ -255,19 +278,19 @@ def _cudnn_rnn_backward(
 
 
 def _miopen_rnn(
-    input_shape,
-    weight_shapes,
-    weight_stride0,
-    hx,
-    cx,
-    mode,
-    hidden_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
+    input_shape: Shape,
+    weight_shapes: Sequence[Shape],
+    weight_stride0: Any,
+    hx: Any,
+    cx: Any,
+    mode: Any,
+    hidden_size: Any,
+    num_layers: Any,
+    batch_first: Any,
+    dropout: Any,
+    train: Any,
+    bidirectional: Any,
+    batch_sizes: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
@@ -275,32 +298,42 @@ def _miopen_rnn(
 
 
 def _miopen_rnn_backward(
-    input_shape,
-    weight_shapes,
-    weight_stride0,
-    weight_buf,
-    hx,
-    cx,
-    output,
-    grad_output,
-    grad_hy,
-    grad_cy,
-    mode,
-    hidden_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
+    input_shape: Shape,
+    weight_shapes: Sequence[Shape],
+    weight_stride0: Any,
+    weight_buf: Any,
+    hx: Any,
+    cx: Any,
+    output: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    mode: Any,
+    hidden_size: Any,
+    num_layers: Any,
+    batch_first: Any,
+    dropout: Any,
+    train: Any,
+    bidirectional: Any,
+    batch_sizes: Any,
     *args: Any,
     **kwargs: Any,
 ) -> int:
     return 2 * _packed_rnn(input_shape, weight_shapes, batch_sizes)
 
 
-def _trilinear(i1_shape, i2_shape, i3_shape, expand1, expand2, expand3, sumdim, *args: Any, **kwargs: Any) -> int:
-    def expanded(shape, dims) -> list[int]:
+def _trilinear(
+    i1_shape: Shape,
+    i2_shape: Shape,
+    i3_shape: Shape,
+    expand1: Any,
+    expand2: Any,
+    expand3: Any,
+    sumdim: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
+    def expanded(shape: Shape, dims: Sequence[int]) -> list[int]:
         out = list(shape)
         for d in sorted(dims):
             out.insert(d, 1)

@@ -30,7 +30,7 @@ class HooklessModuleTracker(ModuleTracker):
         self.unnamed: dict[str, str] = {}  # module class -> why naming it failed (its FLOPs go to its parents)
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def parents(self) -> set[str]:
         if torch._C._current_graph_task_id() == -1:
             return {"Global", *self._stack}

@@ -389,7 +389,7 @@ def fp32_norm_precision(precision: str, **kwargs: Any) -> FP32BatchNormPrecision
     and ``"bf16-mixed"``, :class:`FP32BatchNormHalfPrecision` for ``"bf16-true"`` (keyword arguments go to it)."""
     if precision == "bf16-true":
         return FP32BatchNormHalfPrecision(precision, **kwargs)
-    return FP32BatchNormPrecision(precision, **kwargs)  # type: ignore[arg-type]
+    return FP32BatchNormPrecision(precision, **kwargs)
 
 
 class FP32BatchNormFSDPPrecision(FSDPPrecision):
