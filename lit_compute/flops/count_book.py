@@ -7,6 +7,7 @@ A *signature* is :func:`lit_compute._batch.signature`'s ``(stage, ((path, shape,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,12 @@ class CountBook:
         self._seen: dict[tuple, int] = {}  # lookups of each exactly counted signature
         self._samples: dict[tuple, list[Values]] = {}  # every real count of each signature
         self._estimated: dict[tuple, str] = {}  # signature -> why its FLOPs depend on the batch's values
+        self._bytes: dict[tuple, int] = {}  # a batch's own bytes, by exactly counted training signature
+        # the optimizer's op class ``(flops, bytes, kernels)`` from the last count whose batch stepped: the op-class
+        # table of an accumulating batch's count (no optimizer step in it) carries it, since whatif prices a step
+        # from that table; kept in the checkpoint, so a resumed run counts nothing again for it
+        self.optimizer_class: tuple[int, int, int] | None = None
+        self.optimizer_counted = False  # a batch that stepped the optimizer was counted (once is enough)
 
     @property
     def exhausted(self) -> bool:
@@ -145,10 +152,38 @@ class CountBook:
             self.first_train = count
         return Recorded(values, prediction_missed=missed, value_dependent=why)
 
+    # -- the optimizer's step -------------------------------------------------------------------------
+    def with_optimizer(self, sig: tuple, count: FlopCount) -> FlopCount:
+        """A booked training count as the op-class table shows it: the optimizer's op class taken from a count whose
+        batch stepped, or added to an accumulating batch's count from the last one that did; the batch's own bytes
+        (the optimizer's are the step's, :attr:`optimizer_bytes`) kept for :meth:`batch_bytes`."""
+        optimizer = count.by_class.get("optimizer")
+        self._bytes[sig] = count.bytes - int(optimizer[1] if optimizer else 0)
+        if optimizer is not None:
+            self.optimizer_class = optimizer
+        elif self.optimizer_class is not None:
+            count = dataclasses.replace(count, by_class={**count.by_class, "optimizer": self.optimizer_class})
+        return count
+
+    def batch_bytes(self, sig: tuple | None) -> int | None:
+        """The bytes a batch of this exactly counted training signature moves, its optimizer's step left out."""
+        return self._bytes.get(sig) if sig is not None else None
+
+    @property
+    def optimizer_bytes(self) -> int | None:
+        """The bytes one optimizer step moves (once a step, an accumulated one's too); None before it was counted."""
+        return int(self.optimizer_class[1]) if self.optimizer_class is not None else None
+
+    def forget_optimizer(self) -> None:
+        """The model changed: its optimizer's step is counted again."""
+        self.optimizer_class, self.optimizer_counted = None, False
+
     # -- checkpoints ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         table = self.first_train
         return {
+            "optimizer_class": self.optimizer_class,
+            "optimizer_counted": self.optimizer_counted,
             "counts": [[sig, [c.forward, c.backward, c.hardware]] for sig, c in self.counts.items() if c is not None],
             "table": None
             if table is None
@@ -165,6 +200,10 @@ class CountBook:
             sig = _as_tuple(sig)
             self.counts[sig] = FlopCount(forward=int(fwd), backward=int(bwd), hardware=int(hw))
             self._predictor.add(sig, (int(fwd), int(bwd), int(hw)))
+        kept = state_dict.get("optimizer_class")
+        self.optimizer_class = (int(kept[0]), int(kept[1]), int(kept[2])) if kept else None
+        # a checkpoint from before the flag: a run with counts had counted its optimizer's step
+        self.optimizer_counted = bool(state_dict.get("optimizer_counted", bool(state_dict.get("counts"))))
         table = state_dict.get("table")
         if table:
             self.first_train = FlopCount(

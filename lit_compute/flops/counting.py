@@ -29,6 +29,7 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from lit_compute._batch import batch_size
 from lit_compute._compat import (
     eager_compiled_code,
     returns_only_views,
@@ -700,3 +701,15 @@ def count_example_forward(module: nn.Module, example: Any) -> FlopCount | None:
         return None
     finally:
         module.train(training)
+
+
+def example_gflops_per_sample(module: nn.Module) -> float | None:
+    """The forward GFLOPs per sample of a module's ``example_input_array`` (:func:`count_example_forward`); None
+    without an example, for a sharded module (FSDP2 sets itself up at the strategy's first forward, not ours), or
+    when the example cannot be counted."""
+    example = getattr(module, "example_input_array", None)
+    if example is None or is_sharded(module):
+        return None
+    count = count_example_forward(module, example)
+    samples = batch_size(example)
+    return count.forward / samples / 1e9 if count is not None and count.forward and samples else None

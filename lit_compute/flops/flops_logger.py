@@ -8,7 +8,6 @@ in :class:`~lit_compute.flops.eval_tally.EvalTally`, the warnings a count gives 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -23,13 +22,12 @@ from lit_compute.flops.count_messages import count_warnings
 from lit_compute.flops.counting import (
     FlopCount,
     SafeFlopCounterMode,
-    count_example_forward,
-    is_sharded,
+    example_gflops_per_sample,
 )
 from lit_compute.flops.eval_tally import EvalTally
 from lit_compute.flops.peaks import PeakPolicy, precision_dtype
 from lit_compute.flops.table_writer import per_sample_flops, write_module_table, write_op_classes
-from lit_compute.flops.train_tally import TrainTally
+from lit_compute.flops.train_tally import TrainTally, global_rates
 from lit_compute.model_state import ModelState
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import say
@@ -92,16 +90,10 @@ class FlopsLogger(MeasuringCallback):
         self.predict_shapes = predict_shapes
         self.book = CountBook(predict_shapes=predict_shapes, max_failures=_MAX_FAILED_COUNTS)
         self.peaks = PeakPolicy(peak, peak_flops)
-        self._bytes: dict[tuple, int] = {}  # bytes of each exactly counted training signature
         self.last_local_tflops: float | None = None  # this rank's figure at the last logging step (None: unknown)
         self._counting: tuple[tuple, SafeFlopCounterMode, float] | None = None
         self._model_state = ModelState()
         self._train_key: tuple[str, str, str, int] | None = None  # the model state of the last training batch
-        # the optimizer's op class from the last count whose batch stepped: the op-class table of a count of an
-        # accumulating batch (no optimizer step in it) carries it, since whatif prices a step from that table; kept
-        # with the counts (and in the checkpoint), so a resumed run counts nothing again for it
-        self._optimizer_class: tuple[int, int, int] | None = None
-        self._optimizer_counted = False  # a batch that stepped the optimizer was counted (once is enough)
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -127,18 +119,11 @@ class FlopsLogger(MeasuringCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **self.book.state_dict(),
-            "optimizer_class": self._optimizer_class,
-            "optimizer_counted": self._optimizer_counted,
-        }
+        return self.book.state_dict()
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.book.load_state_dict(state_dict)
-        kept = state_dict.get("optimizer_class")
-        self._optimizer_class = (int(kept[0]), int(kept[1]), int(kept[2])) if kept else None
-        self._optimizer_counted = bool(state_dict.get("optimizer_counted", bool(state_dict.get("counts"))))
 
     @override
     def logs_at(self, trainer: pl.Trainer, stage: str, step: int) -> bool:
@@ -179,14 +164,12 @@ class FlopsLogger(MeasuringCallback):
     def _fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """With an ``example_input_array``: the forward GFLOPs per sample as an hparam, in Lightning's own (first,
         only) ``log_hyperparams`` call, which comes right after ``on_fit_start``."""
-        example = getattr(pl_module, "example_input_array", None)
-        if example is None or is_sharded(pl_module):  # FSDP2 sets itself up at the strategy's first forward, not ours
+        if getattr(pl_module, "example_input_array", None) is None:
             return
         with self.timeline.instrument("flop_count"):
-            count = count_example_forward(pl_module, example)
-        samples = _batch.batch_size(example)
-        if count is not None and count.forward and samples:
-            _compat.add_initial_hparam(pl_module, "compute/forward_gflops_per_sample", count.forward / samples / 1e9)
+            gflops = example_gflops_per_sample(pl_module)
+        if gflops is not None:
+            _compat.add_initial_hparam(pl_module, "compute/forward_gflops_per_sample", gflops)
 
     # -- counting -------------------------------------------------------------------------------------
     def _begin_batch(self, pl_module: pl.LightningModule, stage: str, batch: Any, force: bool = False) -> None:
@@ -198,7 +181,7 @@ class FlopsLogger(MeasuringCallback):
                     f"FlopsLogger: the model changed ({ModelState.describe(self._train_key, key)}); "
                     "its FLOPs are counted again",
                 )
-                self._optimizer_class, self._optimizer_counted = None, False  # its optimizer's step too
+                self.book.forget_optimizer()  # its optimizer's step too
             self._train_key = key
         sig = (*_batch.signature(stage, batch), key)
         self._batch_sig = sig
@@ -232,12 +215,7 @@ class FlopsLogger(MeasuringCallback):
             return None
         if sig[0] == "train":
             self.peaks.refine(count.by_op)
-            # a batch's own bytes; the optimizer's are the step's, added once a step (an accumulated one's too)
-            self._bytes[sig] = count.bytes - int(count.by_class.get("optimizer", (0, 0, 0))[1])
-            if "optimizer" in count.by_class:
-                self._optimizer_class = count.by_class["optimizer"]
-            elif self._optimizer_class is not None:  # an accumulating batch's count: the step's optimizer added
-                count = dataclasses.replace(count, by_class={**count.by_class, "optimizer": self._optimizer_class})
+            count = self.book.with_optimizer(sig, count)
             if trainer.is_global_zero and count.by_class:
                 write_op_classes(trainer, count, sig)
         return booked.values
@@ -257,9 +235,9 @@ class FlopsLogger(MeasuringCallback):
     def _batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         # an accumulated step's first batch steps no optimizer: the first batch that does is counted too (once), so
         # the op-class table whatif prices holds the optimizer's step
-        force = not self._optimizer_counted and _compat.batch_will_step(trainer)
+        force = not self.book.optimizer_counted and _compat.batch_will_step(trainer)
         self._begin_batch(pl_module, "train", batch, force=force)
-        self._optimizer_counted |= force and self._counting is not None
+        self.book.optimizer_counted |= force and self._counting is not None
         if self._counting is not None:
             self.timeline.taint("flop_count")
 
@@ -268,16 +246,15 @@ class FlopsLogger(MeasuringCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, record: StepRecord | None
     ) -> None:
         values = self._end_batch(trainer)
-        moved = self._bytes.get(self._batch_sig) if self._batch_sig is not None else None
-        self._train.add_batch(values, moved, self._batch_estimated)
+        self._train.add_batch(values, self.book.batch_bytes(self._batch_sig), self._batch_estimated)
         if not self._table_logged and self.book.first_train is not None and trainer.is_global_zero:
             self._table_logged = True
             write_module_table(trainer, self.book.first_train, self.module_depth, _batch.batch_size(batch))
 
     @override
     def _step_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, record: StepRecord) -> None:
-        if self._optimizer_class is not None:
-            self._train.add_step_bytes(int(self._optimizer_class[1]))
+        if self.book.optimizer_bytes is not None:
+            self._train.add_step_bytes(self.book.optimizer_bytes)
         self._train.end_step(record)
 
     @override
@@ -296,18 +273,13 @@ class FlopsLogger(MeasuringCallback):
                 **self._train.last_step_metrics(per_sample, self.book.any_estimated),
             }
         )
-        world = trainer.world_size
         step_flops = float(last[0]) if last is not None else math.nan
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
-            total, total_hw = reduced.get("tflops", math.nan), reduced.get("hw_tflops", math.nan)
-            out = {}
-            if math.isfinite(reduced.get("flops", math.nan)):
-                out["compute/global_flops_per_step"] = reduced["flops"]
-            if not (math.isfinite(local) and math.isfinite(total)):
-                return out
-            out.update({"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": total})
-            return {**out, **self._utilisation(total, total_hw, world)}
+            out = global_rates(local, reduced)
+            if "compute/global_tflops_per_sec" in out:
+                out.update(self._utilisation(reduced["tflops"], reduced.get("hw_tflops", math.nan), trainer.world_size))
+            return out
 
         event.contribute(self, {"tflops": local, "hw_tflops": local_hw, "flops": step_flops}, finish)
 
@@ -340,17 +312,14 @@ class FlopsLogger(MeasuringCallback):
         local = tally.tflops(self.timeline.raw(), self.timeline.totals.get("instrument", 0.0))
         per_sample = per_sample_flops(trainer, tally.flops, tally.samples) if tally.samples else None
         event.log(tally.per_step_metrics(prefix, per_sample, self.book.any_estimated))
-        world = trainer.world_size
 
         def finish(reduced: dict[str, float]) -> dict[str, float]:
             total = reduced.get("tflops", math.nan)
             if not (math.isfinite(local) and math.isfinite(total)):
                 return {}
+            mfu = self._utilisation(total, math.nan, trainer.world_size).get("compute/mfu")
             out = {f"compute/{prefix}_tflops_per_sec": local}
-            mfu = self._utilisation(total, math.nan, world).get("compute/mfu")
-            if mfu is not None:
-                out[f"compute/{prefix}_mfu"] = mfu
-            return out
+            return out if mfu is None else {**out, f"compute/{prefix}_mfu": mfu}
 
         event.contribute(self, {"tflops": local}, finish)
 

@@ -81,3 +81,14 @@ class TrainTally:
         if any_estimated:
             out["compute/flops_estimated"] = float(self.last_estimated)
         return out
+
+
+def global_rates(local: float, reduced: dict[str, float]) -> dict[str, float]:
+    """A training logging event's global figures from its all-reduced sums (``flops``, ``tflops``): the step's global
+    FLOPs where every rank knew its own, and this rank's and the global TFLOP/s where both are known."""
+    out = {}
+    if math.isfinite(reduced.get("flops", math.nan)):
+        out["compute/global_flops_per_step"] = reduced["flops"]
+    if math.isfinite(local) and math.isfinite(reduced.get("tflops", math.nan)):
+        out.update({"compute/tflops_per_sec": local, "compute/global_tflops_per_sec": reduced["tflops"]})
+    return out

@@ -119,3 +119,41 @@ def test_an_op_whose_flops_follow_values_flags_the_signature_at_once():
     assert book.record(_sig(8, "val"), count).value_dependent == "_nested_tensor_from_mask in `encoder`"
     assert book.estimated(_sig(8, "val"))
     assert not book.estimated(_sig(8))
+
+
+def test_the_optimizer_step_is_kept_apart_from_the_batches_and_added_to_an_accumulating_batch_s_table():
+    import dataclasses
+
+    book = CountBook()
+    # a count's bytes are its op classes' (here 1,000 and 700)
+    stepping = dataclasses.replace(_count(8), by_class={"gemm": (900, 700, 4), "optimizer": (30, 300, 2)})
+    accumulating = dataclasses.replace(_count(16), by_class={"gemm": (1800, 700, 4)})
+    assert book.optimizer_bytes is None
+    assert stepping.bytes == 1_000
+    assert book.with_optimizer(_sig(8), stepping) is stepping  # its own optimizer class, unchanged
+    assert book.batch_bytes(_sig(8)) == 700  # the optimizer's 300 bytes are the step's, not the batch's
+    assert book.optimizer_bytes == 300
+    shown = book.with_optimizer(_sig(16), accumulating)
+    assert shown.by_class == {"gemm": (1800, 700, 4), "optimizer": (30, 300, 2)}  # whatif prices a whole step
+    assert book.batch_bytes(_sig(16)) == 700
+    assert book.batch_bytes(None) is None
+    book.optimizer_counted = True
+
+    again = CountBook()  # a resumed run: nothing to count again for the optimizer
+    again.load_state_dict(book.state_dict())
+    assert again.optimizer_class == (30, 300, 2)
+    assert again.optimizer_counted
+    again.forget_optimizer()  # the model changed
+    assert again.optimizer_class is None
+    assert not again.optimizer_counted
+
+
+def test_a_checkpoint_from_before_the_optimizer_flag_counts_its_step_as_counted_when_it_has_counts():
+    book = CountBook()
+    book.record(_sig(8), _count(8))
+    state = book.state_dict()
+    del state["optimizer_counted"], state["optimizer_class"]
+    again = CountBook()
+    again.load_state_dict(state)
+    assert again.optimizer_counted
+    assert again.optimizer_class is None
