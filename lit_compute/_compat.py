@@ -16,6 +16,79 @@ import torch
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
+# torch's private modules that hold public-looking names with no public path in every torch we support: its pytree,
+# the dispatch-mode base class, and the norm layers' base classes. The rest of the package imports them from here.
+from torch.nn.modules.batchnorm import _BatchNorm as BatchNormBase
+from torch.nn.modules.batchnorm import _NormBase as NormBase
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
+
+__all__ = ["BatchNormBase", "NormBase", "TorchDispatchMode", "tree_flatten", "tree_leaves", "tree_map"]  # and below
+
+
+# -- torch internals behind the counting and memory code ----------------------------------------------------------
+def compiled_original(module: Any) -> nn.Module | None:
+    """The module ``torch.compile(module)`` wrapped (``OptimizedModule._orig_mod``); None for any other object."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else None
+
+
+def compiled_in_place(module: nn.Module) -> bool:
+    """Whether ``module.compile()`` compiled this module in place (its ``_compiled_call_impl`` is set)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def local_tensor(t: Any) -> torch.Tensor | None:
+    """A DTensor's local shard (what this rank holds, ``DTensor._local_tensor``); None for any other tensor."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else None
+
+
+def in_backward() -> bool:
+    """Whether autograd is running a backward pass in this thread (a graph task is under way)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+def current_autograd_node() -> Any:
+    """The autograd node executing now in this thread's backward (None outside one)."""
+    return torch._C._current_autograd_node()
+
+
+def autograd_node_sequence_nr(node: Any) -> int:
+    """The sequence number autograd gave ``node`` when the forward op that made it ran."""
+    return int(node._sequence_nr())
+
+
+def last_autograd_sequence_nr() -> int:
+    """The sequence number of the last autograd node this thread's forward created."""
+    return int(torch._C._autograd._get_sequence_nr()) - 1
+
+
+def nested_tensor_sizes(t: Any) -> list[list[int]] | None:
+    """The ``(L_i, E)`` sizes of a strided nested tensor's sequences (``_nested_tensor_size``); None for a jagged
+    one."""
+    sizes = t._nested_tensor_size() if hasattr(t, "_nested_tensor_size") else None
+    return None if sizes is None else [[int(v) for v in row] for row in sizes.tolist()]
+
+
+def disable_dispatch_modes() -> contextlib.AbstractContextManager[Any]:
+    """Leave every dispatch mode of the stack (fake tensors, tracers, counters) for the block."""
+    return _disable_current_modes()
+
+
+def profiler_allocation_kind() -> Any:
+    """The kind of a profiler event that is an allocation (``torch._C._profiler._EventType.Allocation``)."""
+    from torch._C._profiler import _EventType
+
+    return _EventType.Allocation
+
+
+def clear_cublas_workspaces() -> None:
+    """Free the cuBLAS workspaces torch keeps per stream (a no-op where torch has no such call)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
 
 def returns_only_views(op: Any) -> bool:
     """Whether an aten op's results all alias an operand without writing it (``aten.view``, ``aten.t``): such an op
@@ -350,8 +423,6 @@ def on_real_tensors() -> Iterator[None]:
     tracer's activations) sees what its backward saves, autocast is off and gradients are on. A measurement first
     asked for inside a traced step would otherwise time fake tensors (and be cached) and count its own tensors as
     the model's."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(_disable_current_modes())
         stack.enter_context(_without_saved_tensors_hooks())

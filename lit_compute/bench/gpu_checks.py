@@ -120,20 +120,19 @@ def check_loaders(tmp: str) -> str:
 
 
 def check_fp16(tmp: str) -> str:
-    from torch.nn.modules.batchnorm import _BatchNorm
-
     from lit_compute import (
         FP32BatchNormPrecision,
         ImageClassifier,
         LossScaleMonitor,
         TorchvisionImageDataModule,
     )
+    from lit_compute._compat import BatchNormBase
 
     plugin = FP32BatchNormPrecision("16-mixed")
     model = ImageClassifier("resnet50", num_classes=10)
     data = TorchvisionImageDataModule(batch_size=64, image_size=128, synthetic_images_per_class=64)
     _, log_dir = _fit(tmp, "fp16", model, data, 20, plugins=[plugin], callbacks=[LossScaleMonitor(log_every_n_steps=5)])
-    norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    norms = [m for m in model.modules() if isinstance(m, BatchNormBase)]
     if any(
         m.weight.dtype != torch.float32 or (m.running_var is not None and m.running_var.dtype != torch.float32)
         for m in norms

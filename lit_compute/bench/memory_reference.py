@@ -29,6 +29,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lit_compute import _compat
+
 __all__ = ["ProfiledStep", "allocator_peak", "allocator_walk", "state_bytes", "timeline_peak"]
 
 
@@ -36,14 +38,15 @@ def _storages(tensors: Any) -> dict[int, int]:
     found: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            t = getattr(t, "_local_tensor", t)  # a DTensor's shard is what this rank holds
+            shard = _compat.local_tensor(t)  # a DTensor's shard is what this rank holds
+            t = shard if shard is not None else t
             st = t.untyped_storage()
             found[st.data_ptr()] = st.nbytes()
     return found
 
 
 def _state(module: torch.nn.Module, optimizers: list[Any], batch: Any) -> list[Any]:
-    from torch.utils._pytree import tree_leaves
+    from lit_compute._compat import tree_leaves
 
     tensors: list[Any] = [*module.parameters(), *module.buffers()]
     tensors += [p.grad for p in module.parameters() if p.grad is not None]
@@ -70,7 +73,8 @@ def _mark_frees(tensors: list[Any]) -> list[Any]:
     refs, seen = [], set()
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            st = getattr(t, "_local_tensor", t).untyped_storage()
+            shard = _compat.local_tensor(t)
+            st = (shard if shard is not None else t).untyped_storage()
             if st.data_ptr() not in seen:
                 seen.add(st.data_ptr())
                 refs.append(weakref.ref(st, functools.partial(freed, st.nbytes())))
@@ -81,15 +85,15 @@ def allocator_peak(prof: Any, device: torch.device, before: int) -> int:
     """The largest number of bytes the allocator of ``device`` held during the profile: ``before`` (the storages
     live at its start), then every allocation and free it reported, and every marked free of a storage older than
     the profile (which it does not report)."""
-    from torch._C._profiler import _EventType
 
+    allocation = _compat.profiler_allocation_kind()
     changes: list[tuple[int, int, int | None]] = []
     for root in prof.profiler.kineto_results.experimental_event_tree():
         stack = [root]
         while stack:
             event = stack.pop()
             stack.extend(event.children)
-            if event.typed[0] == _EventType.Allocation:
+            if event.typed[0] == allocation:
                 fields = event.typed[1]
                 if fields.device.type == device.type:
                     changes.append((event.start_time_ns, int(fields.alloc_size), int(fields.ptr)))

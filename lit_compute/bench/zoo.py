@@ -153,7 +153,7 @@ def transformers_zoo() -> list[ZooModel]:
 def output_loss(output: Any) -> torch.Tensor:
     """The sum of every floating output that needs a gradient: the backward :func:`~lit_compute.flops.count_flops`
     counts (the gradient of every output), as one scalar for counters that take a loss."""
-    from torch.utils._pytree import tree_flatten
+    from lit_compute._compat import tree_flatten
 
     values = list(output.values()) if hasattr(output, "values") else output
     flat, _ = tree_flatten(values)

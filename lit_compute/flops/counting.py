@@ -26,15 +26,19 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.utils import flop_counter
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from lit_compute._batch import batch_size
 from lit_compute._compat import (
+    compiled_original,
     eager_compiled_code,
+    in_backward,
     returns_only_views,
     seed_module_names,
     suggests_channels_last,
+    tree_flatten,
+    tree_leaves,
+    tree_map,
 )
 from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
 from lit_compute.flops.module_tracker import HooklessModuleTracker
@@ -251,7 +255,7 @@ class FlopCount:
 
 def _phase() -> str:
     """``"forward"``, ``"backward"`` or ``"recompute"`` (a checkpointed segment re-running its forward in backward)."""
-    if torch._C._current_graph_task_id() == -1:
+    if not in_backward():
         return "forward"
     if not torch.is_grad_enabled():
         return "backward"
@@ -677,7 +681,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 10:
         seen += 1
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper
+        inner = compiled_original(model)  # torch.compile's wrapper
         if not isinstance(inner, nn.Module) and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
             inner = getattr(model, "module", None)
         if isinstance(inner, nn.Module):

@@ -45,6 +45,8 @@ from typing import Any, cast
 import torch
 from torch.utils.flop_counter import conv_flop_count, mm_flop, sdpa_backward_flop_count, sdpa_flop_count
 
+from lit_compute import _compat
+
 # what torch.utils.flop_counter hands a formula for each tensor argument: its shape (a torch.Size, or a list)
 Shape = Sequence[int]
 
@@ -77,9 +79,9 @@ def _mha_core(batch: int, lq: int, lk: int, embed: int) -> int:
 def _sequence_lengths(t: torch.Tensor) -> list[int]:
     """Per-sequence lengths of an ``(L, E)``/``(B, L, E)`` tensor or of a nested tensor of ``(L_i, E)`` sequences."""
     if getattr(t, "is_nested", False):
-        sizes = t._nested_tensor_size() if hasattr(t, "_nested_tensor_size") else None
+        sizes = _compat.nested_tensor_sizes(t)
         if sizes is not None:
-            return [int(row[0]) for row in sizes.tolist()]
+            return [row[0] for row in sizes]
         offsets = t.offsets()  # type: ignore[attr-defined]  # jagged layout: a NestedTensor subclass method
         return [int(b - a) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     shape = t.shape
@@ -356,7 +358,7 @@ def unneeded_input_grad_flops(func_packet: Any, args: tuple) -> int:
     if str(func_packet) != "aten.mkldnn_rnn_layer_backward" or len(args) < 21:
         return 0
     try:
-        node = torch._C._current_autograd_node()
+        node = _compat.current_autograd_node()
         if node is None:
             return 0
         edges = node.next_functions  # input, w_ih, w_hh, b_ih, b_hh, hx, cx

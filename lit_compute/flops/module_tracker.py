@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 from torch.utils.module_tracker import ModuleTracker
+
+from lit_compute import _compat
+from lit_compute._compat import tree_flatten
 
 __all__ = ["HooklessModuleTracker"]
 
@@ -32,11 +34,11 @@ class HooklessModuleTracker(ModuleTracker):
 
     @property
     def parents(self) -> set[str]:
-        if torch._C._current_graph_task_id() == -1:
+        if not _compat.in_backward():
             return {"Global", *self._stack}
         try:
-            node = torch._C._current_autograd_node()
-            found = self._by_sequence.get(node._sequence_nr()) if node is not None else None
+            node = _compat.current_autograd_node()
+            found = self._by_sequence.get(_compat.autograd_node_sequence_nr(node)) if node is not None else None
         except Exception:  # noqa: BLE001 - another torch version's internals: attribute to Global only
             found = None
         return set(found) if found else {"Global"}
@@ -51,7 +53,7 @@ class HooklessModuleTracker(ModuleTracker):
             return
         flat, _ = tree_flatten(args)
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
-            self._by_sequence[torch._C._autograd._get_sequence_nr() - 1] = frozenset(("Global", *self._stack))
+            self._by_sequence[_compat.last_autograd_sequence_nr()] = frozenset(("Global", *self._stack))
 
     def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
         try:

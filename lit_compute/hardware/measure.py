@@ -279,8 +279,7 @@ class Dispatch:
 def count_kernels(fn: Any) -> int:
     """The ops ``fn()`` dispatches that launch a kernel: every aten op with a tensor result that is not a view of an
     operand (what FlopsLogger's op classes count as kernels)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    from lit_compute._compat import TorchDispatchMode, tree_leaves
 
     class _Count(TorchDispatchMode):
         n = 0

@@ -6,10 +6,10 @@ import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 from typing_extensions import override
 
 from lit_compute import _batch, _compat
+from lit_compute._compat import tree_leaves
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, guarded
 from lit_compute.memory.tracker import PARTS, MemoryBreakdown, StorageTracker
@@ -24,8 +24,8 @@ GB = 1e9
 
 def local(t: Any) -> Any:
     """A DTensor's shard on this device (what it holds in memory); any other tensor as it is."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if isinstance(inner, torch.Tensor) else t
+    inner = _compat.local_tensor(t)
+    return inner if inner is not None else t
 
 
 def state_tensors(pl_module: Any, optimizers: list[Any]) -> dict[str, list[torch.Tensor]]:

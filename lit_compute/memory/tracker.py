@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from lit_compute import _compat
+from lit_compute._compat import TorchDispatchMode, tree_leaves
 
 __all__ = ["PARTS", "MemoryBreakdown", "StorageTracker"]
 
@@ -66,8 +67,8 @@ def _has_dtensor(args: Any, kwargs: Any) -> bool:
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    inner = getattr(t, "_local_tensor", None)  # a DTensor holds its local shard
-    if isinstance(inner, torch.Tensor):
+    inner = _compat.local_tensor(t)  # a DTensor holds its local shard
+    if inner is not None:
         t = inner
     try:
         return t.untyped_storage()

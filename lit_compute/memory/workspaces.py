@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from lit_compute import _compat
+from lit_compute._compat import tree_leaves
+
 __all__ = ["PROBED", "KernelWorkspaces", "blas_workspaces"]
 
 aten = torch.ops.aten
@@ -31,10 +34,9 @@ PROBED: dict[Any, tuple[int, ...]] = {
 
 def _cpu_peak_above_outputs(run: Callable[[], Any]) -> int:
     """Bytes the CPU allocator held at ``run``'s peak beyond what ``run`` returned (its profiler memory events)."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
-    from torch.utils._pytree import tree_leaves
 
+    allocation = _compat.profiler_allocation_kind()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = run()
     changes = []
@@ -43,7 +45,7 @@ def _cpu_peak_above_outputs(run: Callable[[], Any]) -> int:
         while stack:
             event = stack.pop()
             stack.extend(event.children)
-            if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
+            if event.typed[0] == allocation and event.typed[1].device.type == "cpu":
                 changes.append((event.start_time_ns, int(event.typed[1].alloc_size), int(event.typed[1].ptr)))
     live = peak = 0
     allocated: set[int] = set()  # a free counts only for a block allocated here (the allocator reports frees of
@@ -62,8 +64,6 @@ def _cpu_peak_above_outputs(run: Callable[[], Any]) -> int:
 
 def _cuda_peak_above_outputs(run: Callable[[], Any], device: torch.device) -> int:
     """Bytes the caching allocator held at ``run``'s peak beyond what it held before and what ``run`` returned."""
-    from torch.utils._pytree import tree_leaves
-
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -145,9 +145,8 @@ class KernelWorkspaces:
     def _measure(
         self, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int, device: torch.device
     ) -> int:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes(), torch.no_grad():  # real tensors, outside the trace's fake and tracking modes
+        # real tensors, outside the trace's fake and tracking modes
+        with _compat.disable_dispatch_modes(), torch.no_grad():
             real = [_real(a, n if i in batched else None, device) for i, a in enumerate(args)]
 
             def run() -> Any:
@@ -191,15 +190,11 @@ def blas_workspaces(device: torch.device) -> int | None:
     ``device`` is not a CUDA device that is here."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    from torch.utils._python_dispatch import _disable_current_modes
-
     from lit_compute.memory.caching_allocator import round_size
 
-    with _disable_current_modes():
+    with _compat.disable_dispatch_modes():
         torch.cuda.synchronize(device)
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
+        _compat.clear_cublas_workspaces()
         before = torch.cuda.memory_allocated(device)
         kept = 0
         dtypes = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_bf16_supported() else [])

@@ -10,6 +10,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from torch.nn import functional as F
 
+from lit_compute import _compat
 from lit_compute._validate import Check, validated
 
 
@@ -134,7 +135,7 @@ class GPT(LightningModule):
         if mesh is not None and not getattr(self, "_sharded", False):
             self._sharded = True
             self._shard(mesh)
-        if self.hp.compile and not all(hasattr(b, "_orig_mod") for b in self.blocks):
+        if self.hp.compile and not all(_compat.compiled_original(b) is not None for b in self.blocks):
             self.blocks = nn.ModuleList(cast(nn.Module, torch.compile(b)) for b in self.blocks)
 
     def _shard(self, mesh: Any) -> None:

@@ -10,6 +10,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit_compute import _compat
 from lit_compute._validate import Check, validated
 
 
@@ -97,7 +98,7 @@ class ImageClassifier(LightningModule):
             self.example_input_array = torch.zeros(1, 3, size, size)
 
     def configure_model(self) -> None:
-        if self.hp.compile and not hasattr(self.net, "_orig_mod"):
+        if self.hp.compile and _compat.compiled_original(self.net) is None:
             self.net = cast(nn.Module, torch.compile(self.net))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

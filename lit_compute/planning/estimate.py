@@ -378,8 +378,7 @@ def trace_step(
     of the CUDA caching allocator (:mod:`lit_compute.memory.caching_allocator`): the peak is then what
     ``max_memory_allocated`` would read (rounding and whole blocks beyond the tensors in ``other``) and ``reserved``
     what ``max_memory_reserved`` would."""
-    from torch.utils._pytree import tree_leaves
-
+    from lit_compute._compat import tree_leaves
     from lit_compute.memory.memory_monitor import state_tensors
 
     tracker = StorageTracker(workspaces)

@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision, HalfPrecision, MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from lit_compute._compat import BatchNormBase
 from lit_compute._validate import Check, validated
 
 _WHY_16_TRUE = (
@@ -100,7 +100,7 @@ def bf16_is_fast_here(device: str) -> tuple[bool, str]:
 def is_fp32_norm(module: nn.Module, names: list[str]) -> bool:
     """True for every ``_BatchNorm`` (BatchNorm1d/2d/3d, SyncBatchNorm) and classes whose name contains one of
     ``names``."""
-    if isinstance(module, _BatchNorm):
+    if isinstance(module, BatchNormBase):
         return True
     return any(name in cls.__name__ for cls in type(module).__mro__ for name in names)
 
@@ -147,7 +147,7 @@ def keep_norms_fp32(module: nn.Module, names: list[str], others: torch.dtype | N
     for sub in module.modules():
         if is_fp32_norm(sub, names):
             _to_dtype(sub, torch.float32)
-            if not isinstance(sub, _BatchNorm) and not getattr(sub, "_lit_compute_fp32_hooks", False):
+            if not isinstance(sub, BatchNormBase) and not getattr(sub, "_lit_compute_fp32_hooks", False):
                 sub.register_forward_pre_hook(_cast_input_to_fp32)
                 sub.register_forward_hook(_cast_output_back)
                 sub._lit_compute_fp32_hooks = True  # type: ignore[assignment]
@@ -427,12 +427,12 @@ class FP32BatchNormFSDPPrecision(FSDPPrecision):
         fp32_norms: list[str] | None = None,
     ) -> None:
         self.fp32_norms = check_fp32_norms(type(self).__name__, fp32_norms)
-        self.norm_classes: tuple[type, ...] = (_BatchNorm,)
+        self.norm_classes: tuple[type, ...] = (BatchNormBase,)
         super().__init__(precision, scaler)  # type: ignore[arg-type]
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         found = {type(m) for m in module.modules() if is_fp32_norm(m, self.fp32_norms)}
-        self.norm_classes = tuple(dict.fromkeys([_BatchNorm, *sorted(found, key=lambda c: c.__qualname__)]))
+        self.norm_classes = tuple(dict.fromkeys([BatchNormBase, *sorted(found, key=lambda c: c.__qualname__)]))
         others = torch.bfloat16 if self.precision == "bf16-true" else None
         return keep_norms_fp32(super().convert_module(module), self.fp32_norms, others=others)
 

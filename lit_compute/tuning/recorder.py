@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
+from lit_compute import _compat
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
 from lit_compute.cpu_load import CpuSample, cpu_sample, others_cores
@@ -141,7 +142,7 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
         {
             type(m).__name__
             for m in modules
-            if isinstance(m, (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm))
+            if isinstance(m, (_compat.NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm))
             or type(m).__name__.endswith("Norm")
         }
     )
@@ -165,7 +166,7 @@ def model_facts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str,
         "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in modules),
         "channels_last": has_channels_last_weights(pl_module),
         "norms": norms,
-        "compiled": any(getattr(m, "_compiled_call_impl", None) is not None for m in modules),
+        "compiled": any(_compat.compiled_in_place(m) for m in modules),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "datamodule_class": _path(datamodule) if datamodule is not None else None,
