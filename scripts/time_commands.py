@@ -3,10 +3,15 @@
     python scripts/time_commands.py            (from the repository root; takes as long as both commands)
 
 Clones the current commit into a temporary folder (a fresh clone: no .venv, no caches of the repository's own),
-runs ``make demo`` then ``make test`` there, and writes ``docs/figures/commands.md`` under the figure header (the
-command, the commit, the date, the machine) with the 20 slowest tests of that suite, and the same summary lines
-between README.md's ``commands`` markers. Exits
-with the first failing command's status, writing nothing then.
+runs ``make demo``, ``make test`` and then ``make test-fast`` there, and writes ``docs/figures/commands.md`` under the
+figure header (the command, the commit, the date, the machine) with the 20 slowest tests of that suite, and the same
+summary lines between README.md's ``commands`` markers. Exits with the first failing command's status, writing
+nothing then.
+
+Cold caches: every cache the commands fill points into new, empty folders of the temporary one (uv's and pip's
+downloads and unpacked wheels, XDG's, the package's own and the tests' data caches, torch's compile caches), so the
+install downloads and unpacks every wheel as a new machine's CI run does. ``make test-fast`` then runs as a
+contributor's loop runs it: in the same clone, after ``make test``, with what that set up.
 """
 
 from __future__ import annotations
@@ -35,14 +40,42 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}"
 
 
-def timed(command: list[str], cwd: Path) -> tuple[int, float, str]:
+#: the caches the two commands fill, each pointed at a new empty folder (see the module docstring)
+CACHE_VARIABLES = (
+    "UV_CACHE_DIR",
+    "PIP_CACHE_DIR",
+    "XDG_CACHE_HOME",
+    "LIT_COMPUTE_CACHE",
+    "PYTEST_LIT_COMPUTE_CACHE",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)
+
+
+def cold_environment(root: Path) -> dict[str, str]:
+    """This process's environment with every cache of :data:`CACHE_VARIABLES` in a new empty folder under ``root``."""
+    env = dict(os.environ)
+    for name in CACHE_VARIABLES:
+        folder = root / name.lower()
+        folder.mkdir(parents=True)
+        env[name] = str(folder)
+    return env
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, float, str]:
     """Run ``command``; its whole output goes to a log file in the temporary folder (named on the last line)."""
     start = time.monotonic()
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     log = Path(tempfile.gettempdir()) / f"time_commands_{'_'.join(command)}.log"
     log.write_text(result.stdout + result.stderr)
     sys.stdout.write(result.stdout[-2000:] + result.stderr[-2000:] + f"\n(whole output: {log})\n")
     return result.returncode, time.monotonic() - start, result.stdout + result.stderr
+
+
+def pytest_summary(out: str) -> str:
+    """pytest's closing line in ``out`` as ``N passed, ... in S s of pytest``."""
+    summary = re.findall(r"^=* ?(\d+ passed.*?) in ([\d.]+)s", out, flags=re.M)  # -q prints it without the rule
+    return f"{summary[-1][0]} in {float(summary[-1][1]):.0f} s of pytest" if summary else "pytest's summary not found"
 
 
 def minutes(seconds: float) -> str:
@@ -81,7 +114,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lit_compute_clone_") as tmp:
         clone = Path(tmp) / "lit_compute"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-        status, demo_s, _ = timed(["make", "demo"], clone)
+        env = cold_environment(Path(tmp) / "caches")
+        status, demo_s, _ = timed(["make", "demo"], clone, env)
         if status:
             return status
         # the clone's suite checks every figure file, this one included: it holds the demo's time while the suite
@@ -93,16 +127,18 @@ def main() -> int:
             + interim
         )
         _write_readme_lines(clone / "README.md", interim)  # the README quotes only what that file holds
-        status, test_s, out = timed(["make", "test"], clone)
+        status, test_s, out = timed(["make", "test"], clone, env)
         if status:
             return status
-    summary = re.findall(r"^=* ?(\d+ passed.*?) in ([\d.]+)s", out, flags=re.M)  # -q prints it without the rule
-    tests = f"{summary[-1][0]} in {float(summary[-1][1]):.0f} s of pytest" if summary else "pytest's summary not found"
+        status, fast_s, fast_out = timed(["make", "test-fast"], clone, env)
+        if status:
+            return status
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = (
-        f"*On a fresh clone at commit `{commit}`, {date}; {where}:* `make demo` took {minutes(demo_s)} "
-        f"(the install, 2 epochs of the demo, its report); `make test` took {minutes(test_s)} (the install, "
-        f"lint, type check and docs build, then {tests}).\n"
+        f"*On a fresh clone at commit `{commit}` with cold caches, {date}; {where}:* `make demo` took "
+        f"{minutes(demo_s)} (the install, 2 epochs of the demo, its report); `make test` took {minutes(test_s)} (the "
+        f"install, lint, type check and docs build, then {pytest_summary(out)}); then `make test-fast` took "
+        f"{minutes(fast_s)} ({pytest_summary(fast_out)}).\n"
     )
     figures = ROOT / "docs" / "figures" / "commands.md"
     figures.write_text(
