@@ -53,8 +53,8 @@ NOT_MEASURED = {
     ("docs/memory.md", "and 300 seconds"): "the CPU build's time limit (planning/estimate.py BUILD_SECONDS)",
     ("docs/memory.md", "pools, 2 MiB and 20 MiB segments"): "the CUDA caching allocator's segment sizes "
     "(memory/caching_allocator.py)",
-    ("docs/whatif.md", "at 80% of the"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
-    ("docs/whatif.md", "links: 80%"): "the link efficiency whatif assumes (planning/whatif.py DEFAULT_EFFICIENCY)",
+    ("docs/whatif.md", "at 80% of the"): "the link efficiency whatif assumes (whatif/calibration.py)",
+    ("docs/whatif.md", "links: 80%"): "the link efficiency whatif assumes (whatif/calibration.py)",
     ("docs/whatif.md", "bandwidth: 85%"): "the memory-bandwidth efficiency whatif assumes (DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "bytes at 85% of the"): "the memory-bandwidth efficiency whatif assumes (DEFAULT_EFFICIENCY)",
     ("docs/whatif.md", "two counted steps (within 15%"): "the transposes check's goal (TRANSPOSES_GOAL, bench gpu)",

@@ -282,7 +282,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     from lit_compute import _compat
     from lit_compute.flops.counting import SafeFlopCounterMode
     from lit_compute.planning.estimate import fake_tensors
-    from lit_compute.planning.whatif import RunFacts
+    from lit_compute.planning.whatif import ChannelsFirst, OpCost, RunFacts
 
     fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
@@ -300,7 +300,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     trainable = sum(p.numel() for p in net.parameters())
     return RunFacts(
         path=Path(f"{model} traced at batch {batch}"),
-        by_class=dict(count.by_class),
+        by_class={kind: OpCost.of(cost) for kind, cost in count.by_class.items()},
         samples=batch,
         model_flops=count.total,
         trainable=trainable,
@@ -309,7 +309,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
         device="traced",
         loader_workers=None,
         conv_weights=float(count.conv_weights),
-        channels_first=tuple(float(n) for n in count.channels_first),  # type: ignore[arg-type]
+        channels_first=ChannelsFirst(*(float(n) for n in count.channels_first)),
     )
 
 
@@ -542,7 +542,7 @@ def transposes_summary(predictions: list[dict[str, Any]]) -> str:
     import statistics
 
     from lit_compute.hardware.chips import find_chip
-    from lit_compute.planning.whatif import Scenario, default_calibration, pays_transposes, predict
+    from lit_compute.planning.whatif import ChannelsFirst, Scenario, default_calibration, pays_transposes, predict
 
     cal = default_calibration()
     errors: dict[str, list[float]] = {"priced": [], "left out": []}
@@ -554,7 +554,7 @@ def transposes_summary(predictions: list[dict[str, Any]]) -> str:
         if not facts.channels_first[2]:
             continue
         scenario = Scenario(chip, row["precision"], row["batch"])
-        without = predict(dataclasses.replace(facts, channels_first=(0, 0, 0)), scenario, cal)
+        without = predict(dataclasses.replace(facts, channels_first=ChannelsFirst(0.0, 0.0, 0.0)), scenario, cal)
         errors["priced"].append(abs(row["predicted"] / row["samples_per_s"] - 1) * 100)
         errors["left out"].append(abs(without.samples_per_s / row["samples_per_s"] - 1) * 100)
     if not errors["priced"]:
@@ -952,7 +952,7 @@ def main(argv: list[str]) -> int:
         "--errors",
         default=None,
         help="also write the check rows' predictions as JSON to this file (whatif quotes "
-        "lit_compute/bench/published_gpu_errors.json beside a prediction on their chips)",
+        "lit_compute/planning/whatif/published_gpu_errors.json beside a prediction on their chips)",
     )
     parser.add_argument(
         "--fit-defaults",

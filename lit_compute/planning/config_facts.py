@@ -19,7 +19,7 @@ import torch
 
 from lit_compute import _compat
 from lit_compute.formatting import first_line
-from lit_compute.planning.whatif import RunFacts, WhatifError
+from lit_compute.planning.whatif import ChannelsFirst, OpCost, RunFacts, WhatifError
 
 __all__ = ["config_facts", "with_counts_at"]
 
@@ -76,11 +76,11 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     notes = [f"{Path(config).name}: counted on fake tensors before any run; priced at the default efficiencies"]
     facts = RunFacts(
         path=Path(config),
-        by_class={k: (float(v[0]), float(v[1]), float(v[2])) for k, v in count.by_class.items()},
+        by_class={k: OpCost.of(v) for k, v in count.by_class.items()},
         samples=pieces.batch_size,
         model_flops=float(count.total),
         accumulate=int(trainer.accumulate_grad_batches),
-        channels_first=(float(count.channels_first[0]), float(count.channels_first[1]), float(count.channels_first[2])),
+        channels_first=ChannelsFirst(*(float(v) for v in count.channels_first)),
         conv_weights=float(count.conv_weights),
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in params if p.requires_grad),
@@ -161,6 +161,7 @@ def with_counts_at(run: RunFacts, precision: str) -> RunFacts:
             return run
     scale = run.samples / max(1, counted.samples)  # per batch of the run's micro-batch (the optimizer's step kept)
     run.recounted[precision] = {
-        k: (v if k == "optimizer" else (v[0] * scale, v[1] * scale, v[2])) for k, v in counted.by_class.items()
+        k: (v if k == "optimizer" else OpCost(v.flops * scale, v.bytes * scale, v.kernels))
+        for k, v in counted.by_class.items()
     }
     return run

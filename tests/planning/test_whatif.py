@@ -172,7 +172,7 @@ def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
 
 
 def test_a_record_without_the_convolutions_weights_reads_a_third_of_the_channels_first_ones():
-    from lit_compute.planning.whatif import _conv_weights
+    from lit_compute.planning.whatif.facts import _conv_weights
 
     assert _conv_weights({"conv_weights": 120}) == 120.0
     assert _conv_weights({"channels_first_conv": [10, 300, 6]}) == 100.0  # forward, data and weight gradients
@@ -781,7 +781,7 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
 
 
 def test_messages_follow_the_strategy_and_a_measured_curve_prices_each_size():
-    from lit_compute.planning.whatif import _curve_busbw, messages
+    from lit_compute.planning.whatif.parts.comm import _curve_busbw, messages
 
     ddp = messages(_run(trainable=20_000_000, ddp_bucket_cap_mb=25.0), Scenario(CHIP, "32-true", 16, 1, 2))
     assert ddp["allreduce"] == [2**20, 25 * 2**20, 25 * 2**20, 25 * 2**20, 80e6 - 76 * 2**20]  # a first bucket of 1 MiB
