@@ -33,18 +33,23 @@ demo-gpt: $(PY)
 	$(INSTALL) '.[all]'
 	$(call fit_and_report,configs/gpt.yaml)
 
+# the suite runs on $(WORKERS) pytest-xdist workers (a fixed number, not one per core: each imports torch and
+# Lightning, about 2 GB); WORKERS=0 runs it in this process
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist worksteal)
+
 # the install, lint, the type checker, then the suite (which also builds the docs site with --strict)
 test: $(PY)
 	$(INSTALL) '.[all,dev]'
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q $(XDIST) --durations=20
 
 # the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow) left
 # out; `make test` runs both tiers
 test-fast: $(PY)
 	$(INSTALL) '.[all,dev]'
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # what the pre-commit hook runs (.pre-commit-config.yaml): the linter and the formatter's check, at 120 columns
 lint: $(PY)
