@@ -122,9 +122,9 @@ def test_a_gpu_run_is_priced_against_its_own_chip_by_default(tmp_path, capsys):
 
 
 def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
-    from lit_compute.hardware.chips import CHIPS, Chip
+    from lit_compute.hardware.chips import CHIPS, ThisMachine
 
-    here = Chip(
+    here = ThisMachine(
         "this",
         {"float32": 1e11},
         1e10,
@@ -133,7 +133,7 @@ def test_a_cpu_run_runs_on_this_cpu_only_when_it_is_the_same_model():
         "measured",
         measured=True,
         kind="cpu",
-        extras={"device_name": "AMD EPYC", "this": True},
+        device_name="AMD EPYC",
     )
     run = RunFacts(path=Path("r"), by_class={}, samples=1, model_flops=0.0, device="cpu", cpu="AMD EPYC")
     assert run.runs_on(here)

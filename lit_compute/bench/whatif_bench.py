@@ -116,7 +116,7 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
     from lit_compute.planning.whatif import Scenario, calibrate, predict, read_run, with_loader_cost
 
     chip = with_conv_setup(this_machine())  # as lit-compute whatif RUN --hardware this measures it
-    without = dataclasses.replace(chip, extras={k: v for k, v in chip.extras.items() if k != "conv_setup"})
+    without = dataclasses.replace(chip, conv_setup={})
     resnet50 = [a.replace("arch=resnet18", "arch=resnet50").replace("batch_size=16", "batch_size=8") for a in _IMAGE]
     rows = []
     for family, base, deeper in (

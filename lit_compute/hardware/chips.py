@@ -38,6 +38,7 @@ __all__ = [
     "PEAK_TABLE",
     "Chip",
     "HardwareError",
+    "ThisMachine",
     "Link",
     "chip_for_name",
     "find_chip",
@@ -74,7 +75,6 @@ class Chip:
     link: str
     source: str
     measured: bool = False
-    extras: dict[str, Any] = field(default_factory=dict)
     kind: str = "gpu"  # "gpu", "cpu" or "tpu": autocast keeps different ops in float32 on each
     class_peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # op class -> dtype -> its own peak
     sources: dict[str, str] = field(default_factory=dict)
@@ -93,6 +93,26 @@ class Chip:
         """The peak an op class (``matmul``, ``conv``, ``attention``) runs at in a dtype: its own where measured (this
         machine's bf16 kernels speed each class up by a different factor), else the chip's."""
         return self.class_peaks.get(kind, {}).get(dtype) or self.peak(dtype)
+
+
+@dataclass(frozen=True)
+class ThisMachine(Chip):
+    """This machine's device as a chip (:func:`lit_compute.hardware.this_machine.this_machine`): its table row, or
+    the figures measured where the table has none, and what was measured here beside them. A :class:`Chip` row stays
+    a datasheet row; what only this machine knows lives in these fields, typed.
+
+    Fields:
+        device_name: The device as torch names it ("NVIDIA H200", the CPU's model name).
+        mixed_speedup: A CPU's bf16 autocast speed of training blocks over float32's, per op class.
+        conv_setup: A CPU's convolution set-up per weight byte, seconds, per dtype name (what ``whatif`` adds to a
+            CPU step whatever its micro-batch).
+        busy: Why the figures are lower bounds (measured while other processes used the CPUs); None when quiet.
+    """
+
+    device_name: str = ""
+    mixed_speedup: dict[str, float] = field(default_factory=dict)
+    conv_setup: dict[str, float] = field(default_factory=dict)
+    busy: str | None = None
 
 
 LINKS: dict[str, Link] = {

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DTYPE_NAMES", "compute_dtype", "dtype_key", "half_weights", "precision_dtype", "tf32_enabled"]
+__all__ = [
+    "DTYPE_NAMES",
+    "compute_dtype",
+    "dtype_key",
+    "half_weights",
+    "has_tf32_cores",
+    "precision_dtype",
+    "tf32_enabled",
+]
 
 #: torch dtype -> the peak column it counts against
 DTYPE_NAMES = {
@@ -18,6 +26,14 @@ DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",
 }
+
+
+def has_tf32_cores(device: torch.device | str | None = None) -> bool:
+    """Whether a CUDA device has TF32 tensor cores: NVIDIA Ampere and newer (compute capability 8.0 and up); False
+    without CUDA. The one answer the tune and the benches ask."""
+    if not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def tf32_enabled(kind: str = "any") -> bool:

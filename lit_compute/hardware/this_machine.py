@@ -22,15 +22,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from lit_compute._compat import default_cache_dir, on_real_tensors
 from lit_compute.files import write_whole
 from lit_compute.hardware import measure
-from lit_compute.hardware.chips import CHIPS, Chip, chip_for_name
+from lit_compute.hardware.chips import CHIPS, Chip, ThisMachine, chip_for_name
 from lit_compute.hardware.dtypes import DTYPE_NAMES
+
+AnyChip = TypeVar("AnyChip", bound=Chip)
 
 __all__ = [
     "BF16_FAST_RATIO",
@@ -214,7 +216,7 @@ def cached_peak_flops(
 
 
 # -- the device as a chip --------------------------------------------------------------------------------------------
-def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, Any], bool]:
+def _measured_entry(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, Any], bool]:
     """The device's measured memory bandwidth and (CPU) bf16 speed-up per op class, and whether they were measured
     on a quiet machine: cached, else measured (and cached when measured on a quiet machine)."""
     _, key = _device_key(device)
@@ -246,21 +248,19 @@ def _measured_extras(device: torch.device, fp32_quiet: bool) -> tuple[dict[str, 
     return entry, quiet
 
 
-def _table_row(device: torch.device) -> Chip | None:
+def _table_row(device: torch.device) -> ThisMachine | None:
     """The table row of a CUDA device, marked as this machine's (its name stays the table key)."""
     name = torch.cuda.get_device_name(device)
     key = chip_for_name(name)
     if key is None or key not in CHIPS:
         return None
     row = CHIPS[key]
-    return dataclasses.replace(
-        row,
-        extras={**row.extras, "device_name": name, "this": True},
-        source=f"this machine's {name}: the table row {key} ({row.source})",
-    )
+    fields = {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
+    fields["source"] = f"this machine's {name}: the table row {key} ({row.source})"
+    return ThisMachine(**fields, device_name=name)
 
 
-def this_machine(device: torch.device | str | None = None) -> Chip:
+def this_machine(device: torch.device | str | None = None) -> ThisMachine:
     """This machine as a chip. ``device`` None: the CUDA device where there is one, else the CPU.
 
     A CUDA device in the table is its table row (named by its key, so a run recorded on it is priced against its
@@ -268,7 +268,8 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
     ``this``: its measured float32 GEMM peak (the cached one FlopsLogger uses), its bf16 rate as float32's times
     the measured mixed-precision speed-up of training blocks (:func:`~lit_compute.hardware.measure.
     measure_mixed_speedup`), its measured memory bandwidth, its memory, and the loopback between its processes.
-    Either way ``extras["device_name"]`` names what it describes."""
+    Either way its ``device_name`` names what it describes, and what was measured here is in its own fields
+    (:class:`~lit_compute.hardware.chips.ThisMachine`)."""
     import psutil
 
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -281,9 +282,9 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
         peaks = {"float32": fp32.flops, "tf32": cached_peak_flops(dev, torch.float32, tf32=True).flops}
         with contextlib.suppress(RuntimeError):
             peaks["bfloat16"] = peaks["float16"] = cached_peak_flops(dev, torch.bfloat16).flops
-        entry, _ = _measured_extras(dev, fp32.quiet)
+        entry, _ = _measured_entry(dev, fp32.quiet)
         memory = float(torch.cuda.get_device_properties(dev).total_memory)
-        return Chip(
+        return ThisMachine(
             "this",
             peaks,
             float(entry["bandwidth"]),
@@ -291,20 +292,20 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
             "pcie4",
             f"measured: {name} ({fp32.describe()}); not in the table",
             measured=True,
-            extras={"device_name": name, "this": True},
+            device_name=name,
         )
     fp32 = cached_peak_flops("cpu", torch.float32)
-    entry, quiet = _measured_extras(dev, fp32.quiet)
+    entry, quiet = _measured_entry(dev, fp32.quiet)
     busy = (
-        {}
+        None
         if quiet and fp32.quiet
-        else {"busy": "measured while other processes used the CPUs: its peaks are lower bounds, not cached"}
+        else "measured while other processes used the CPUs: its peaks are lower bounds, not cached"
     )
     speedups = {k: float(v) for k, v in entry["mixed_speedup"].items()}
     # the chip's own bf16 peak: the matmuls' and convolutions' (geometric mean); each class its own beside it
     mixed = fp32.flops * math.sqrt(speedups["matmul"] * speedups["conv"])
     name = cpu_name()
-    return Chip(
+    return ThisMachine(
         "this",
         {"float32": fp32.flops, "bfloat16": mixed, "float16": mixed},
         float(entry["bandwidth"]),
@@ -313,10 +314,12 @@ def this_machine(device: torch.device | str | None = None) -> Chip:
         f"measured: {name}, {torch.get_num_threads()} threads ({fp32.describe()}); in bf16 training blocks "
         "run at " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()) + " float32's speed",
         measured=True,
-        extras={"mixed_speedup": speedups, "device_name": name, "this": True, **busy},
         kind="cpu",
         class_peaks={k: {"bfloat16": fp32.flops * v, "float16": fp32.flops * v} for k, v in speedups.items()},
         sources={"peaks": "measured here", "memory": "psutil: this machine's memory", "bandwidth": "measured here"},
+        device_name=name,
+        mixed_speedup=speedups,
+        busy=busy,
     )
 
 
@@ -395,15 +398,15 @@ def conv_setup_in_fresh_process(dtype: torch.dtype, prelude: str = "") -> measur
         return measure.measure_conv_setup(dtype)
 
 
-def with_conv_setup(chip: Chip, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> Chip:
+def with_conv_setup(chip: AnyChip, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> AnyChip:
     """``chip`` with this CPU's convolution set-up cost per weight byte for each of ``dtypes``
-    (``extras["conv_setup"]``: dtype name -> seconds per byte; :func:`conv_setup_seconds`), which ``whatif`` adds to
-    a CPU step whatever its micro-batch; ``chip`` as it is unless it is this machine's CPU."""
-    if chip.kind != "cpu" or not chip.extras.get("this"):
+    (:attr:`ThisMachine.conv_setup`: dtype name -> seconds per byte; :func:`conv_setup_seconds`), which ``whatif``
+    adds to a CPU step whatever its micro-batch; ``chip`` as it is unless it is this machine's CPU."""
+    if chip.kind != "cpu" or not isinstance(chip, ThisMachine):
         return chip
     by_name = {name: dtype for dtype, name in DTYPE_NAMES.items()}
     rates = {name: conv_setup_seconds(by_name[name]) for name in dtypes if name in by_name}
-    return dataclasses.replace(chip, extras={**chip.extras, "conv_setup": rates})
+    return dataclasses.replace(chip, conv_setup=rates)
 
 
 def bf16_fast(device: str = "cpu") -> tuple[bool, str]:
@@ -414,7 +417,7 @@ def bf16_fast(device: str = "cpu") -> tuple[bool, str]:
     if device == "cuda":
         fast = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         return fast, "the GPU supports bf16" if fast else "the GPU has no bf16"
-    speedups = this_machine("cpu").extras["mixed_speedup"]
+    speedups = this_machine("cpu").mixed_speedup
     ratio = math.sqrt(speedups["matmul"] * speedups["conv"])
     return ratio >= BF16_FAST_RATIO, (
         f"bf16 autocast runs training blocks at {ratio:.2f}x float32's speed here "

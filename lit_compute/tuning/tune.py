@@ -149,6 +149,7 @@ def measure_machine(device: str) -> Machine:
     import torch
 
     from lit_compute.data.dali_datamodule import dali_available
+    from lit_compute.hardware.dtypes import has_tf32_cores
     from lit_compute.hardware.this_machine import bf16_fast, cached_peak_flops
 
     machine = Machine(device=device, dali=dali_available())
@@ -166,7 +167,7 @@ def measure_machine(device: str) -> Machine:
     machine.extras["peaks"] = peaks
     if device == "cuda":
         machine.extras["device_name"] = torch.cuda.get_device_name()
-        machine.extras["tf32"] = torch.cuda.get_device_capability() >= (8, 0)
+        machine.extras["tf32"] = has_tf32_cores()
     if machine.dali:
         import inspect
 

@@ -11,7 +11,7 @@ import torch
 
 from lit_compute.hardware import chips as chips_module
 from lit_compute.hardware import this_machine as this_module
-from lit_compute.hardware.chips import CHIPS, MEMORY_TABLE, PEAK_TABLE, HardwareError, find_chip
+from lit_compute.hardware.chips import CHIPS, MEMORY_TABLE, PEAK_TABLE, HardwareError, ThisMachine, find_chip
 from lit_compute.planning.capacity import CapacityError, capacity_of
 
 
@@ -73,8 +73,8 @@ def test_this_machine_on_a_cuda_device_is_its_table_row(monkeypatch):
     chip = this_module.this_machine()
     assert chip.name == "h200-sxm"
     assert chip.peaks == CHIPS["h200-sxm"].peaks
-    assert chip.extras["device_name"] == "NVIDIA H200"
-    assert chip.extras["this"]
+    assert chip.device_name == "NVIDIA H200"
+    assert isinstance(chip, ThisMachine)
     assert "this machine's NVIDIA H200: the table row h200-sxm" in chip.source
 
 
@@ -97,7 +97,7 @@ def test_this_machine_on_a_cpu_is_measured_once_and_cached_in_one_file(tmp_path,
     chip = this_module.this_machine("cpu")
     assert chip.name == "this"
     assert chip.kind == "cpu"
-    assert chip.extras["device_name"] == this_module.cpu_name()
+    assert chip.device_name == this_module.cpu_name()
     assert chip.peaks["float32"] == 1e11
     assert chip.peaks["bfloat16"] == pytest.approx(1e11 * math.sqrt(1.8 * 2.0))
     assert chip.peak_of("attention", "bfloat16") == pytest.approx(0.5e11)
@@ -159,7 +159,7 @@ def test_this_cpu_measured_while_busy_is_not_cached_and_gives_no_mfu(tmp_path, m
         lambda: measure.MixedSpeedup({"matmul": 1.1, "conv": 1.2, "attention": 0.4}, False),
     )
     chip = this_module.this_machine("cpu")
-    assert "lower bounds" in chip.extras["busy"]
+    assert "lower bounds" in (chip.busy or "")
     assert not (tmp_path / "this_machine.json").exists()
     run = RunFacts(
         path=Path("r"), by_class={"matmul": (1e10, 1e6, 0)}, samples=8, model_flops=1e10, step_s=0.25, wait_s=0.0

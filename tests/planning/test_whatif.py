@@ -15,6 +15,7 @@ from lit_compute.hardware.chips import (
     LINKS,
     Chip,
     HardwareError,
+    ThisMachine,
     find_chip,
     find_link,
     load_hardware_file,
@@ -105,7 +106,7 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
     comes back as measured) and added at any micro-batch; bf16 moves half the bytes at its own rate; an accelerator,
     a chip without the measurement and a net without convolutions pay none; the note gives the figures."""
     rates = {"float32": 1e-9, "bfloat16": 3e-9}
-    cpu = Chip(
+    cpu = ThisMachine(
         "this",
         CHIP.peaks,
         CHIP.bandwidth,
@@ -113,7 +114,7 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
         "loopback",
         "test",
         kind="cpu",
-        extras={"this": True, "conv_setup": rates},
+        conv_setup=rates,
     )
     convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
     cal = calibrate(convs, cpu)
@@ -132,7 +133,7 @@ def test_a_cpu_sets_up_its_convolutions_whatever_the_micro_batch():
     assert mixed.compute_s - plain.compute_s == pytest.approx(3e-9 * 0.1 * G)  # 2-byte weights at bf16's rate
     accumulated = predict(dataclasses.replace(convs, accumulate=2), Scenario(cpu, "32-true", 16), UNIT)
     assert accumulated.compute_s == pytest.approx(2 * (1.0 + 0.2) + 0.2)  # once a micro-batch
-    for chip in (CHIP, dataclasses.replace(cpu, extras={"this": True})):
+    for chip in (CHIP, ThisMachine(**{f.name: getattr(cpu, f.name) for f in dataclasses.fields(Chip)})):
         p = predict(convs, Scenario(chip, "32-true", 32), UNIT)
         assert not any("sets up the convolutions" in n for n in p.notes)
     assert predict(
@@ -146,7 +147,7 @@ def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
     """Where this CPU's measured set-up is not less than the run's measured compute (a noisy measurement, a tiny
     net), calibration cannot take it out: the one factor holds it, the calibration says so, and predictions do not
     add it a second time (they say which way they lean instead)."""
-    cpu = Chip(
+    cpu = ThisMachine(
         "this",
         CHIP.peaks,
         CHIP.bandwidth,
@@ -154,7 +155,7 @@ def test_a_set_up_not_less_than_the_runs_compute_stays_in_the_one_factor():
         "loopback",
         "test",
         kind="cpu",
-        extras={"this": True, "conv_setup": {"float32": 1.2e-8}},
+        conv_setup={"float32": 1.2e-8},
     )  # 2.4 s of set-up, a 2.2 s step
     convs = _run(by_class={"conv": (100 * G, 0, 0), "optimizer": (0, 2 * G, 0)}, conv_weights=0.2 * G, step_s=2.2)
     cal = calibrate(convs, cpu)
@@ -216,9 +217,17 @@ def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_p
         lambda dtype, prelude="": measure.ConvSetup(4e-10 if dtype == torch.float32 else 9e-10, True),
     )
     chip = this_machine.with_conv_setup(
-        Chip("this", CHIP.peaks, 1.0, 1.0, "loopback", "t", kind="cpu", extras={"this": True})
+        ThisMachine(
+            "this",
+            CHIP.peaks,
+            1.0,
+            1.0,
+            "loopback",
+            "t",
+            kind="cpu",
+        )
     )
-    assert chip.extras["conv_setup"] == {"float32": 4e-10, "bfloat16": 9e-10}
+    assert chip.conv_setup == {"float32": 4e-10, "bfloat16": 9e-10}
     monkeypatch.setattr(
         this_machine, "conv_setup_in_fresh_process", lambda dtype, prelude="": pytest.fail("measured again")
     )
@@ -680,7 +689,7 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     # on its own CPU at twice the micro-batch: the convolutions' set-up priced apart. This CPU's figures are given
     # here and below, where a run's own hardware is resolved before a bad argument is refused (measuring them is
     # tens of seconds on a CPU without bf16 instructions; the measurements have their own tests)
-    here = Chip(
+    here = ThisMachine(
         "this",
         {"float32": 50 * G, "bfloat16": 50 * G},
         10 * G,
@@ -688,7 +697,6 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
         "loopback",
         "test",
         kind="cpu",
-        extras={"this": True},
     )
     monkeypatch.setattr(this_machine, "this_machine", lambda device=None: here)
     monkeypatch.setattr(this_machine, "cache_path", lambda: tmp_path / "this_machine.json")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lit_compute.formatting import first_line
-from lit_compute.hardware.chips import Chip, Link, chip_for_name
+from lit_compute.hardware.chips import Chip, Link, ThisMachine, chip_for_name
 
 __all__ = ["NO_COST", "ChannelsFirst", "OpCost", "RunFacts", "Scenario", "WhatifError", "read_run", "with_loader_cost"]
 
@@ -109,9 +109,9 @@ class RunFacts:
         on the chip of its table row (``h200-sxm`` for a run on an "NVIDIA H200"), a CPU run on this machine's
         measured CPU when it is the same CPU model (or the run did not record one)."""
         if self.device.lower() in ("cpu", "this"):
-            if chip.kind != "cpu" or not (chip.name == "this" or chip.extras.get("this")):
+            if chip.kind != "cpu" or not (chip.name == "this" or isinstance(chip, ThisMachine)):
                 return False
-            here = chip.extras.get("device_name")
+            here = chip.device_name or None if isinstance(chip, ThisMachine) else None
             return self.cpu is None or here is None or here == self.cpu
         own = self.chip or chip_for_name(self.device)
         return own is not None and chip.name == own

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_compute.hardware.chips import ThisMachine
 from lit_compute.hardware.dtypes import compute_dtype
 from lit_compute.planning.whatif.calibration import Calibration
 from lit_compute.planning.whatif.facts import RunFacts, Scenario
@@ -117,12 +118,9 @@ def _rates(run: RunFacts, scenario: Scenario, step: float) -> tuple[float, float
     chip = scenario.chip
     peak = chip.peak(compute_dtype(scenario.precision)) or chip.peak("float32")
     model_flops = run.model_flops * scenario.micro_batch / run.samples * run.accumulate
-    if chip.extras.get("busy"):
-        return (
-            samples_per_s,
-            None,
-            [f"{chip.name}: {chip.extras['busy']}; MFU is not given (run again on a quiet machine)"],
-        )
+    busy = chip.busy if isinstance(chip, ThisMachine) else None
+    if busy:
+        return samples_per_s, None, [f"{chip.name}: {busy}; MFU is not given (run again on a quiet machine)"]
     return samples_per_s, model_flops / step / peak if peak else None, []
 
 

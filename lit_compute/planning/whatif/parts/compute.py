@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from lit_compute.hardware.chips import Chip
+from lit_compute.hardware.chips import Chip, ThisMachine
 from lit_compute.hardware.dtypes import compute_dtype, half_weights
 from lit_compute.planning.whatif.calibration import (
     DEFAULT_EFFICIENCY,
@@ -59,7 +59,7 @@ def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> ComputePart:
     setup = conv_setup_seconds(run, chip, precision) * max(1, run.accumulate) if cal.conv_setup else 0.0
     if setup:
         seconds += setup
-        rate = chip.extras["conv_setup"][compute_dtype(precision)]
+        rate = _setup_rate(chip, precision) or 0.0
         notes.append(
             f"{setup * 1e3:.3g} ms of the step sets up the convolutions whatever the micro-batch: on a CPU "
             "oneDNN reorders each weight into its blocked layouts every call "
@@ -123,14 +123,21 @@ def conv_setup_seconds(run: RunFacts, chip: Chip, precision: str) -> float:
     micro-batch: oneDNN reorders each weight into its blocked layouts every call (the forward, the data gradient) and
     the weight gradient back. The forward convolutions' weights (:attr:`RunFacts.conv_weights`, in ``precision``'s
     bytes: bf16 under CPU autocast) at the chip's measured cost per weight byte in that dtype
-    (``chip.extras["conv_setup"]``, :func:`lit_compute.hardware.this_machine.with_conv_setup`); 0 on an accelerator
+    (:attr:`~lit_compute.hardware.chips.ThisMachine.conv_setup`,
+    :func:`lit_compute.hardware.this_machine.with_conv_setup`); 0 on an accelerator
     (cuDNN convolves the weight as it lies), without convolutions, or where the cost was not measured."""
-    rates = chip.extras.get("conv_setup") if chip.kind == "cpu" else None
-    rate = rates.get(compute_dtype(precision)) if isinstance(rates, dict) else None
+    rate = _setup_rate(chip, precision)
     if not rate or not run.conv_weights:
         return 0.0
     scale = value_bytes(precision, "conv", cpu=True) / value_bytes(run.precision, "conv", cpu=True)
     return float(rate) * run.conv_weights * scale
+
+
+def _setup_rate(chip: Chip, precision: str) -> float | None:
+    """This CPU's measured convolution set-up per weight byte in ``precision``'s compute dtype; None elsewhere."""
+    if chip.kind != "cpu" or not isinstance(chip, ThisMachine):
+        return None
+    return chip.conv_setup.get(compute_dtype(precision))
 
 
 def pays_transposes(chip: Chip, precision: str) -> bool:
