@@ -318,3 +318,67 @@ def test_the_private_name_finder_sees_each_way_of_reaching_one(tmp_path):
         "_checkpoint_connector",
         "_orig_mod",
     }
+
+
+# -- data files ---------------------------------------------------------------------------------------------------
+def _anchor(expr: ast.expr, here: Path) -> Path | None:
+    """The path an expression built from ``Path(__file__)`` names (``.resolve()``, ``.parent``, ``.parents[k]``,
+    ``.with_name("x")``), with ``here`` as ``__file__``; None for any other expression."""
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        if isinstance(func, ast.Name) and func.id == "Path" and len(expr.args) == 1:
+            arg = expr.args[0]
+            return here if isinstance(arg, ast.Name) and arg.id == "__file__" else None
+        if isinstance(func, ast.Attribute) and func.attr == "resolve":
+            return _anchor(func.value, here)
+        if isinstance(func, ast.Attribute) and func.attr == "with_name" and expr.args:
+            base, name = _anchor(func.value, here), expr.args[0]
+            ok = isinstance(name, ast.Constant) and isinstance(name.value, str)
+            return base.with_name(name.value) if base is not None and ok else None  # type: ignore[union-attr]
+    if isinstance(expr, ast.Attribute) and expr.attr == "parent":
+        base = _anchor(expr.value, here)
+        return base.parent if base is not None else None
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Attribute) and expr.value.attr == "parents":
+        base, index = _anchor(expr.value.value, here), expr.slice
+        ok = isinstance(index, ast.Constant) and isinstance(index.value, int)
+        return base.parents[index.value] if base is not None and ok else None  # type: ignore[union-attr]
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+        base, name = _anchor(expr.left, here), expr.right
+        if base is not None and isinstance(name, ast.Constant) and isinstance(name.value, str):
+            return base / name.value
+    return None
+
+
+def data_reads_across_rooms(path: Path, package: Path) -> list[str]:
+    """The files and folders of ``package`` that ``path`` names through ``Path(__file__)`` outside its own folder: a
+    module reads the data of its own room only (a file another room keeps is that room's to read and hand over)."""
+    found = []
+    own = path.resolve().parent
+    for node in ast.walk(ast.parse(path.read_text())):
+        target = _anchor(node, path.resolve()) if isinstance(node, ast.expr) else None
+        if target is None or package not in (target, *target.parents):
+            continue
+        if own != target and own not in target.parents and target not in own.parents:
+            found.append(f"{path.relative_to(package.parent)}:{node.lineno} reads {target.relative_to(package.parent)}")
+    return sorted(set(found))
+
+
+def test_no_module_reads_a_data_file_another_room_keeps():
+    found = [line for path in MODULES.values() for line in data_reads_across_rooms(path, PACKAGE)]
+    assert not found, f"data files read across rooms (move the file beside its reader, or pass it in): {found}"
+
+
+def test_the_data_file_finder_sees_a_read_across_rooms(tmp_path):
+    package = tmp_path / "lit_compute"
+    (package / "planning").mkdir(parents=True)
+    probe = package / "planning" / "probe.py"
+    probe.write_text(
+        "from pathlib import Path\n"
+        "ACROSS = Path(__file__).resolve().parents[1] / 'bench' / 'published.json'\n"
+        "OWN = Path(__file__).with_name('mine.json')\n"
+        "ROOT = Path(__file__).resolve().parents[2] / 'docs'\n"  # outside the package: the repository's
+    )
+    assert data_reads_across_rooms(probe, package) == [
+        "lit_compute/planning/probe.py:2 reads lit_compute/bench",
+        "lit_compute/planning/probe.py:2 reads lit_compute/bench/published.json",
+    ]

@@ -284,9 +284,9 @@ class _StepOnDevice(pl.LightningModule):
             return self.step_fn(self.net, self.batch)
 
     def configure_optimizers(self) -> Any:
-        from lit_compute.bench.whatif_bench import _optimizer
+        from lit_compute.bench.whatif_bench import zoo_optimizer
 
-        return _optimizer(self.model, self.net)  # the one the prediction's traced step counted
+        return zoo_optimizer(self.model, self.net)  # the one the prediction's traced step counted
 
 
 class _RateClock(pl.Callback):
@@ -322,9 +322,9 @@ def measure_rate(
     with."""
     from torch.utils.data import DataLoader
 
-    from lit_compute.bench.whatif_bench import _model
+    from lit_compute.bench.whatif_bench import zoo_model
 
-    net, step = _model(model)
+    net, step = zoo_model(model)
     if (layout or memory_format(model)) == "channels_last":
         net = ChannelsLast().convert_module(net)
     clock = _RateClock(warmup, batch)
@@ -479,8 +479,7 @@ def check_whatif_runs(
     --hardware <this chip> --precision bf16-mixed --micro-batch <micro_batch>`` is checked against the GPU run's
     measured step (a miss beyond :data:`WHATIF_GOAL` fails); ``whatif GPU_RUN`` on its own chip (calibrated on it)
     and on an H100 SXM are printed beside it."""
-    from lit_compute.bench.whatif_bench import _CALLBACKS
-    from lit_compute.bench.whatif_bench import _fit as fit_cli
+    from lit_compute.bench.whatif_bench import MEASURING_CALLBACKS, fit_run
     from lit_compute.planning.whatif import read_run
 
     base = [
@@ -493,9 +492,9 @@ def check_whatif_runs(
         "--trainer.enable_progress_bar=false",
         f"--model.init_args.arch={arch}",
         f"--data.init_args.image_size={image_size}",
-        _CALLBACKS,
+        MEASURING_CALLBACKS,
     ]
-    device_run = fit_cli(
+    device_run = fit_run(
         [
             *base,
             f"--trainer.accelerator={accelerator}",
@@ -505,7 +504,7 @@ def check_whatif_runs(
         ],
         str(Path(tmp, "whatif_device")),
     )
-    cpu_run = fit_cli(
+    cpu_run = fit_run(
         [
             *base,
             "--trainer.accelerator=cpu",

@@ -79,14 +79,14 @@ _GPT = [
     "--model.init_args.n_layer=2",
     "--data.init_args.batch_size=8",
 ]
-_CALLBACKS = (
+MEASURING_CALLBACKS = (
     "--trainer.callbacks=[{class_path: lit_compute.FlopsLogger, init_args: {peak: measure}}, "
     "{class_path: lit_compute.StepTimeMonitor, init_args: {window: 10}}, "
     "{class_path: lit_compute.MemoryMonitor}]"
 )
 
 
-def _fit(args: list[str], out: str, timeout: float = 900) -> Path:
+def fit_run(args: list[str], out: str, timeout: float = 900) -> Path:
     """Train with ``lit-compute fit`` in a fresh process; the run's TensorBoard folder."""
     command = [sys.executable, "-m", "lit_compute.cli", "fit", *args, _LOGGER % out]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -142,7 +142,7 @@ def cpu_part(out: str, repeats: int = 5) -> list[list[Any]]:
             # the order turns each round: no configuration is always the first run (or the one after the deepest)
             for name, extra, _, _ in targets[round_ % len(targets) :] + targets[: round_ % len(targets)]:
                 emit(f"  {family}: {name} (round {round_ + 1} of {repeats}) ...")
-                runs[name].append(read_run(_fit([*base, *extra, _CALLBACKS], out)))
+                runs[name].append(read_run(fit_run([*base, *extra, MEASURING_CALLBACKS], out)))
         base_run = with_loader_cost(_median_run(runs["calibration"]))
         calibration = ", ".join(f"{r.step_s * 1e3:.0f}" for r in sorted(runs["calibration"], key=lambda r: r.step_s))
         cal = calibrate(base_run, chip)
@@ -189,7 +189,7 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
         "{class_path: lit_compute.ProfilerWindow, init_args: {start_step: 12, warmup: 2, active: 6}}, "
         "{class_path: lit_compute.CommBenchmark, init_args: {max_mb: 16, seconds: 4}}"
     )
-    callbacks = _CALLBACKS[:-1] + ", " + profiler + "]"
+    callbacks = MEASURING_CALLBACKS[:-1] + ", " + profiler + "]"
     layouts = (
         ("DDP, 2 gloo ranks", [*_IMAGE, "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accelerator=cpu"]),
         (
@@ -208,7 +208,7 @@ def comm_part(out: str, repeats: int = 3) -> list[list[Any]]:
     for round_ in range(repeats):
         for name, args in layouts:
             emit(f"  {name} (round {round_ + 1} of {repeats}) ...")
-            folder = _fit([*args, callbacks], out)
+            folder = fit_run([*args, callbacks], out)
             run = read_run(folder)
             traces = sorted(folder.rglob("*.pt.trace.json"))
             transfer = transfer_time_per_step(traces) if len(traces) == run.world_size else None
@@ -286,11 +286,11 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
 
     fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
-        net, step = _model(model)
+        net, step = zoo_model(model)
         if memory_format == "channels_last":  # as lit_compute.speedup.ChannelsLast lays out a run's module
             net = ChannelsLast().convert_module(net)
     fake_tensors(net, fake_mode, torch.device("cpu"))
-    optimizer = _optimizer(model, net)
+    optimizer = zoo_optimizer(model, net)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=net, hookless=True)
     with fake_mode, counter:
         step(net, batch).backward()
@@ -313,7 +313,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
     )
 
 
-def _optimizer(model: str, net: Any) -> Any:
+def zoo_optimizer(model: str, net: Any) -> Any:
     """The optimizer each source trains with: SGD with momentum (DLE's ResNets), RMSprop (DLE's EfficientNets),
     AdamW (BERT, the GPT)."""
     import torch
@@ -339,7 +339,7 @@ def _image_step(size: int) -> Any:
 _DLE_ATTENTION = "eager"
 
 
-def _model(name: str) -> tuple[Any, Any]:
+def zoo_model(name: str) -> tuple[Any, Any]:
     """``(network, step)`` for a model of published_gpu.csv: ``step(net, batch)`` returns the loss of one batch of
     the shape the source trained on (224 px images, 380 px for EfficientNet-B4; 128 tokens for BERT pre-training, 384
     for SQuAD; 1,024 for the GPT)."""
@@ -734,7 +734,7 @@ def setup_part(out: str, rounds: int = 3) -> list[list[Any]]:
         warm = "torch.empty(24 << 20, dtype=torch.uint8).fill_(0)"
         found[names[1]].append(conv_setup_in_fresh_process(torch.float32, prelude=warm).seconds_per_byte)
         probe = Path(out, f"setup_{round_}.json")
-        _fit(
+        fit_run(
             [
                 *_IMAGE,
                 "--trainer.max_steps=22",
@@ -764,7 +764,7 @@ def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
         "--data.init_args.num_workers=0",
         "--data.init_args.image_size=224",
         "--model=lit_compute.bench.whatif_bench.LinearProbe",
-        _CALLBACKS,
+        MEASURING_CALLBACKS,
     ]
     sizes = (8, 4, 32)
     runs: dict[int, list[Any]] = {size: [] for size in sizes}
@@ -774,7 +774,7 @@ def input_part(out: str, repeats: int = 3) -> list[list[Any]]:
                 f"  a linear probe decoding 224 px images in the training process, micro-batch {size} "
                 f"(round {round_ + 1} of {repeats}) ..."
             )
-            runs[size].append(read_run(_fit([*args, f"--data.init_args.batch_size={size}"], out)))
+            runs[size].append(read_run(fit_run([*args, f"--data.init_args.batch_size={size}"], out)))
     base = with_loader_cost(_median_run(runs[8]))
     cal = calibrate(base, chip)
     loader = (
@@ -853,7 +853,7 @@ def run_part(out: str) -> list[list[Any]]:
         "{class_path: lit_compute.speedup.ChannelsLast}]",
     ]
     emit("  torchvision ResNet-50 at 224 px, micro-batch 8, channels-last, 12 steps on this CPU ...")
-    run = _fit(args, out)
+    run = fit_run(args, out)
     rows = []
     for row in published_rows():
         if row["model"] != "resnet50" or row["chip"] not in ("v100-sxm", "a100"):
