@@ -525,7 +525,7 @@ def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misse
     from lit_compute.bench import gpu_checks, whatif_bench
 
     folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
-    monkeypatch.setattr(whatif_bench, "_fit", lambda args, out: next(folders))
+    monkeypatch.setattr(whatif_bench, "fit_run", lambda args, out: next(folders))
     monkeypatch.setattr("lit_compute.planning.whatif.read_run", lambda path: SimpleNamespace(step_s=0.1))
     for predicted, passes in ((0.125, True), (0.135, False)):
         folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
