@@ -7,6 +7,8 @@ import ast
 import inspect
 from pathlib import Path
 
+import pytest
+
 from lit_compute.hardware.chips import LINKS, Chip
 from lit_compute.planning.whatif import ChannelsFirst, OpCost, RunFacts, Scenario, predict
 from lit_compute.planning.whatif.calibration import Calibration
@@ -48,7 +50,7 @@ def test_compute_is_the_roofline_of_every_class_with_a_launch_cost_per_kernel():
     cal = Calibration(1.0, 1.0, 1.0, 1e-3, 1.0, "test")
     part = compute.price(_run(), Scenario(CPU, "32-true", 16), cal)
     # matmul max(1 s, 0.1 s), elementwise 0.5 s, optimizer 0.2 s, and 110 kernels at 1 ms
-    assert abs(part.seconds - (1.0 + 0.5 + 0.2 + 0.110)) < 1e-9
+    assert part.seconds == pytest.approx(1.0 + 0.5 + 0.2 + 0.110)
     assert part.bound_by == "compute"  # 1.04 s compute-bound against 0.77 s bandwidth-bound
     assert part.kernels == 110
     assert isinstance(part, Part)
@@ -69,9 +71,9 @@ def test_host_work_overlaps_an_accelerator_s_step_and_dispatch_is_priced_per_ker
     run = _run(loader_workers=0, wait_s=0.3, step_s=3.0)  # a loader in the process: 0.3 s a batch
     gpu = host.price(run, Scenario(GPU, "32-true", 16, host_dispatch_s=1e-3), UNIT)
     assert gpu.overlaps
-    assert abs(gpu.seconds - 0.3) < 1e-12
+    assert gpu.seconds == pytest.approx(0.3)
     assert gpu.kernels == 110
-    assert abs(gpu.dispatch_s - 0.110) < 1e-12
+    assert gpu.dispatch_s == pytest.approx(0.110)
     assert gpu.bound_by == "input"  # 0.3 s of loading against 0.11 s of dispatch
     cpu = host.price(run, Scenario(CPU, "32-true", 16, host_dispatch_s=1e-3), UNIT)
     assert not cpu.overlaps
@@ -92,7 +94,7 @@ def test_comm_prices_ddp_s_all_reduce_over_the_slowest_link_less_the_overlap_the
     two = comm.price(run, Scenario(GPU, "32-true", 16, devices_per_node=2), UNIT)
     assert two.link == LINKS["pcie4"].name
     assert two.total_s > 0
-    assert abs(two.seconds - two.total_s / 2) < 1e-12
+    assert two.seconds == pytest.approx(two.total_s / 2)
     assert not two.notes
     unmeasured = comm.price(_run(), Scenario(GPU, "32-true", 16, devices_per_node=2), UNIT)
     assert unmeasured.seconds == unmeasured.total_s
