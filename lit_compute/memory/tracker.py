@@ -76,6 +76,47 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
+class _ResizeWatch:
+    """``UntypedStorage.resize_`` patched once for every tracker inside it, whatever order they leave in: FSDP2 frees
+    a gathered parameter by resizing its storage to 0 bytes and gathers into it again, which no dispatch mode sees.
+    The method is put back as it was when the last tracker leaves (trackers that each patched over the one before
+    and restored what they found left a stale patch behind when an outer one left first)."""
+
+    def __init__(self) -> None:
+        self.trackers: list[StorageTracker] = []
+        self._own: tuple[Any] | None = None  # the class's own resize_ (None: inherited) before the first tracker
+
+    def add(self, tracker: StorageTracker) -> None:
+        if not self.trackers:
+            resize = torch.UntypedStorage.resize_
+            watch = self
+
+            def tracked_resize(st: torch.UntypedStorage, size: int) -> Any:
+                out = resize(st, size)
+                for each in list(watch.trackers):
+                    each._resized(st)
+                return out
+
+            self._own = (torch.UntypedStorage.__dict__.get("resize_"),)
+            setattr(torch.UntypedStorage, "resize_", tracked_resize)  # noqa: B010 - put back by remove()
+        self.trackers.append(tracker)
+
+    def remove(self, tracker: StorageTracker) -> None:
+        self.trackers = [t for t in self.trackers if t is not tracker]
+        if self.trackers or self._own is None:
+            return
+        (own,) = self._own
+        self._own = None
+        if own is None:
+            delattr(torch.UntypedStorage, "resize_")  # the inherited method again
+        else:
+            setattr(torch.UntypedStorage, "resize_", own)  # noqa: B010 - what was there before
+
+
+#: the one patch of ``UntypedStorage.resize_`` every tracker inside it shares
+_RESIZES = _ResizeWatch()
+
+
 class StorageTracker(TorchDispatchMode):
     """Track every storage ops allocate while the mode is on (see the module docstring).
 
@@ -102,7 +143,7 @@ class StorageTracker(TorchDispatchMode):
         self._phase = "forward"
         self._current = 0  # bytes live now
         self._hooks: Any = None
-        self._resize: tuple[Any] | None = None  # UntypedStorage's own resize_ (or None) before this tracker
+        self._watched = False  # inside :data:`_RESIZES` (between enter and exit)
         self._in_dtensor = False
 
     # -- recording ----------------------------------------------------------------------------------
@@ -172,15 +213,8 @@ class StorageTracker(TorchDispatchMode):
 
     def __enter__(self) -> StorageTracker:
         tracker = self
-        resize = torch.UntypedStorage.resize_
-
-        def tracked_resize(st: torch.UntypedStorage, size: int) -> Any:
-            out = resize(st, size)
-            tracker._resized(st)
-            return out
-
-        self._resize = (torch.UntypedStorage.__dict__.get("resize_"),)  # the class's own override, if any
-        setattr(torch.UntypedStorage, "resize_", tracked_resize)  # noqa: B010 - restored at exit
+        _RESIZES.add(self)
+        self._watched = True
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             st = _storage(t) if isinstance(t, torch.Tensor) else None
@@ -196,13 +230,9 @@ class StorageTracker(TorchDispatchMode):
         try:
             super().__exit__(*exc)
         finally:
-            if self._resize is not None:
-                (own,) = self._resize
-                if own is None:
-                    delattr(torch.UntypedStorage, "resize_")  # the inherited method again
-                else:
-                    setattr(torch.UntypedStorage, "resize_", own)  # noqa: B010 - an outer tracker's
-                self._resize = None
+            if self._watched:
+                _RESIZES.remove(self)
+                self._watched = False
             if self._hooks is not None:
                 self._hooks.__exit__(*exc)
                 self._hooks = None

@@ -161,3 +161,29 @@ def test_the_reference_counts_a_free_only_for_a_block_it_saw_allocated_or_marked
 
     changes = [(1, 100, 1), (2, -50, 9), (3, -30, None), (4, 70, 2), (5, -100, 1), (6, 10, 3)]
     assert allocator_walk(changes, before=1000) == 1000 + 100 - 30 + 70  # the free of block 9 (never seen) ignored
+
+
+def test_trackers_leaving_out_of_order_both_see_resizes_and_put_resize_back():
+    """Each tracker used to patch over the one before it and restore what it found, so an outer tracker leaving first
+    left its patch behind for good (the inner one restored it). One shared patch, removed with the last tracker."""
+    from lit_compute.memory.tracker import _ResizeWatch
+
+    class Seen:
+        def __init__(self) -> None:
+            self.resized = 0
+
+        def _resized(self, st: torch.UntypedStorage) -> None:
+            self.resized += 1
+
+    before = torch.UntypedStorage.__dict__.get("resize_")
+    watch, outer, inner = _ResizeWatch(), Seen(), Seen()
+    watch.add(outer)  # type: ignore[arg-type]
+    watch.add(inner)  # type: ignore[arg-type]
+    torch.empty(10).untyped_storage().resize_(0)
+    assert (outer.resized, inner.resized) == (1, 1)
+    watch.remove(outer)  # the outer one leaves first
+    assert torch.UntypedStorage.__dict__.get("resize_") is not before  # the inner one still watches
+    torch.empty(10).untyped_storage().resize_(0)
+    assert (outer.resized, inner.resized) == (1, 2)
+    watch.remove(inner)
+    assert torch.UntypedStorage.__dict__.get("resize_") is before
