@@ -10,7 +10,7 @@
 # $LIT_COMPUTE_COMMIT), memory_cuda.md/.txt (`lit-compute bench memory` on the demo's ResNet-18: the estimate against
 # max_memory_allocated and max_memory_reserved) and pytest_gpu.txt (the cuda/multi_gpu-marked tests). Exits non-zero if anything failed.
 # tune_gpu.md/.txt (a short `lit-compute tune` of configs/baseline.yaml on the GPU: its knobs' table), fit_rows.csv/.md/.txt
-# (whatif's fit-set workloads measured here: rows for lit_compute/bench/published_gpu.csv's fit set).
+# (whatif's fit-set workloads measured here: rows for lit_compute/bench/whatif/published_gpu.csv's fit set).
 # BENCH_TIMEOUT, MEMORY_TIMEOUT, TUNE_TIMEOUT, PYTEST_TIMEOUT and FIT_TIMEOUT (seconds) bound the parts.
 set -uo pipefail
 out=${OUT:-gpu_checks_out}

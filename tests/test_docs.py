@@ -50,7 +50,7 @@ NOT_MEASURED = {
     ("CHANGELOG.md", "A100 40GB device name"): "part of a device's name (NVIDIA A100-SXM4-40GB)",
     ("docs/flops.md", "under 1 TFLOP/s"): "the rate below which FLOP/s are also written in GFLOP/s (writer.py)",
     ("docs/memory.md", "all within 10%"): "the tolerance tests/planning/test_estimate.py asserts",
-    ("docs/memory.md", "and 300 seconds"): "the CPU build's time limit (planning/estimate.py BUILD_SECONDS)",
+    ("docs/memory.md", "and 300 seconds"): "the CPU build's time limit (planning/estimate/pieces.py BUILD_SECONDS)",
     ("docs/memory.md", "pools, 2 MiB and 20 MiB segments"): "the CUDA caching allocator's segment sizes "
     "(memory/caching_allocator.py)",
     ("docs/whatif.md", "at 80% of the"): "the link efficiency whatif assumes (whatif/calibration.py)",

@@ -189,6 +189,21 @@ def test_no_grab_bag_module():
     assert not [p for p in PACKAGE.rglob("*.py") if p.stem in {"_utils", "utils", "helpers", "misc"}]
 
 
+#: the rooms whose modules grew by branches until they were split part by part (#67): a module past this many lines
+#: there is split the same way (docs/architecture.md), not grown
+SPLIT_ROOMS, MAX_LINES = ("planning", "bench"), 450
+
+
+def test_no_module_in_the_split_rooms_grows_past_its_limit():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for room in SPLIT_ROOMS
+        for p in sorted((PACKAGE / room).rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}; split by part (docs/architecture.md)"
+
+
 # -- private names of other packages ------------------------------------------------------------------------------
 #: Every private torch, Lightning or CPython name reached outside ``_compat.py``, as data: (file, name) -> why it
 #: cannot move behind ``_compat.py``. A new one fails the test below; move it into ``_compat.py`` (one wrapper, one

@@ -24,7 +24,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "recipe": ("lit_compute.bench.recipe", "baseline vs optimised training, one change at a time"),
     "gpu": ("lit_compute.bench.gpu_checks", "every GPU-only check in one command (exits 0 without a GPU)"),
     "precision": ("lit_compute.bench.precision_bench", "step time per precision mode, as ratios to 32-true"),
-    "whatif": ("lit_compute.bench.whatif_bench", "lit-compute whatif's predictions beside measured and published runs"),
+    "whatif": ("lit_compute.bench.whatif.cli", "lit-compute whatif's predictions beside measured and published runs"),
     "memory": (
         "lit_compute.bench.memory_bench",
         "peak memory predicted by lit-compute estimate vs measured, per device",

@@ -29,14 +29,8 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
     docstring). Raises :class:`WhatifError` for a config that cannot be built or traced (the message says why).
     ``time_the_loader=False``: the op classes and memory only."""
     from lit_compute.flops.counting import SafeFlopCounterMode
-    from lit_compute.planning.estimate import (
-        EstimateError,
-        _prepare,
-        build_pieces,
-        resized,
-        trace_step,
-        untraceable_module,
-    )
+    from lit_compute.planning.estimate import EstimateError, build_pieces, resized, trace_step, untraceable_module
+    from lit_compute.planning.estimate.trace import prepare
     from lit_compute.planning.loader_cost import time_loader
 
     try:
@@ -48,7 +42,7 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
             f"--config {config}: ModelParallelStrategy is not traced by whatif --config; train a few "
             "steps with FlopsLogger and StepTimeMonitor and price that run (lit-compute whatif RUN)"
         )
-    optimizers = _prepare(pieces)
+    optimizers = prepare(pieces)
     counter = SafeFlopCounterMode(display=False, depth=99, module_paths=pieces.model, hookless=True)
 
     def optimizer_begins(*_: Any) -> None:

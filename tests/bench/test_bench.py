@@ -341,7 +341,7 @@ def _check_rows_agree(kept: dict, table: list[list[str]]) -> int:
 def test_the_check_sets_errors_by_generation_are_signed_medians_over_its_rows_only():
     """``bench whatif --only gpu``'s line by generation: the check rows (never the fit rows) grouped by architecture
     and precision class, each group's signed median and range, oldest generation first."""
-    from lit_compute.bench.whatif_bench import generation, generations_summary
+    from lit_compute.bench.whatif.gpu import generation, generations_summary
 
     assert [
         generation(c)
@@ -389,9 +389,9 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     with the bench."""
     from pathlib import Path
 
-    from lit_compute.bench import whatif_bench
+    from lit_compute.bench.whatif import gpu
 
-    every = whatif_bench.published_rows()
+    every = gpu.published_rows()
     chosen = [
         r
         for r in every
@@ -399,7 +399,7 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     ]
     assert len({r["set"] for r in chosen}) == 2
     assert len(chosen) < len(every)
-    monkeypatch.setattr(whatif_bench, "published_rows", lambda: chosen)
+    monkeypatch.setattr(gpu, "published_rows", lambda: chosen)
     out, errors = tmp_path / "whatif.md", tmp_path / "errors.json"
     assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out), "--errors", str(errors)]) == 0
     written = out.read_text()
@@ -467,11 +467,11 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     """#50 item 3: published_gpu.csv holds at least 20 cited rows over at least three GPU generations, each in the fit
     or the check set; --fit-defaults reads the fit set only: the check rows' published values can be anything without
     moving a fitted default."""
-    from lit_compute.bench import whatif_bench
+    from lit_compute.bench.whatif import fit, gpu, zoo
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import RunFacts
 
-    rows = whatif_bench.published_rows()
+    rows = gpu.published_rows()
     assert len(rows) >= 20
     assert {r["set"] for r in rows} == {"fit", "check"}
     assert all(r["source"] and r["samples_per_s"] > 0 and r["batch"] > 0 for r in rows)
@@ -500,19 +500,19 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
         precision="32-true",
         device="traced",
     )
-    monkeypatch.setattr(whatif_bench, "traced_facts", lambda model, batch, memory_format: facts)
-    monkeypatch.setattr(whatif_bench, "FITTED", {"tensor": (0.05, 1.0), "conv_tensor": (0.05, 1.0)})
+    monkeypatch.setattr(zoo, "traced_facts", lambda model, batch, memory_format: facts)
+    monkeypatch.setattr(fit, "FITTED", {"tensor": (0.05, 1.0), "conv_tensor": (0.05, 1.0)})
     base = [{**r, "samples_per_s": r["samples_per_s"] / 10} for r in rows]
-    monkeypatch.setattr(whatif_bench, "published_rows", lambda: base)
-    first = whatif_bench.fit_defaults()
+    monkeypatch.setattr(gpu, "published_rows", lambda: base)
+    first = fit.fit_defaults()
     assert 0.05 < first["tensor"] < 1.0
     assert 0.05 < first["conv_tensor"] < 1.0
     moved = [{**r, "samples_per_s": r["samples_per_s"] * 10} if r["set"] == "check" else r for r in base]
-    monkeypatch.setattr(whatif_bench, "published_rows", lambda: moved)
-    assert whatif_bench.fit_defaults() == first
+    monkeypatch.setattr(gpu, "published_rows", lambda: moved)
+    assert fit.fit_defaults() == first
     refit = [{**r, "samples_per_s": r["samples_per_s"] / 2} for r in base]
-    monkeypatch.setattr(whatif_bench, "published_rows", lambda: refit)
-    assert whatif_bench.fit_defaults() != first  # the fit rows do move it
+    monkeypatch.setattr(gpu, "published_rows", lambda: refit)
+    assert fit.fit_defaults() != first  # the fit rows do move it
 
 
 def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misses(monkeypatch, tmp_path):
@@ -522,10 +522,10 @@ def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misse
     function ran end to end on this CPU with accelerator="cpu")."""
     from types import SimpleNamespace
 
-    from lit_compute.bench import gpu_checks, whatif_bench
+    from lit_compute.bench.whatif import on_gpu, training
 
     folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
-    monkeypatch.setattr(whatif_bench, "fit_run", lambda args, out: next(folders))
+    monkeypatch.setattr(training, "fit_run", lambda args, out: next(folders))
     monkeypatch.setattr("lit_compute.planning.whatif.read_run", lambda path: SimpleNamespace(step_s=0.1))
     for predicted, passes in ((0.125, True), (0.135, False)):
         folders = iter([tmp_path / "gpu_run", tmp_path / "cpu_run"])
@@ -541,14 +541,14 @@ def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misse
                 return rows["cpu"]
             return rows["h100"] if "h100-sxm" in args else rows["own"]
 
-        monkeypatch.setattr(gpu_checks, "_whatif_json", answer)
+        monkeypatch.setattr(on_gpu, "_whatif_json", answer)
         if passes:
             assert "125.0 ms a step (input-bound) against the h200-sxm run's measured 100.0 ms, +25.0%" in (
-                gpu_checks.check_whatif_runs("unused")
+                on_gpu.check_whatif_runs("unused")
             )
         else:
             with pytest.raises(AssertionError, match=r"\+35\.0%.*missed by more than 30%"):
-                gpu_checks.check_whatif_runs("unused")
+                on_gpu.check_whatif_runs("unused")
 
 
 def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path):
@@ -556,11 +556,11 @@ def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path
     (not the check rows' ResNet-50 and GPT) on the lent GPU and writes them in published_gpu.csv's columns, set "fit".
     Appended to the file, they are read as fit rows of that chip; a workload that fails is named and the others
     kept."""
-    from lit_compute.bench import gpu_checks, whatif_bench
+    from lit_compute.bench.whatif import gpu, on_gpu
 
-    assert not {m for m, _, _ in gpu_checks.FIT_RUNS} & {m for m, _, _ in gpu_checks.WHATIF_RUNS}
-    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
-    monkeypatch.setenv(gpu_checks.FIT_ROWS_ENV, str(tmp_path / "fit_rows.csv"))
+    assert not {m for m, _, _ in on_gpu.FIT_RUNS} & {m for m, _, _ in on_gpu.WHATIF_RUNS}
+    monkeypatch.setattr(on_gpu.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setenv(on_gpu.FIT_ROWS_ENV, str(tmp_path / "fit_rows.csv"))
     monkeypatch.setenv("LIT_COMPUTE_COMMIT", "abc1234")
 
     def rate(model, batch, precision):
@@ -568,19 +568,19 @@ def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
         return 1000.0 + batch
 
-    monkeypatch.setattr(gpu_checks, "measure_rate", rate)
+    monkeypatch.setattr(on_gpu, "measure_rate", rate)
     with pytest.raises(
         RuntimeError,
         match=r"5 of 6 fit rows written .*bert-large tf32 batch 128: RuntimeError: "
         r"CUDA out of memory\. Tried to allocate 2\.00 GiB$",
     ):
-        gpu_checks.check_fit_rows("unused")
+        on_gpu.check_fit_rows("unused")
     written = (tmp_path / "fit_rows.csv").read_text()
-    published = whatif_bench.PUBLISHED_FILE.read_text()
+    published = gpu.PUBLISHED_FILE.read_text()
     combined = tmp_path / "published_gpu.csv"
     combined.write_text(published + written)
-    monkeypatch.setattr(whatif_bench, "PUBLISHED_FILE", combined)
-    rows = [r for r in whatif_bench.published_rows() if r["chip"] == "h200-sxm" and r["set"] == "fit"]
+    monkeypatch.setattr(gpu, "PUBLISHED_FILE", combined)
+    rows = [r for r in gpu.published_rows() if r["chip"] == "h200-sxm" and r["set"] == "fit"]
     assert [(r["model"], r["precision"], r["batch"], r["samples_per_s"]) for r in rows] == [
         ("resnext101-32x4d", "bf16-mixed", 128, 1128.0),
         ("resnext101-32x4d", "tf32", 128, 1128.0),
@@ -594,7 +594,7 @@ def test_fit_rows_measured_on_a_gpu_are_rows_the_fit_reads(monkeypatch, tmp_path
 def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
     """#50 item 4: ``bench gpu`` printed "pass" for a whatif check with 1 of 4 rows within 30%. A prediction that
     misses the rate measured on the GPU by more than 30% now fails the check (its table is still written)."""
-    from lit_compute.bench import gpu_checks
+    from lit_compute.bench.whatif import on_gpu
     from lit_compute.planning.whatif import RunFacts
 
     facts = RunFacts(
@@ -606,25 +606,25 @@ def test_the_gpu_whatif_check_fails_on_a_miss(monkeypatch):
         precision="32-true",
         device="traced",
     )
-    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(on_gpu.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     traced = []  # the memory format each model is traced in: NVIDIA's ResNet-50 runs, and bench gpu's, channels-last
     monkeypatch.setattr(
-        "lit_compute.bench.whatif_bench.traced_facts",
+        "lit_compute.bench.whatif.zoo.traced_facts",
         lambda model, batch, memory_format: traced.append(memory_format) or facts,
     )
-    monkeypatch.setattr(gpu_checks, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
+    monkeypatch.setattr(on_gpu, "WHATIF_RUNS", [("resnet50", 8, "bf16-mixed")])
     monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)  # the device's side
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 
     rate = predict(facts, Scenario(find_chip("h100-sxm"), "bf16-mixed", 8), default_calibration()).samples_per_s
     for measured, passes in ((rate * 1.2, True), (rate * 1.5, False)):
-        monkeypatch.setattr(gpu_checks, "measure_rate", lambda *a, m=measured, **k: m)
+        monkeypatch.setattr(on_gpu, "measure_rate", lambda *a, m=measured, **k: m)
         if passes:
-            assert gpu_checks.check_whatif("unused").startswith("table above: 1 of 1 within 30%")
+            assert on_gpu.check_whatif("unused").startswith("table above: 1 of 1 within 30%")
         else:
             with pytest.raises(AssertionError, match="a prediction missed by more than 30%"):
-                gpu_checks.check_whatif("unused")
+                on_gpu.check_whatif("unused")
     assert traced == ["channels_last", "channels_last"]
 
 
@@ -632,14 +632,14 @@ def test_the_transposes_check_compares_the_predicted_and_measured_ratio_of_both_
     """``bench gpu``'s transposes check trains ResNet-50 channels-first and channels-last and puts whatif's predicted
     ratio of the two rates (from the steps counted in each layout) beside the measured one: within its goal it passes
     with both figures, beyond it fails (the measured rates stand in for the device here)."""
-    from lit_compute.bench import gpu_checks
-    from lit_compute.bench.whatif_bench import traced_facts
+    from lit_compute.bench.whatif import on_gpu
+    from lit_compute.bench.whatif.zoo import traced_facts
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, default_calibration, predict
 
-    monkeypatch.setattr(gpu_checks.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(on_gpu.torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("lit_compute.hardware.this_machine.host_dispatch_seconds", lambda: 0.0)
-    monkeypatch.setattr(gpu_checks, "TRANSPOSES_RUN", ("resnet50", 8, "bf16-mixed"))
+    monkeypatch.setattr(on_gpu, "TRANSPOSES_RUN", ("resnet50", 8, "bf16-mixed"))
     scenario = Scenario(find_chip("h100-sxm"), "bf16-mixed", 8)
     rates = {
         layout: predict(traced_facts("resnet50", 8, layout), scenario, default_calibration()).samples_per_s
@@ -649,20 +649,20 @@ def test_the_transposes_check_compares_the_predicted_and_measured_ratio_of_both_
     assert ratio > 1.05  # channels-first pays the transposes at 16 bits
     for scale, passes in ((1.1, True), (1.3, False)):  # the measured channels-last rate this much faster
         measured = {"contiguous": 1000.0, "channels_last": 1000.0 * ratio * scale}
-        monkeypatch.setattr(gpu_checks, "measure_rate", lambda model, batch, precision, layout, m=measured: m[layout])
+        monkeypatch.setattr(on_gpu, "measure_rate", lambda model, batch, precision, layout, m=measured: m[layout])
         if passes:
-            assert gpu_checks.check_transposes("unused") == (
+            assert on_gpu.check_transposes("unused") == (
                 f"channels-last over channels-first: predicted {ratio:.2f}x, measured {ratio * 1.1:.2f}x (-9.1%)"
             )
         else:
             with pytest.raises(AssertionError, match="the predicted ratio missed by more than 15%"):
-                gpu_checks.check_transposes("unused")
+                on_gpu.check_transposes("unused")
 
 
 def test_the_setup_probe_measures_inside_the_training_process_once(tmp_path, monkeypatch):
     """``bench whatif --only setup``'s probe: inside a Lightning run, at its step, the convolutions' set-up measured
     once and written as JSON (the measurement itself is driven: its own test times the intercept)."""
-    from lit_compute.bench.whatif_bench import SetupProbe
+    from lit_compute.bench.whatif.conv_setup import SetupProbe
     from lit_compute.hardware import measure
 
     from ..conftest import make_trainer, tiny_data, tiny_model

@@ -223,12 +223,13 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
     import psutil
 
     estimate_module = importlib.import_module("lit_compute.planning.estimate")
+    trace = importlib.import_module("lit_compute.planning.estimate.trace")
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 40_000_000, "total": 10**9})())
     measured = []
-    real = estimate_module._measure
-    monkeypatch.setattr(estimate_module, "_measure", lambda c, o, size, b: measured.append(size) or real(c, o, size, b))
+    real = trace.measure
+    monkeypatch.setattr(trace, "measure", lambda c, o, size, b: measured.append(size) or real(c, o, size, b))
     path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
     plan = _quietly(path, micro_batches=[4], memory="80GB")
     peaks = {r.micro_batch: r.peak_bytes for r in plan.rows}
@@ -356,7 +357,7 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
     # built on the CPU within a budget: past the memory share or the time, one line saying which, never a traceback
     import sys
 
-    estimate_module = sys.modules["lit_compute.planning.estimate"]  # the package exports the function of that name
+    pieces = sys.modules["lit_compute.planning.estimate.pieces"]  # where the model is built
     schedule = _image_config(tmp_path, {"class_path": "build_models.DropPathSchedule"})  # the file Broken took
 
     for name, value, phrase in (
@@ -365,7 +366,7 @@ def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_e
     ):
         capsys.readouterr()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(estimate_module, name, value)
+            patch.setattr(pieces, name, value)
             with pytest.raises(SystemExit) as info:
                 estimate(schedule, micro_batches=[2])
         assert info.value.code == 2

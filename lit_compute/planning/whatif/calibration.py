@@ -23,7 +23,7 @@ __all__ = [
 
 #: Fractions of the datasheet peaks a well-fed chip reaches, and the launch cost of one kernel, used for hardware the
 #: run did not run on. The FLOP fractions and the launch cost were fitted by ``lit-compute bench whatif --fit-defaults``
-#: on the fit set of ``lit_compute/bench/published_gpu.csv`` (16 published V100 and A100 results of NVIDIA
+#: on the fit set of ``lit_compute/bench/whatif/published_gpu.csv`` (16 published V100 and A100 results of NVIDIA
 #: DeepLearningExamples: ResNet-50, ResNeXt-101-32x4d, EfficientNet-B0, BERT-large; least squares on the log of
 #: the throughput): ``tensor``/``vector``/``tf32`` for matmuls and attention on half-precision tensor cores, without
 #: them and on TF32 ones; ``conv_*`` the same for convolutions; ``grouped`` the fraction of that a grouped convolution
