@@ -248,11 +248,7 @@ def check_whatif_runs(
     base = [
         "--config",
         "configs/baseline.yaml",
-        "--trainer.max_epochs=null",
-        "--trainer.log_every_n_steps=5",
-        "--trainer.limit_val_batches=0",
-        "--trainer.num_sanity_val_steps=0",
-        "--trainer.enable_progress_bar=false",
+        *training.SHORT_RUN,
         f"--model.init_args.arch={arch}",
         f"--data.init_args.image_size={image_size}",
         training.MEASURING_CALLBACKS,

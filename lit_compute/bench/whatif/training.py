@@ -16,15 +16,20 @@ LOGGER = (
     "name: runs}}]"
 )
 
-IMAGE_ARGS = [
-    "--config",
-    "configs/baseline.yaml",
-    "--trainer.max_steps=50",
+#: a short run by steps: logged every 5, no validation, no progress bar
+SHORT_RUN = [
     "--trainer.max_epochs=null",
     "--trainer.log_every_n_steps=5",
     "--trainer.limit_val_batches=0",
     "--trainer.num_sanity_val_steps=0",
     "--trainer.enable_progress_bar=false",
+]
+
+IMAGE_ARGS = [
+    "--config",
+    "configs/baseline.yaml",
+    "--trainer.max_steps=50",
+    *SHORT_RUN,
     "--data.init_args.image_size=64",
     "--data.init_args.num_workers=0",
     "--model.init_args.arch=resnet18",
@@ -35,11 +40,7 @@ GPT_ARGS = [
     "--config",
     "configs/gpt_baseline.yaml",
     "--trainer.max_steps=50",
-    "--trainer.max_epochs=null",
-    "--trainer.log_every_n_steps=5",
-    "--trainer.limit_val_batches=0",
-    "--trainer.num_sanity_val_steps=0",
-    "--trainer.enable_progress_bar=false",
+    *SHORT_RUN,
     "--data.init_args.mode=packed",
     "--data.init_args.seq_len=128",
     "--data.init_args.max_tokens=300000",
