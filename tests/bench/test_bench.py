@@ -410,7 +410,7 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     assert rows[0] == kept[0] == ["set", "workload", "source", "predicted", "published", "error"]
     assert len(rows) - 1 == len(chosen)
     assert all(row in kept for row in rows[1:])
-    assert len(kept) - 1 == len(every) >= 20
+    assert len(kept) - 1 == sum(r["set"] in ("fit", "check") for r in every) >= 20  # the sealed rows never printed
     assert {r[0] for r in kept[1:]} == {"fit", "check"}
     # --errors: the check rows, as the table has them (what whatif quotes beside a prediction on their chips)
     kept_errors = json.loads(errors.read_text())
@@ -473,7 +473,7 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
 
     rows = gpu.published_rows()
     assert len(rows) >= 20
-    assert {r["set"] for r in rows} == {"fit", "check"}
+    assert {r["set"] for r in rows} == {"fit", "check", "sealed"}
     assert all(r["source"] and r["samples_per_s"] > 0 and r["batch"] > 0 for r in rows)
     generations = {
         "v100": "Volta",
@@ -513,6 +513,39 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     refit = [{**r, "samples_per_s": r["samples_per_s"] / 2} for r in base]
     monkeypatch.setattr(gpu, "published_rows", lambda: refit)
     assert fit.fit_defaults() != first  # the fit rows do move it
+
+
+def test_the_sealed_set_is_new_models_on_four_generations_never_priced_unless_asked(monkeypatch):
+    """#68 item 4: the sealed rows (committed before the per-kernel pricing) are at least 12, on models no fit or check
+    row has, with a transformer, a depthwise convnet and chips older and newer than Ampere; every one builds (on the
+    meta device: no step is counted here, no prediction made); ``bench whatif --only gpu`` prices none of them unless
+    ``--sealed`` says so, and ``--fit-defaults`` never reads them."""
+    import torch
+
+    from lit_compute.bench.whatif import gpu, zoo
+    from lit_compute.hardware.chips import find_chip
+
+    rows = gpu.published_rows()
+    sealed = [r for r in rows if r["set"] == "sealed"]
+    assert len(sealed) >= 12
+    assert not {r["model"] for r in sealed} & {r["model"] for r in rows if r["set"] != "sealed"}
+    assert {"timm/deit_small_patch16_224@224", "timm/mobilenetv3_large_100@224"} <= {r["model"] for r in sealed}
+    architectures = {find_chip(r["chip"]).architecture for r in sealed}
+    assert {"Volta", "Ampere", "Ada", "Hopper"} <= architectures
+    for model in sorted({r["model"] for r in sealed}):
+        with torch.device("meta"):
+            net, step = zoo.zoo_model(model)
+        assert callable(step)
+        assert sum(p.numel() for p in net.parameters()) > 1e6
+        assert zoo.zoo_optimizer(model, net).defaults["momentum"] == 0.9
+    priced = []
+    monkeypatch.setattr(gpu, "predicted_rate", lambda row, cal: priced.append(row["set"]) or 1.0)
+    assert {r["set"] for r in gpu.gpu_predictions()} == {"fit", "check"}
+    assert "sealed" not in priced
+    assert [r["set"] for r in gpu.gpu_predictions(("check", "sealed"))].count("sealed") == len(sealed)
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "whatif", "--only", "cpu", "--sealed"])
+    assert refused.value.code == 2
 
 
 def test_the_gpu_check_from_run_folders_fails_when_the_cpu_runs_prediction_misses(monkeypatch, tmp_path):

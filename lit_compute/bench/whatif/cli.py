@@ -13,7 +13,8 @@ Seven parts, each a table (predicted vs measured with the error, unless said oth
   benchmark, this project's H200 runs, each row cited) against the prediction from the model's step counted on fake
   tensors at the published batch, at the default efficiencies; the fit set (the rows ``--fit-defaults`` sets the
   defaults on) and the check set (never fitted on) each with its median and largest error; ``--errors`` also writes
-  the check rows as JSON, which ``whatif`` quotes beside a prediction on their chips;
+  the check rows as JSON, which ``whatif`` quotes beside a prediction on their chips; ``--sealed`` adds the sealed
+  set (committed before the per-kernel pricing, priced once after it);
 - ``input``: an input-bound run (a loader decoding 224 px images in the training process) calibrated at one
   micro-batch and predicting two others on this CPU, measured (the loader's cost per batch and per sample timed
   apart from the run);
@@ -70,20 +71,32 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="print the default efficiencies fitted on published_gpu.csv's fit set and exit",
     )
+    parser.add_argument(
+        "--sealed",
+        action="store_true",
+        help="the gpu part also prices published_gpu.csv's sealed set (its header says when: once, after the "
+        "per-kernel pricing, the result published as it comes)",
+    )
     args = parser.parse_args(argv)
+    if args.sealed and args.only and "gpu" not in args.only:
+        parser.error("--sealed: the sealed set is priced by the gpu part; add gpu to --only")
+    if args.errors and args.only and "gpu" not in args.only:
+        parser.error(f"--errors {args.errors}: the check rows' errors come from the gpu part; add gpu to --only")
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     warnings.simplefilter("ignore")
     if args.fit_defaults:
         emit(f"fitted defaults: {fit.fit_defaults()}")
         return 0
-    command = "lit-compute bench whatif" + (f" --only {','.join(args.only)}" if args.only else "")
-    if args.errors and args.only and "gpu" not in args.only:
-        parser.error(f"--errors {args.errors}: the check rows' errors come from the gpu part; add gpu to --only")
+    command = (
+        "lit-compute bench whatif"
+        + (f" --only {','.join(args.only)}" if args.only else "")
+        + (" --sealed" if args.sealed else "")
+    )
     predictions: list[dict[str, Any]] = []  # the gpu part's, kept for --errors
 
     def gpu_rows(_: str) -> list[list[Any]]:
-        predictions.extend(gpu.gpu_predictions())
+        predictions.extend(gpu.gpu_predictions((*gpu.SETS, "sealed") if args.sealed else gpu.SETS))
         return gpu.gpu_part(predictions)
 
     sections = []

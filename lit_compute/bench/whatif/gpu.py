@@ -14,7 +14,7 @@ PUBLISHED_FILE = Path(__file__).with_name("published_gpu.csv")
 
 
 def published_rows() -> list[dict[str, Any]]:
-    """The rows of ``published_gpu.csv``: set ("fit" or "check"), model, chip, precision, memory_format
+    """The rows of ``published_gpu.csv``: set ("fit", "check" or "sealed"), model, chip, precision, memory_format
     ("channels_last" when the source convolved channels-last, else "contiguous"), batch, samples_per_s, source (the
     file's header says how the sets were chosen)."""
     import csv
@@ -41,13 +41,18 @@ def predicted_rate(row: dict[str, Any], cal: Any) -> float:
     return predict(facts, Scenario(find_chip(row["chip"]), row["precision"], row["batch"]), cal).samples_per_s
 
 
-def gpu_predictions() -> list[dict[str, Any]]:
-    """Every row of published_gpu.csv with its prediction at the default efficiencies (``predicted``), the fit rows
-    first."""
+#: the sets ``bench whatif --only gpu`` prices; ``--sealed`` adds the sealed set (published_gpu.csv's header says why)
+SETS = ("fit", "check")
+
+
+def gpu_predictions(sets: tuple[str, ...] = SETS) -> list[dict[str, Any]]:
+    """The rows of published_gpu.csv in ``sets``, each with its prediction at the default efficiencies
+    (``predicted``), in the order of ``sets``."""
     from lit_compute.planning.whatif import default_calibration
 
     cal, rows = default_calibration(), []
-    for row in sorted(published_rows(), key=lambda r: r["set"] != "fit"):
+    chosen = [row for row in published_rows() if row["set"] in sets]
+    for row in sorted(chosen, key=lambda r: sets.index(r["set"])):
         emit(f"  {row['model']} at batch {row['batch']} on {row['chip']}, {row['precision']} ...")
         rows.append({**row, "predicted": predicted_rate(row, cal)})
     return rows
@@ -134,7 +139,7 @@ def transposes_summary(predictions: list[dict[str, Any]]) -> str:
 def summary(rows: list[list[Any]]) -> str:
     """Each set's median and largest absolute error and how many rows are within 30% (from the rows' error column)."""
     lines = []
-    for name in ("fit", "check"):
+    for name in ("fit", "check", "sealed"):
         errors = sorted(abs(float(r[-1].rstrip("%"))) for r in rows if r[0] == name)
         if not errors:
             continue

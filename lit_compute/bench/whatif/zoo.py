@@ -54,12 +54,16 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
 
 
 def zoo_optimizer(model: str, net: Any) -> Any:
-    """The optimizer each source trains with: SGD with momentum (DLE's ResNets), RMSprop (DLE's EfficientNets),
-    AdamW (BERT, the GPT)."""
+    """The optimizer each source trains with: SGD with momentum (DLE's ResNets; its SSD300, with weight decay; timm's
+    benchmark.py, Nesterov's), RMSprop (DLE's EfficientNets), AdamW (BERT, the GPT)."""
     import torch
 
     if model.startswith(("resnet", "resnext", "se-resnext")):
         return torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.875, foreach=True)
+    if model == "ssd300":
+        return torch.optim.SGD(net.parameters(), lr=2.6e-3, momentum=0.9, weight_decay=5e-4, foreach=True)
+    if model.startswith("timm/"):  # benchmark.py's create_optimizer_v2(opt="sgd", lr=1e-4)
+        return torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9, nesterov=True, foreach=True)
     if model.startswith("efficientnet"):
         return torch.optim.RMSprop(net.parameters(), lr=0.01, alpha=0.9, eps=0.01, momentum=0.9, foreach=True)
     return torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
@@ -81,10 +85,19 @@ _DLE_ATTENTION = "eager"
 
 def zoo_model(name: str) -> tuple[Any, Any]:
     """``(network, step)`` for a model of published_gpu.csv: ``step(net, batch)`` returns the loss of one batch of
-    the shape the source trained on (224 px images, 380 px for EfficientNet-B4; 128 tokens for BERT pre-training, 384
-    for SQuAD; 1,024 for the GPT)."""
+    the shape the source trained on (224 px images, 380 px for EfficientNet-B4, the size after ``@`` for a timm model,
+    300 px for SSD300; 128 tokens for BERT pre-training, 384 for SQuAD; 1,024 for the GPT)."""
     import torchvision
 
+    if name.startswith("timm/"):  # timm/NAME@PIXELS: benchmark.py's model at its default input size
+        import timm
+
+        model, _, pixels = name.removeprefix("timm/").partition("@")
+        return timm.create_model(model, pretrained=False), image_step(int(pixels))
+    if name == "ssd300":
+        from lit_compute.bench.whatif.ssd import SSD300, ssd_step
+
+        return SSD300(), ssd_step
     if name == "resnet50":
         return torchvision.models.resnet50(), image_step(224)
     if name == "resnext101-32x4d":  # torchvision's ResNeXt-101 is 32x8d; 32x4d is the same blocks, half as wide
