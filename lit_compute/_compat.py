@@ -38,6 +38,12 @@ def compiled_in_place(module: nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
+def trains_compiled(module: Any) -> bool:
+    """Whether the LightningModule runs compiled: Lightning was given ``torch.compile(module)`` (it keeps the compile
+    arguments in the module's ``_compiler_ctx``) or ``module.compile()`` compiled it in place."""
+    return getattr(module, "_compiler_ctx", None) is not None or compiled_in_place(module)
+
+
 def local_tensor(t: Any) -> torch.Tensor | None:
     """A DTensor's local shard (what this rank holds, ``DTensor._local_tensor``); None for any other tensor."""
     inner = getattr(t, "_local_tensor", None)

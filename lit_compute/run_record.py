@@ -44,6 +44,10 @@ class RunRecord:
         loader_workers: The training loader's worker processes (None: unknown).
         torch, lightning: Versions.
         planned_steps, planned_epochs: What the run set out to train (``max_steps`` or ``max_epochs``).
+        cudnn_allow_tf32, float32_matmul_precision, matmul_tf32: torch's float32 switches when the run started
+            (``torch.backends.cudnn.allow_tf32``, ``torch.get_float32_matmul_precision()``, and whether matmuls may
+            run on TF32); None: a run recorded before they were kept.
+        compiled: Whether the LightningModule ran ``torch.compile``d (None: not recorded).
         op_classes: The micro-batch's counted op-class table (FlopsLogger): ``by_class`` (op class -> hardware FLOPs,
             bytes, kernels per batch), ``samples``, ``model_flops``, parameters, precision, accumulation and the
             communication facts (``ddp_bucket_cap_mb``, ``fsdp_units``).
@@ -68,6 +72,10 @@ class RunRecord:
     lightning: str = ""
     planned_steps: int | None = None
     planned_epochs: int | None = None
+    cudnn_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    matmul_tf32: bool | None = None
+    compiled: bool | None = None
     op_classes: dict[str, Any] | None = None
     format: int = _FORMAT
     extras: dict[str, Any] = field(default_factory=dict)  # fields of a newer format, kept as read
@@ -104,6 +112,16 @@ class RunRecord:
             ("loader workers", _text(self.loader_workers)),
             ("torch threads", _text(self.torch_threads)),
         ]
+        if self.cudnn_allow_tf32 is not None and self.matmul_tf32 is not None:
+            rows.append(
+                (
+                    "float32 switches",
+                    f"cudnn.allow_tf32 {self.cudnn_allow_tf32}, matmul precision "
+                    f"{self.float32_matmul_precision!r} (TF32 matmuls: {self.matmul_tf32})",
+                )
+            )
+        if self.compiled is not None:
+            rows.append(("compiled", "yes" if self.compiled else "no"))
         return markdown_table(["key", "value"], [[k, v] for k, v in rows])
 
     def with_op_classes(self, table: dict[str, Any]) -> bool:

@@ -269,6 +269,7 @@ def run_record(trainer: pl.Trainer) -> RunRecord:
     """The run's :class:`~lit_compute.run_record.RunRecord`, made from the trainer at its first logging event (the
     same on every rank; rank 0 writes it)."""
     from lit_compute.hardware.chips import chip_for_name
+    from lit_compute.hardware.dtypes import tf32_enabled
     from lit_compute.hardware.this_machine import cpu_name
 
     device = trainer.strategy.root_device
@@ -297,6 +298,10 @@ def run_record(trainer: pl.Trainer) -> RunRecord:
         lightning=lightning.__version__,
         planned_steps=steps if isinstance(steps, int) and steps > 0 else None,
         planned_epochs=epochs if not (isinstance(steps, int) and steps > 0) and isinstance(epochs, int) else None,
+        cudnn_allow_tf32=tf32_enabled("conv"),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        matmul_tf32=tf32_enabled("matmul"),
+        compiled=_compat.trains_compiled(trainer.lightning_module),
     )
 
 

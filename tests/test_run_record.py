@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lit_compute.hardware.dtypes import Float32Math
 from lit_compute.planning.whatif import RunFacts, read_run
 from lit_compute.planning.whatif_cli import main
 from lit_compute.report.runs import load_run
@@ -45,6 +46,40 @@ def test_a_run_writes_its_record_beside_the_events(tmp_path):
     (table,) = text_values(read_events(trainer.logger.log_dir), "lit_compute/run")
     assert table == record.table()
     assert "| planned | 3 steps |" in table
+
+
+def test_the_record_keeps_torchs_float32_switches_and_whether_the_module_ran_compiled(tmp_path):
+    """#68 item 2: what a float32 run's convolutions and matmuls would run on with TF32 tensor cores is the run's own
+    torch switches, as they were when it ran (here set by Float32MatmulPrecision("high") at setup); the run-info table
+    says them; ``compiled`` is whether the LightningModule ran torch.compile'd."""
+    import torch
+
+    from lit_compute import FlopsLogger, StepTimeMonitor, _compat
+    from lit_compute.speedup import Float32MatmulPrecision
+
+    before = torch.get_float32_matmul_precision()
+    measuring = [FlopsLogger(peak="none"), StepTimeMonitor(log_every_n_steps=1)]
+    trainer = make_trainer(
+        tmp_path, max_steps=2, log_every_n_steps=1, callbacks=[Float32MatmulPrecision("high"), *measuring]
+    )
+    trainer.fit(tiny_model(), datamodule=tiny_data(batch_size=8))
+    assert torch.get_float32_matmul_precision() == before  # the callback put it back
+    record = read_record(trainer.logger.log_dir)
+    assert (record.float32_matmul_precision, record.matmul_tf32, record.cudnn_allow_tf32) == ("high", True, True)
+    assert record.compiled is False
+    assert "| float32 switches | cudnn.allow_tf32 True, matmul precision 'high' (TF32 matmuls: True) |" in (
+        record.table()
+    )
+    assert read_run(trainer.logger.log_dir).float32_math == Float32Math(conv_tf32=True, matmul_tf32=True)
+    # a record written before the switches were kept: None, priced at torch's defaults (and said so by whatif)
+    assert RunRecord.from_json({"precision": "32-true"}).cudnn_allow_tf32 is None
+    net = torch.nn.Linear(2, 2)
+    assert not _compat.trains_compiled(net)
+    net.compile()  # in place: compiled at its first call, never here
+    assert _compat.trains_compiled(net)
+    other = torch.nn.Linear(2, 2)
+    other._compiler_ctx = {"compiler": "dynamo"}  # what Lightning keeps on a module it was given compiled
+    assert _compat.trains_compiled(other)
 
 
 def test_the_record_round_trips_and_keeps_what_a_newer_version_added(tmp_path):

@@ -7,10 +7,13 @@ by default; the matmuls' own switch or ``torch.set_float32_matmul_precision``, o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 __all__ = [
     "DTYPE_NAMES",
+    "Float32Math",
     "compute_dtype",
     "dtype_key",
     "half_weights",
@@ -46,6 +49,39 @@ def tf32_enabled(kind: str = "any") -> bool:
     matmul = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
     conv = bool(torch.backends.cudnn.allow_tf32)
     return {"matmul": matmul, "conv": conv}.get(kind, matmul or conv)
+
+
+@dataclass(frozen=True)
+class Float32Math:
+    """Where a run's float32 convolutions and matmuls would run on a GPU with TF32 tensor cores (Ampere and newer):
+    torch's switches as the run had them. The defaults are torch's: convolutions on TF32 (``cudnn.allow_tf32``),
+    matmuls in float32 (float32 matmul precision ``"highest"``); ``"high"`` and ``"medium"`` both count as TF32."""
+
+    conv_tf32: bool = True
+    matmul_tf32: bool = False
+
+    @classmethod
+    def current(cls) -> Float32Math:
+        """This process's switches (:func:`tf32_enabled`)."""
+        return cls(tf32_enabled("conv"), tf32_enabled("matmul"))
+
+    def column(self, op_class: str) -> str:
+        """The peak column float32 work of an op class counts against on a chip with TF32 tensor cores: ``tf32`` for
+        convolutions (dense or grouped) when cuDNN may, for matmuls and attention when the matmuls may; ``float32``
+        for everything else (depthwise convolutions, elementwise work, norms, the optimizer)."""
+        if op_class in ("conv", "conv_grouped"):
+            return "tf32" if self.conv_tf32 else "float32"
+        if op_class in ("matmul", "attention"):
+            return "tf32" if self.matmul_tf32 else "float32"
+        return "float32"
+
+    def describe(self) -> str:
+        """In words: ``convolutions on TF32, matmuls in float32``."""
+
+        def where(on: bool) -> str:
+            return "on TF32" if on else "in float32"
+
+        return f"convolutions {where(self.conv_tf32)}, matmuls {where(self.matmul_tf32)}"
 
 
 def dtype_key(dtype: torch.dtype | str, device_type: str = "cuda", kind: str = "any") -> str:

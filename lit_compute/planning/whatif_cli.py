@@ -21,6 +21,7 @@ from lit_compute.hardware.chips import (
     find_link,
     load_hardware_file,
 )
+from lit_compute.hardware.dtypes import Float32Math
 from lit_compute.planning.whatif import (
     Prediction,
     RunFacts,
@@ -81,9 +82,10 @@ def sweep(
     prices: dict[str, float],
     calibration_run: RunFacts | None = None,
     host_dispatch_s: float = 0.0,
+    float32_math: Float32Math | None = None,
 ) -> list[Prediction]:
     """A prediction per chip x node count x network (one node: the chip's own link); ``host_dispatch_s``: the host's
-    eager cost per kernel on an accelerator target."""
+    eager cost per kernel on an accelerator target; ``float32_math``: ``--tf32``'s answer (None: the run's own)."""
     rows = []
     for chip in chips:
         source = calibration_run or run
@@ -92,7 +94,15 @@ def sweep(
         for n in nodes:
             for network in networks if n > 1 else [None]:
                 scenario = Scenario(
-                    chip, precision, micro_batch, n, devices, network, prices.get(chip.name), host_dispatch_s
+                    chip,
+                    precision,
+                    micro_batch,
+                    n,
+                    devices,
+                    network,
+                    prices.get(chip.name),
+                    host_dispatch_s,
+                    float32_math,
                 )
                 row = predict(run, scenario, cal, measured_links=own and n == 1)
                 if own:
@@ -129,13 +139,15 @@ def enough_up_to(
     network: Any,
     calibration_run: RunFacts | None = None,
     host_dispatch_s: float = 0.0,
+    float32_math: Float32Math | None = None,
 ) -> int:
     """The largest node count (doubling up to 1024) at which ``network`` is not the bottleneck."""
     source = calibration_run or run
     cal = calibrate(source, chip) if source.runs_on(chip) else default_calibration()
     best, n = 1, 2
     while n <= 1024:
-        p = predict(run, Scenario(chip, precision, micro_batch, n, devices, network, None, host_dispatch_s), cal)
+        scenario = Scenario(chip, precision, micro_batch, n, devices, network, None, host_dispatch_s, float32_math)
+        p = predict(run, scenario, cal)
         if p.bottleneck == "communication":
             break
         best, n = n, n * 2
@@ -267,6 +279,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--micro-batch", type=int, default=None, help="samples per device per batch (default: the run's)"
     )
+    parser.add_argument(
+        "--tf32",
+        choices=("on", "off"),
+        default=None,
+        help="float32 convolutions and matmuls on an Ampere-or-newer GPU's TF32 tensor cores, or not (default: as "
+        "the run's torch switches were; torch's own default puts convolutions on TF32 and matmuls in float32)",
+    )
     parser.add_argument("--nodes", default="1", help="node counts, comma-separated (1,8,64)")
     parser.add_argument("--devices-per-node", type=int, default=1, help="devices per node (default 1)")
     parser.add_argument("--network", default="25gbps", help="networks between nodes, comma-separated (25gbps,100gbps)")
@@ -328,6 +347,7 @@ def main(argv: list[str]) -> int:
             run = with_counts_at(run, precision)  # CPU autocast's casts counted, not assumed
         targets = _with_conv_setup(targets, run, precision)
         dispatch, host_note = _host_dispatch(args.host_dispatch_us, run, targets)
+        float32_math = None if args.tf32 is None else Float32Math(args.tf32 == "on", args.tf32 == "on")
         rows = sweep(
             run,
             targets,
@@ -339,6 +359,7 @@ def main(argv: list[str]) -> int:
             prices,
             calibration_run,
             dispatch,
+            float32_math,
         )
     except (WhatifError, HardwareError) as err:
         sys.stderr.write(f"lit-compute whatif: error: {err}\n")
@@ -360,7 +381,15 @@ def main(argv: list[str]) -> int:
         for chip in targets:
             for network in networks:
                 up_to = enough_up_to(
-                    run, chip, precision, micro_batch, args.devices_per_node, network, calibration_run, dispatch
+                    run,
+                    chip,
+                    precision,
+                    micro_batch,
+                    args.devices_per_node,
+                    network,
+                    calibration_run,
+                    dispatch,
+                    float32_math,
                 )
                 lines.append(
                     f"- {network.name} is enough up to {up_to} node(s) of {args.devices_per_node} {chip.name} "

@@ -1077,3 +1077,24 @@ def test_a_config_with_channels_last_is_traced_channels_last_as_its_run_counts_i
         counted[layout] = traced
     assert counted["first"][2] > 0
     assert counted["last"] == (0.0, 0.0, 0.0)
+
+
+def test_tf32_asks_the_other_way_and_the_run_says_its_own(capsys):
+    """#68 item 2 on the command line: a float32 run priced on an A100 follows the run's switches (a run recorded
+    before they were kept: torch's defaults, matmuls in float32, and the note says so); ``--tf32 on`` puts its
+    matmuls on TF32 tensor cores, ``--tf32 off`` keeps everything float32; any other word is refused."""
+    run = str(Path(__file__).parent / "fixtures" / "run_0_3_0")  # an MLP: matmuls only
+    common = ["--hardware", "a100", "--precision", "32-true", "--micro-batch", "1000000", "--host-dispatch-us", "0"]
+    common.append("--json")  # at a micro-batch this large the matmuls, not the launches, weigh
+    answers = {}
+    for flag in (None, "on", "off"):
+        assert main([run, *common, *(["--tf32", flag] if flag else [])]) == 0
+        answers[flag] = json.loads(capsys.readouterr().out)
+    assert answers[None]["compute_s"] == pytest.approx(answers["off"]["compute_s"])
+    assert answers["on"]["compute_s"] < answers[None]["compute_s"]  # the matmuls on TF32; the elementwise work not
+    assert any("torch's defaults: the run did not record its switches" in n for n in answers[None]["notes"])
+    assert any("convolutions on TF32, matmuls on TF32 (as --tf32 asks)" in n for n in answers["on"]["notes"])
+    with pytest.raises(SystemExit) as refused:
+        main([run, *common, "--tf32", "maybe"])
+    assert refused.value.code == 2
+    assert "argument --tf32: invalid choice: 'maybe'" in capsys.readouterr().err

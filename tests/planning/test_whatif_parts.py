@@ -135,3 +135,45 @@ def test_no_positional_cost_triple_is_annotated_in_the_package():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Subscript) and ast.unparse(node) == "tuple[float, float, float]":
                 raise AssertionError(f"{path.name}:{node.lineno} annotates a positional triple")
+
+
+def test_float32_on_an_ampere_or_newer_gpu_runs_as_the_runs_torch_switches_put_it():
+    """#68 item 2: torch convolves float32 on TF32 tensor cores by default (cudnn.allow_tf32) and keeps matmuls in
+    float32 (float32 matmul precision "highest"): a 32-true run priced on an A100 pays TF32 for its convolutions and
+    float32 for its matmuls, as the run's own switches say, or as --tf32 asks; a chip without TF32 cores (a V100)
+    prices float32 whatever the switches; a note says which and how to ask the other way."""
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.hardware.dtypes import Float32Math
+
+    a100, v100 = find_chip("a100"), find_chip("v100-sxm")
+    conv = _run(by_class={"conv": (1000 * G, 1 * G, 10)})
+    matmul = _run(by_class={"matmul": (1000 * G, 1 * G, 10)})
+
+    def seconds(run, chip, precision, math=None):
+        return compute.price(run, Scenario(chip, precision, 16, float32_math=math), UNIT).seconds
+
+    assert seconds(conv, a100, "32-true") == pytest.approx(seconds(conv, a100, "tf32"))  # torch's default
+    assert seconds(conv, a100, "32-true") < seconds(conv, a100, "32-true", Float32Math(False, False)) / 4
+    assert seconds(matmul, a100, "32-true") == pytest.approx(seconds(matmul, a100, "32-true", Float32Math(False)))
+    assert seconds(matmul, a100, "32-true", Float32Math(True, True)) == pytest.approx(seconds(matmul, a100, "tf32"))
+    # the run's own switches when --tf32 says nothing: FP32 matmul precision "high" in the run
+    high = _run(by_class={"matmul": (1000 * G, 1 * G, 10)}, float32_math=Float32Math(True, True))
+    assert seconds(high, a100, "32-true") == pytest.approx(seconds(matmul, a100, "tf32"))
+    assert seconds(conv, v100, "32-true") == pytest.approx(seconds(conv, v100, "32-true", Float32Math(False, False)))
+    assert seconds(conv, find_chip("a100"), "bf16-mixed") == pytest.approx(
+        seconds(conv, a100, "bf16-mixed", Float32Math(False, False))
+    )
+    (note,) = compute.price(conv, Scenario(a100, "32-true", 16), UNIT).notes
+    assert note == (
+        "float32 on a100 (TF32 tensor cores): convolutions on TF32, matmuls in float32 (torch's defaults: the run "
+        "did not record its switches); --tf32 on|off prices them the other way"
+    )
+    assert (
+        "as --tf32 asks"
+        in compute.price(conv, Scenario(a100, "32-true", 16, float32_math=Float32Math()), UNIT).notes[0]
+    )
+    assert not compute.price(conv, Scenario(v100, "32-true", 16), UNIT).notes
+    # calibrating a float32 run on its own A100 uses the same switches: the factor is of the same roofline
+    own = _run(by_class={"conv": (1000 * G, 1 * G, 10)}, device="NVIDIA A100-SXM4-80GB", chip="a100", step_s=1.0)
+    cal = compute.calibrate(own, a100)
+    assert compute.price(own, Scenario(a100, "32-true", 16), cal).seconds == pytest.approx(1.0)

@@ -19,7 +19,9 @@ def run_part(out: str) -> list[list[Any]]:
     costs next to nothing; channels-last by ``lit_compute.speedup.ChannelsLast``, as NVIDIA's mixed-precision runs
     convolved), then ``lit-compute whatif RUN --hardware CHIP --precision P --micro-batch B --json`` for each of
     NVIDIA's published ResNet-50 v1.5 rows on V100 and A100 in published_gpu.csv (a row run channels-first at 16 bits
-    is left out: cuDNN's transposes are priced from a channels-first run, and this one has none). Those rows are in
+    is left out: cuDNN's transposes are priced from a channels-first run, and this one has none); the A100's TF32 row
+    is also asked as ``--precision 32-true`` with no ``--tf32``, as a user asks for float32 (torch convolves float32 on
+    TF32 tensor cores by default, and the run recorded that it would). Those rows are in
     the fit set: this checks the run-to-answer path (the run's counts, its host's input and dispatch), not the
     defaults."""
     import contextlib
@@ -55,33 +57,27 @@ def run_part(out: str) -> list[list[Any]]:
             continue
         if row["memory_format"] == "contiguous" and pays_transposes(find_chip(row["chip"]), row["precision"]):
             continue  # a channels-first run at 16 bits: this channels-last run has no transposes to price it with
-        argv = [
-            str(run),
-            "--hardware",
-            row["chip"],
-            "--precision",
-            row["precision"],
-            "--micro-batch",
-            str(row["batch"]),
-            "--json",
-        ]
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            code = whatif_main(argv)
-        if code:
-            raise RuntimeError(f"lit-compute whatif {' '.join(argv)} exited {code}")
-        answer = json.loads(printed.getvalue().splitlines()[-1])
-        rows.append(
-            [
-                f"resnet50 on {row['chip']}, {row['precision']}, batch {row['batch']}",
-                f"{answer['bottleneck']}; step {answer['step_time_s'] * 1e3:.0f} ms: compute "
-                f"{answer['compute_s'] * 1e3:.0f} ms, host {answer['host_s'] * 1e3:.1f} ms input + "
-                f"{answer['dispatch_s'] * 1e3:.1f} ms dispatch; {row['source']}",
-                f"{answer['samples_per_s']:,.0f}",
-                f"{row['samples_per_s']:,.0f}",
-                error_text(answer["samples_per_s"], row["samples_per_s"]),
-            ]
-        )
+        # a TF32 result is also asked as a user asks for float32, with no flag: torch's TF32 convolutions by default
+        for precision in [row["precision"], *(["32-true"] if row["precision"] == "tf32" else [])]:
+            argv = [str(run), "--hardware", row["chip"], "--precision", precision, "--micro-batch", str(row["batch"])]
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                code = whatif_main([*argv, "--json"])
+            if code:
+                raise RuntimeError(f"lit-compute whatif {' '.join(argv)} exited {code}")
+            answer = json.loads(printed.getvalue().splitlines()[-1])
+            asked = "" if precision == row["precision"] else f" asked as {precision}"
+            rows.append(
+                [
+                    f"resnet50 on {row['chip']}, {row['precision']}{asked}, batch {row['batch']}",
+                    f"{answer['bottleneck']}; step {answer['step_time_s'] * 1e3:.0f} ms: compute "
+                    f"{answer['compute_s'] * 1e3:.0f} ms, host {answer['host_s'] * 1e3:.1f} ms input + "
+                    f"{answer['dispatch_s'] * 1e3:.1f} ms dispatch; {row['source']}",
+                    f"{answer['samples_per_s']:,.0f}",
+                    f"{row['samples_per_s']:,.0f}",
+                    error_text(answer["samples_per_s"], row["samples_per_s"]),
+                ]
+            )
     return rows
 
 

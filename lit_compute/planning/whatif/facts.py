@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from lit_compute.formatting import first_line
 from lit_compute.hardware.chips import Chip, Link, ThisMachine, chip_for_name
+from lit_compute.hardware.dtypes import Float32Math
 
 __all__ = ["NO_COST", "ChannelsFirst", "OpCost", "RunFacts", "Scenario", "WhatifError", "read_run", "with_loader_cost"]
 
@@ -89,6 +90,9 @@ class RunFacts:
     #: precision -> the op classes of one batch counted again at that precision on fake CPU tensors (autocast's
     #: casts included), at the run's micro-batch (:func:`lit_compute.planning.config_facts.with_counts_at`)
     recounted: dict[str, dict[str, OpCost]] = field(default_factory=dict)
+    #: torch's float32 switches as the run had them (None: the run did not record them; torch's defaults are priced)
+    float32_math: Float32Math | None = None
+    compiled: bool | None = None  # the LightningModule ran torch.compile'd (its counts are eager's)
 
     def __post_init__(self) -> None:
         # the records from plain sequences too (a caller's tuples, a checkpoint's lists): the parts read them by name
@@ -129,6 +133,7 @@ class Scenario:
     network: Link | None = None
     price_per_hour: float | None = None  # per device
     host_dispatch_s: float = 0.0  # the host's eager cost per kernel (an accelerator target; 0: not priced)
+    float32_math: Float32Math | None = None  # --tf32 on|off: float32 on TF32 cores or not (None: as the run had it)
 
     @property
     def devices(self) -> int:
@@ -136,6 +141,13 @@ class Scenario:
 
 
 # -- reading a run ---------------------------------------------------------------------------------------------
+def _float32_math(record: Any) -> Float32Math | None:
+    """The record's float32 switches; None for a run recorded before they were kept."""
+    if record.cudnn_allow_tf32 is None or record.matmul_tf32 is None:
+        return None
+    return Float32Math(bool(record.cudnn_allow_tf32), bool(record.matmul_tf32))
+
+
 def read_run(path: str | Path) -> RunFacts:
     """The facts of a run folder (a TensorBoard version folder): its record (``run.json``, or an 0.3.0 run's tables)
     and its measured figures. Raises :class:`WhatifError` naming the component to add when the counted op-class
@@ -208,6 +220,8 @@ def read_run(path: str | Path) -> RunFacts:
         cpu_cores=record.cpu_cores,
         torch_threads=record.torch_threads,
         devices_per_node=record.devices_per_node,
+        float32_math=_float32_math(record),
+        compiled=record.compiled,
         curves={
             op: [(float(size), gbps * 1e9) for size, gbps in run.scalars[f"comm/{op}_busbw_gbps"] if gbps > 0]
             for op in ("allreduce", "allgather", "reducescatter")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lit_compute.hardware.chips import Chip, ThisMachine
-from lit_compute.hardware.dtypes import compute_dtype, half_weights
+from lit_compute.hardware.dtypes import Float32Math, compute_dtype, half_weights
 from lit_compute.planning.whatif.calibration import (
     DEFAULT_EFFICIENCY,
     TENSOR_CORE_CLASSES,
@@ -29,6 +29,7 @@ __all__ = [
     "scaled_classes",
     "sm_rate",
     "step_kernels",
+    "tf32_cores",
     "value_bytes",
 ]
 
@@ -55,7 +56,22 @@ def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> ComputePart:
     """The compute of one optimizer step of ``run`` on ``scenario``'s chip at ``cal``'s efficiencies."""
     chip, precision, notes = scenario.chip, scenario.precision, []
     classes = scaled_classes(run, scenario)
-    seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate)
+    math = scenario.float32_math or run.float32_math or Float32Math()
+    seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate, math)
+    if tf32_cores(chip, precision) and any(
+        cost.flops for kind, cost in classes.items() if kind in ("conv", "conv_grouped", "matmul", "attention")
+    ):
+        why = (
+            "as --tf32 asks"
+            if scenario.float32_math
+            else "the run's own torch switches"
+            if run.float32_math
+            else "torch's defaults: the run did not record its switches"
+        )
+        notes.append(
+            f"float32 on {chip.name} (TF32 tensor cores): {math.describe()} ({why}); --tf32 on|off prices them the "
+            "other way"
+        )
     setup = conv_setup_seconds(run, chip, precision) * max(1, run.accumulate) if cal.conv_setup else 0.0
     if setup:
         seconds += setup
@@ -208,18 +224,31 @@ def sm_rate(chip: Chip) -> float:
     return (chip.peak("bfloat16") or chip.peak("float16") or chip.peak("float32") or 0.0) / 2
 
 
-def _roofline(classes: dict[str, OpCost], chip: Chip, precision: str, cal: Calibration) -> Roofline:
-    """The seconds of one batch on ``chip``, and how many of them are compute-bound and bandwidth-bound."""
-    dtype = compute_dtype(precision)
-    tensor_peak = chip.peak(dtype) or chip.peak("float32") or 0.0
+def tf32_cores(chip: Chip, precision: str) -> bool:
+    """Whether float32 work at ``precision`` may run on ``chip``'s TF32 tensor cores (an accelerator whose table row
+    has a TF32 peak: Ampere and newer), as torch's switches decide
+    (:class:`~lit_compute.hardware.dtypes.Float32Math`)."""
+    return compute_dtype(precision) == "float32" and chip.kind != "cpu" and bool(chip.peak("tf32"))
+
+
+def _roofline(
+    classes: dict[str, OpCost], chip: Chip, precision: str, cal: Calibration, math: Float32Math | None = None
+) -> Roofline:
+    """The seconds of one batch on ``chip``, and how many of them are compute-bound and bandwidth-bound; float32 work
+    on TF32 tensor cores where ``math`` (torch's switches: its defaults when None) puts it and the chip has them."""
+    base = compute_dtype(precision)
+    tf32 = tf32_cores(chip, precision)
+    math = math or Float32Math()
+    tensor_peak = chip.peak(base) or chip.peak("float32") or 0.0
     vector_peak = chip.peak("float32") or tensor_peak
     if not tensor_peak:
         raise WhatifError(
-            f"{chip.name} has no {dtype} peak in the table ({', '.join(sorted(chip.peaks))}); choose "
+            f"{chip.name} has no {base} peak in the table ({', '.join(sorted(chip.peaks))}); choose "
             "another --precision or add the peak with --hardware-file"
         )
     total = flops_bound = bytes_bound = 0.0
     for kind, (flops, moved, kernels) in classes.items():
+        dtype = math.column(kind) if tf32 else base
         # fused attention runs on tensor cores in half precision only: flash attention takes fp16/bf16, and float32
         # (TF32 allowed or not) falls back to the memory-efficient kernel on the vector units
         heavy = kind in TENSOR_CORE_CLASSES and not (kind == "attention" and dtype == "tf32")
@@ -241,13 +270,18 @@ def _roofline(classes: dict[str, OpCost], chip: Chip, precision: str, cal: Calib
 
 
 def _step_roofline(
-    classes: dict[str, OpCost], chip: Chip, precision: str, cal: Calibration, accumulate: int
+    classes: dict[str, OpCost],
+    chip: Chip,
+    precision: str,
+    cal: Calibration,
+    accumulate: int,
+    math: Float32Math | None = None,
 ) -> Roofline:
     """The seconds (and of them the compute-bound and the bandwidth-bound) of one optimizer step: ``accumulate``
     batches of every class but the optimizer's, which steps once."""
     batch = {k: v for k, v in classes.items() if k != "optimizer"}
     once = {k: v for k, v in classes.items() if k == "optimizer"}
-    per_batch, step = _roofline(batch, chip, precision, cal), _roofline(once, chip, precision, cal)
+    per_batch, step = _roofline(batch, chip, precision, cal, math), _roofline(once, chip, precision, cal, math)
     n = max(1, accumulate)
     return Roofline(
         per_batch.seconds * n + step.seconds,
@@ -283,7 +317,7 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     classes = dict(run.by_class)
     if transposes := _transposes(run, chip, run.precision, 1.0):
         classes["transpose"] = transposes
-    ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate).seconds
+    ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate, run.float32_math).seconds
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
     factor = ideal / measured
