@@ -147,7 +147,9 @@ class StorageTracker(TorchDispatchMode):
         self._in_dtensor = False
 
     # -- recording ----------------------------------------------------------------------------------
-    def _note(self, st: torch.UntypedStorage, part: str | None = None) -> int:
+    def _note(self, st: torch.UntypedStorage, part: str | None = None, nbytes: int = 0) -> int:
+        """The record of ``st``, made when it is new: its bytes (at least ``nbytes``: what a buffer holds that its
+        fake kernel returned empty), live until the storage is freed."""
         key = id(st)
         record = self._live.get(key)
         if record is not None:
@@ -155,7 +157,7 @@ class StorageTracker(TorchDispatchMode):
                 self._fixed.setdefault(record, part)
             return record
         record = len(self._records)
-        self._records.append([int(st.nbytes()), self._phase, None])
+        self._records.append([max(int(st.nbytes()), nbytes), self._phase, None])
         try:  # noqa: SIM105 - once per saved tensor: a try is free, a context manager is not
             self._records[record][2] = weakref.ref(st, functools.partial(self._on_freed, key, record))
         except TypeError:  # not weak-referenceable: counted as live until the end
@@ -255,6 +257,10 @@ class StorageTracker(TorchDispatchMode):
                 if st is not None and st.nbytes() > 0:
                     self._note(st)
         if self.workspaces is not None:
+            for t, nbytes in getattr(self.workspaces, "held", lambda *a: [])(func, args, kwargs, out):
+                st = _storage(t)
+                if st is not None:
+                    self._note(st, nbytes=nbytes)
             self._transient(self.workspaces(func, args, kwargs))
         return out
 

@@ -21,14 +21,24 @@ import torch
 from lit_compute import _compat
 from lit_compute._compat import tree_leaves
 
-__all__ = ["PROBED", "KernelWorkspaces", "blas_workspaces"]
+__all__ = ["HELD", "PROBED", "KernelWorkspaces", "blas_workspaces"]
 
 aten = torch.ops.aten
 
-#: op -> the positions of its arguments whose first dimension is the batch
-PROBED: dict[Any, tuple[int, ...]] = {
-    aten.convolution.default: (0,),
-    aten.convolution_backward.default: (0, 1),
+#: op -> {position of an argument whose size follows the batch: its batch dimension}
+PROBED: dict[Any, dict[int, int]] = {
+    aten.convolution.default: {0: 0},
+    aten.convolution_backward.default: {0: 0, 1: 0},
+}
+#: oneDNN's LSTM layer (CPU): its forward's scratch beyond its outputs, and its backward's (measured with the forward's
+#: workspace made at the same batch, :func:`_rnn_backward_scratch`)
+PROBED[aten.mkldnn_rnn_layer.default] = {0: 1, 5: 0, 6: 0}
+PROBED[aten.mkldnn_rnn_layer_backward.default] = {0: 1, 5: 0, 6: 0, 7: 1, 8: 0, 9: 0, 10: 1}
+#: ops whose output at a position holds a buffer that the op's fake (meta) kernel returns empty: oneDNN's recurrent
+#: workspace (an LSTM layer's gates and states, kept for its backward), with the op's batched arguments (the input is
+#: time-major: its batch is dimension 1; the initial states' dimension 0)
+HELD: dict[Any, tuple[int, dict[int, int]]] = {
+    aten.mkldnn_rnn_layer.default: (3, {0: 1, 5: 0, 6: 0}),
 }
 
 
@@ -102,8 +112,44 @@ class KernelWorkspaces:
         batched = PROBED.get(func)
         if batched is None:
             return 0
-        first = args[batched[0]]
-        if not isinstance(first, torch.Tensor) or first.dim() == 0 or first.shape[0] < 1:
+        measure = _rnn_backward_scratch if func == aten.mkldnn_rnn_layer_backward.default else self._measure
+        return self._by_batch(func, args, kwargs, batched, measure)
+
+    def held(self, func: Any, args: tuple, kwargs: dict, out: Any) -> list[tuple[torch.Tensor, int]]:
+        """``(output, bytes)`` for an output of ``func`` that holds a buffer its fake kernel returned empty
+        (:data:`HELD`: oneDNN's LSTM workspace), measured by running the op for real at these shapes (the line through
+        two smaller batches beyond the budget); nothing for a real output, which holds its own bytes."""
+        found = HELD.get(func)
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        if found is None or len(outputs) <= found[0]:
+            return []
+        position, batched = found
+        held = outputs[position]
+        if not isinstance(held, torch.Tensor) or held.untyped_storage().nbytes() > 0:
+            return []
+
+        def measure(func: Any, args: tuple, kwargs: dict, batched: dict[int, int], n: int, device: torch.device) -> int:
+            with _compat.disable_dispatch_modes(), torch.enable_grad():
+                real = [_real(a, n if i in batched else None, device, batched.get(i, 0)) for i, a in enumerate(args)]
+                made = func(*real, **kwargs)
+                return int(made[position].untyped_storage().nbytes()) if made[position] is not None else 0
+
+        nbytes = self._by_batch(func, args, kwargs, batched, measure)
+        return [(held, nbytes)] if nbytes > 0 else []
+
+    def _by_batch(
+        self,
+        func: Any,
+        args: tuple,
+        kwargs: dict,
+        batched: dict[int, int],
+        measure: Callable[[Any, tuple, dict, dict[int, int], int, torch.device], int],
+    ) -> int:
+        """``measure`` at the traced batch, or along the line through the two largest powers of two within the
+        budget; 0 (and said in :attr:`failed`) when it cannot run; 0 on a device that is not here."""
+        index, dim = next(iter(batched.items()))
+        first = args[index]
+        if not isinstance(first, torch.Tensor) or first.dim() <= dim or first.shape[dim] < 1:
             return 0
         device = first.device
         if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
@@ -112,42 +158,41 @@ class KernelWorkspaces:
         key = (
             func,
             device.type,
-            tuple(_signature(a, i in batched) for i, a in enumerate(args)),
+            tuple(_signature(a, batched.get(i)) for i, a in enumerate(args)),
             tuple(sorted((k, repr(v)) for k, v in kwargs.items())),
         )
-        n = int(first.shape[0])
+        n = int(first.shape[dim])
         per_sample = sum(
-            _nbytes(a) // max(1, int(a.shape[0]))
+            _nbytes(a) // max(1, int(a.shape[batched[i]]))
             for i, a in enumerate(args)
             if i in batched and isinstance(a, torch.Tensor)
         )
         fixed = sum(_nbytes(a) for i, a in enumerate(args) if i not in batched and isinstance(a, torch.Tensor))
         largest = max(1, (self._budget() // 2 - fixed) // max(1, per_sample))  # inputs and about as much output
+
+        def at(size: int) -> int:
+            if (key, size) not in self._measured:
+                self._measured[(key, size)] = measure(func, args, kwargs, batched, size, device)
+            return self._measured[(key, size)]
+
         try:
             if n <= largest:
-                return self._at(key, func, args, kwargs, batched, n, device)
+                return at(n)
             m = 1 << (largest.bit_length() - 1)  # the two largest powers of two that fit: the line through them
             if m < 2:
                 return 0
-            low, high = (self._at(key, func, args, kwargs, batched, size, device) for size in (m // 2, m))
+            low, high = at(m // 2), at(m)
             return max(0, int(high + (high - low) / (m - m // 2) * (n - m)))
         except Exception as err:  # noqa: BLE001 - a measurement that cannot run counts nothing, and says so
             self.failed.append(f"{func}: {type(err).__name__}")
             return 0
 
-    def _at(
-        self, key: tuple, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int, device: torch.device
-    ) -> int:
-        if (key, n) not in self._measured:
-            self._measured[(key, n)] = self._measure(func, args, kwargs, batched, n, device)
-        return self._measured[(key, n)]
-
     def _measure(
-        self, func: Any, args: tuple, kwargs: dict, batched: tuple[int, ...], n: int, device: torch.device
+        self, func: Any, args: tuple, kwargs: dict, batched: dict[int, int], n: int, device: torch.device
     ) -> int:
         # real tensors, outside the trace's fake and tracking modes
         with _compat.disable_dispatch_modes(), torch.no_grad():
-            real = [_real(a, n if i in batched else None, device) for i, a in enumerate(args)]
+            real = [_real(a, n if i in batched else None, device, batched.get(i, 0)) for i, a in enumerate(args)]
 
             def run() -> Any:
                 return func(*real, **kwargs)
@@ -158,23 +203,48 @@ class KernelWorkspaces:
             return _cpu_peak_above_outputs(run)
 
 
+def _rnn_backward_scratch(
+    func: Any, args: tuple, kwargs: dict, batched: dict[int, int], n: int, device: torch.device
+) -> int:
+    """oneDNN's LSTM backward at batch ``n``: what it holds beyond its outputs. Its workspace argument is its
+    forward's, made here by running that forward at ``n`` on the same arguments (a buffer of any other size would be
+    read past its end); the states and the output are the forward's too."""
+    with _compat.disable_dispatch_modes(), torch.no_grad():
+        real = [_real(a, n if i in batched else None, device, batched.get(i, 0)) for i, a in enumerate(args)]
+        # the forward's arguments, from the backward's: the inputs and states, then reverse, batch_sizes, mode,
+        # hidden_size, num_layers, has_biases, bidirectional, batch_first, train
+        forward = [*real[:7], *(real[i] for i in (13, 20, 14, 15, 16, 17, 19, 21, 18))]
+        real[7], real[8], real[9], real[22] = aten.mkldnn_rnn_layer.default(*forward)
+
+        def run() -> Any:
+            return func(*real, **kwargs)
+
+        run()
+        return _cpu_peak_above_outputs(run)
+
+
 def _nbytes(a: Any) -> int:
     return a.numel() * a.element_size() if isinstance(a, torch.Tensor) else 0
 
 
-def _signature(a: Any, batched: bool) -> Any:
+def _signature(a: Any, dim: int | None) -> Any:
+    """An argument as a cache key: a tensor's shape without its batch dimension ``dim`` (None: not batched)."""
     if isinstance(a, torch.Tensor):
-        shape = tuple(a.shape[1:]) if batched else tuple(a.shape)
+        shape = tuple(s for d, s in enumerate(a.shape) if d != dim)
         return ("tensor", shape, a.dtype, a.is_contiguous(memory_format=torch.channels_last) and a.dim() == 4)
+    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+        return tuple(_signature(x, None) for x in a)
     return repr(a)
 
 
-def _real(a: Any, n: int | None, device: torch.device) -> Any:
-    """A real tensor shaped as ``a`` (its batch dimension ``n`` when given), in its memory format; other values as
-    they are."""
+def _real(a: Any, n: int | None, device: torch.device, dim: int = 0) -> Any:
+    """A real tensor shaped as ``a`` (its batch dimension ``dim`` ``n`` long when given), in its memory format; a
+    list of tensors (an RNN's weights) each made real; other values as they are."""
+    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+        return type(a)(_real(x, None, device) for x in a)
     if not isinstance(a, torch.Tensor):
         return a
-    shape = (n, *a.shape[1:]) if n is not None else tuple(a.shape)
+    shape = tuple(n if d == dim and n is not None else s for d, s in enumerate(a.shape))
     fmt = (
         torch.channels_last
         if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous()
