@@ -237,7 +237,8 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
     assert plan.next_size is None
     assert max(measured) == plan.largest_fitting
     assert any(
-        "larger ones are not measured: a real step beyond it would not fit this machine's free memory" in n
+        "is the last size that ran here; larger ones are not measured: micro-batch" in n
+        and "more than half of this machine's free memory" in n
         for n in plan.notes
     )
     assert max(measured) * peaks[4] / 4 < 40_000_000  # never a step near the machine's memory
@@ -245,6 +246,65 @@ def test_a_real_step_is_never_larger_than_this_machine_can_hold(tmp_path, monkey
         estimate_module.EstimateError, match="micro-batch 100000000 is not measured: a real step of it would need about"
     ):
         estimate(path, micro_batches=[100_000_000])
+
+
+def test_a_real_step_that_runs_out_of_memory_ends_the_search_at_the_last_size_that_ran(tmp_path, monkeypatch):
+    """#69 item 2: with an address-space cap and --memory 80GB, the search probed a real step far past what ran here,
+    the allocation failed, and the command said the config must train first. The allocation failure (driven here,
+    past micro-batch 16) now ends the search at the last size that ran, and the note says so."""
+    import importlib
+
+    trace = importlib.import_module("lit_compute.planning.estimate.trace")
+    monkeypatch.chdir(ROOT)
+    real = trace.measure
+
+    def measure(config, overrides, size, buckets):
+        if size > 16:
+            raise RuntimeError(
+                "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9999999999 bytes. Error code 12"
+            )
+        return real(config, overrides, size, buckets)
+
+    monkeypatch.setattr(trace, "measure", measure)
+    path = _small_config(tmp_path, "tests.planning.models.MaskedMLP")
+    plan = _quietly(path, micro_batches=[4], memory="80GB")
+    assert plan.largest_fitting == 16
+    assert plan.next_size is None
+    (note,) = [n for n in plan.notes if "is the last size that ran here" in n]
+    assert "larger ones are not measured: micro-batch 32: a real step of it ran out of memory here" in note
+    assert "can't allocate memory" in note
+
+
+def test_the_memory_a_real_step_may_take_is_the_least_of_free_memory_the_address_space_and_the_cgroup(
+    tmp_path, monkeypatch
+):
+    """#69 item 2: ``ulimit -v`` and a container's memory limit count as well as the machine's free memory."""
+    import resource
+
+    import psutil
+
+    from lit_compute.planning.estimate import search
+
+    used, cgroup_left = psutil.Process().memory_info().vms, search._cgroup_left
+    monkeypatch.setattr(search, "_cgroup_left", lambda: None)
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (used + 10_000_000, resource.RLIM_INFINITY))
+    left, why = search.headroom()
+    assert why == "the address space left under RLIMIT_AS (ulimit -v)"
+    assert 0 < left <= 10_000_000 + 1_000_000  # the process may have grown since ``used`` was read
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert search.headroom()[1] == "this machine's free memory"
+    # a cgroup v2 limit: memory.max less memory.current, read where /proc/self/cgroup says this process lives
+    (tmp_path / "proc").write_text("0::/job.slice/train\n")
+    folder = tmp_path / "cg" / "job.slice" / "train"
+    folder.mkdir(parents=True)
+    (folder / "memory.max").write_text("3000000\n")
+    (folder / "memory.current").write_text("1000000\n")
+    assert cgroup_left(str(tmp_path / "cg"), str(tmp_path / "proc")) == 2_000_000
+    (folder / "memory.max").write_text("max\n")
+    assert cgroup_left(str(tmp_path / "cg"), str(tmp_path / "proc")) is None
+    assert search.out_of_memory(MemoryError())
+    assert search.out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not search.out_of_memory(RuntimeError("shape mismatch"))
 
 
 def test_bad_input_to_estimate_is_one_line_naming_it(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from lit_compute.planning.checkpoint_advice import checkpoint_candidates
 from lit_compute.planning.estimate import trace
 from lit_compute.planning.estimate.pieces import build, resized
 from lit_compute.planning.estimate.plan import EstimateError, EstimateRow, Plan, gb, row
-from lit_compute.planning.estimate.search import TooLarge, affordable, device_notes, fit_plan
+from lit_compute.planning.estimate.search import TooLarge, affordable, device_notes, fit_plan, out_of_memory
 from lit_compute.planning.estimate.trace import bucket_bytes, predict_peak, prepare, shard, untraceable_module
 
 
@@ -90,6 +90,9 @@ def estimate(
             try:
                 traced[size] = trace.measure(config, overrides, size, buckets)
             except Exception as err:  # noqa: BLE001 - the user's step itself fails: say so in one line
+                if traced and out_of_memory(err):  # the search ends at the last size that ran, and says so
+                    why = f"a real step of it ran out of memory here ({typed_line(err)[:200]})"
+                    raise TooLarge(size, why) from None
                 raise EstimateError(
                     f"a real training step of micro-batch {size} failed too ({typed_line(err)[:250]}"
                     f"); `lit-compute fit --config {config}` must train first"

@@ -18,25 +18,71 @@ class TooLarge(Exception):
         self.size, self.why = size, why
 
 
-def affordable(size: int, measured: dict[int, MemoryBreakdown], share: float = 0.5) -> None:
-    """Raise :class:`TooLarge` when a real step of ``size`` would need more than ``share`` of this machine's free
-    memory, on the line through the two largest sizes measured so far (a real step is never run at a size not known
-    to fit here: an estimate for an 80 GB GPU must not take a laptop's memory)."""
+def headroom() -> tuple[int, str]:
+    """The memory a real step may take in this process, and what sets it: the machine's free memory, the address
+    space left under ``RLIMIT_AS`` (``ulimit -v``), or what the process's cgroup (a container's memory limit) has
+    left, whichever is least."""
     import psutil
 
+    limits = [(int(psutil.virtual_memory().available), "this machine's free memory")]
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft not in (resource.RLIM_INFINITY, -1):
+            used = psutil.Process().memory_info().vms
+            limits.append((max(0, int(soft) - int(used)), "the address space left under RLIMIT_AS (ulimit -v)"))
+    except (ImportError, OSError, ValueError):  # no resource module (Windows), or no limit to read
+        pass
+    cgroup = _cgroup_left()
+    if cgroup is not None:
+        limits.append((cgroup, "what this process's cgroup memory limit leaves"))
+    return min(limits)
+
+
+def _cgroup_left(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> int | None:
+    """Bytes the cgroup (v2) this process runs in may still take (``memory.max - memory.current``); None without a
+    limit or a cgroup v2 to read."""
+    from pathlib import Path
+
+    try:
+        lines = Path(proc).read_text().splitlines()
+        path = next(line.split("::", 1)[1] for line in lines if line.startswith("0::"))
+        folder = Path(root, path.lstrip("/"))
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((folder / "memory.current").read_text().strip()))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether a real step failed allocating: Python's ``MemoryError``, torch's CPU allocator (``DefaultCPUAllocator:
+    can't allocate memory``, ``not enough memory``) or CUDA's (``torch.OutOfMemoryError``: out of memory)."""
+    text = str(err).lower()
+    return isinstance(err, MemoryError) or any(
+        words in text for words in ("can't allocate memory", "not enough memory", "out of memory")
+    )
+
+
+def affordable(size: int, measured: dict[int, MemoryBreakdown], share: float = 0.5) -> None:
+    """Raise :class:`TooLarge` when a real step of ``size`` would need more than ``share`` of the memory this process
+    may take (:func:`headroom`), on the line through the two largest sizes measured so far (a real step is never run
+    at a size not known to fit here: an estimate for an 80 GB GPU must not take a laptop's memory)."""
     points = sorted((s, b.peak) for s, b in measured.items())
     if not points or size <= points[-1][0]:
         return
     (s1, b1) = points[-1]
     slope = (b1 - points[-2][1]) / (s1 - points[-2][0]) if len(points) > 1 else b1 / s1
     needed = b1 + max(0.0, slope) * (size - s1)
-    free = psutil.virtual_memory().available
+    free, limit = headroom()
     if needed > share * free:
         raise TooLarge(
             size,
-            f"a real step of it would need about {gb(int(needed))}, more than half of this machine's "
-            f"free memory ({gb(int(free))}); the model cannot be traced on fake tensors, so larger "
-            "sizes are measured on real steps only",
+            f"a real step of it would need about {gb(int(needed))}, more than half of {limit} "
+            f"({gb(int(free))}); the model cannot be traced on fake tensors, so larger sizes are measured on real "
+            "steps only",
         )
 
 
@@ -83,17 +129,17 @@ def fit_plan(plan: Plan, peak_at: Any, capacity: int | None) -> None:
             if largest is not None
             else "not even micro-batch 1 fits once the caching allocator's segments are counted"
         )
-    plan.largest_fitting, plan.next_size, limited = largest_fitting(peak_at, capacity)
+    plan.largest_fitting, plan.next_size, stopped = largest_fitting(peak_at, capacity)
     if plan.largest_fitting is not None and plan.next_size is not None:
         plan.notes.append(
             f"largest micro-batch that fits: {plan.largest_fitting} (traced: "
             f"{gb(peak_at(plan.largest_fitting).peak)}; {plan.next_size.micro_batch} needs "
             f"{gb(plan.next_size.peak_bytes)})"
         )
-    elif plan.largest_fitting is not None and limited:
+    elif plan.largest_fitting is not None and stopped:
         plan.notes.append(
-            f"micro-batch {plan.largest_fitting} fits ({gb(peak_at(plan.largest_fitting).peak)}); larger "
-            "ones are not measured: a real step beyond it would not fit this machine's free memory"
+            f"micro-batch {plan.largest_fitting} fits ({gb(peak_at(plan.largest_fitting).peak)}) and is the last size "
+            f"that ran here; larger ones are not measured: micro-batch {stopped.size}: {stopped.why}"
         )
     elif plan.largest_fitting is not None:
         plan.notes.append(
@@ -114,32 +160,32 @@ def fit_plan(plan: Plan, peak_at: Any, capacity: int | None) -> None:
             plan.notes.append(f"does not fit even at micro-batch 1 ({gb(one.peak_bytes)} of {gb(capacity)})")
 
 
-def largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None, bool]:
-    """The largest micro-batch whose peak fits ``capacity``, the next size's row, and whether this machine's memory
-    stopped the search (real steps only: :func:`affordable`). The peak grows with the micro-batch (not always at
-    once: the optimizer's step can hold it at small sizes), so sizes double until one does not fit, then the boundary
-    is bisected; each size is traced once."""
+def largest_fitting(peak_at: Any, capacity: int) -> tuple[int | None, EstimateRow | None, TooLarge | None]:
+    """The largest micro-batch whose peak fits ``capacity``, the next size's row, and what stopped the search when
+    this machine did (real steps only: :func:`affordable` refused a size, or a real step ran out of memory). The peak
+    grows with the micro-batch (not always at once: the optimizer's step can hold it at small sizes), so sizes double
+    until one does not fit, then the boundary is bisected; each size is traced once."""
     one = peak_at(1)
     if one.peak > capacity:
-        return None, row(1, one, capacity), False
+        return None, row(1, one, capacity), None
     top = SEARCH_LIMIT
     fits, over = 1, None
     while over is None and fits < top:
         size = min(top, fits * 2)
         try:
             found = peak_at(size)
-        except TooLarge:
-            return fits, None, True
+        except TooLarge as stopped:
+            return fits, None, stopped
         if found.peak <= capacity:
             fits = size
         else:
             over = size
     if over is None:
-        return fits, None, False
+        return fits, None, None
     while over - fits > 1:
         middle = (fits + over) // 2
         if peak_at(middle).peak <= capacity:  # below a size already measured: affordable
             fits = middle
         else:
             over = middle
-    return fits, row(over, peak_at(over), capacity), False
+    return fits, row(over, peak_at(over), capacity), None
