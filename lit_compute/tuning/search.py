@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,19 +171,23 @@ UNCLEAR = "unclear"
 def short_verdict(result: TrialResult, incumbent: TrialResult, options: Options) -> str:
     """A short trial against the incumbent over the same steady-state steps: "" when it is faster (by half the
     minimum gain), a reason starting "slower beyond the noise" when even the top of the two runs' joint 95% interval
-    is not faster than the incumbent, else a reason starting :data:`UNCLEAR` (it goes on to a paired measurement)."""
+    (their own, and the spread between runs, ``options.run_noise``) is below the incumbent, else a reason starting
+    :data:`UNCLEAR` (it goes on to a paired measurement)."""
     reference = reference_rate(incumbent, result)
     if result.rate is None or not reference:
         return ""
     ratio = result.rate / reference
     if ratio >= 1 + options.min_gain / 2:
         return ""
-    noise = math.hypot(result.ci or 0.0, incumbent.ci or 0.0)  # relative half-widths, the two runs independent
+    # the two runs' own intervals and two runs' worth of the spread between runs of one configuration, in logs: an
+    # interval of +-134% is exp(+-1.34), not a negative throughput
+    noise = math.hypot(result.ci or 0.0, incumbent.ci or 0.0, 1.96 * math.sqrt(2) * options.run_noise)
     text = (
         f"{rate_text(result.rate)} vs {rate_text(reference)} {incumbent.unit} over the same steady-state steps "
-        f"({ratio:.2f}x, the runs' joint 95% interval +-{100 * noise:.1f}%)"
+        f"({ratio:.2f}x, 95% interval {ratio * math.exp(-noise):.2f}-{ratio * math.exp(noise):.2f}x with the "
+        "spread between runs)"
     )
-    if ratio * (1 + noise) < 1.0:
+    if ratio * math.exp(noise) < 1.0:
         return f"slower beyond the noise: {text}"
     return f"{UNCLEAR}, measured as a pair: {text}"
 
@@ -242,12 +246,27 @@ class Paired:
         return f"{self.ratio:.2f}x, 95% interval {self.low:.2f}-{self.high:.2f}x over {self.pairs} pair(s)"
 
 
-def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]], run_noise: float | None = None) -> Paired:
+def run_spread(groups: Iterable[Sequence[float]]) -> tuple[float, int] | None:
+    """The spread between runs of one configuration, from rates measured more than once: the standard deviation of
+    the log rates pooled over the groups (one per configuration) with at least two, and its degrees of freedom; None
+    when no group has two."""
+    logs = [[math.log(r) for r in g if r > 0] for g in groups]
+    logs = [g for g in logs if len(g) >= 2]
+    if not logs:
+        return None
+    dof = sum(len(g) - 1 for g in logs)
+    return math.sqrt(sum((x - statistics.fmean(g)) ** 2 for g in logs for x in g) / dof), dof
+
+
+def paired_ratio(
+    pairs: list[tuple[TrialResult, TrialResult]], run_noise: float | None = None, noise_dof: int | None = None
+) -> Paired:
     """The paired comparison of ``(candidate, incumbent)`` runs (both finished with a rate). ``run_noise``: the
     relative spread (standard deviation of the log rate) between two runs of one configuration, which steps within a
     run cannot show; each pair's ratio carries two runs' worth of it, so the interval is widened by
-    ``1.96 sqrt(2 run_noise^2 / pairs)`` (in logs) from the first pair on. From three pairs the spread between the
-    pairs themselves bounds it too."""
+    ``t sqrt(2 run_noise^2 / pairs)`` (in logs) from the first pair on, ``t`` the 95% quantile of Student's t at
+    ``noise_dof`` degrees of freedom when the spread was measured on that few runs (1.96 for a prior). From three
+    pairs the spread between the pairs themselves bounds it too."""
     logs = [math.log((c.rate or 0.0) / (i.rate or 1.0)) for c, i in pairs]
     center = statistics.fmean(logs)
     step_logs: list[float] = []
@@ -265,7 +284,8 @@ def paired_ratio(pairs: list[tuple[TrialResult, TrialResult]], run_noise: float 
     if within:
         half = math.hypot(half, math.sqrt(statistics.fmean(w * w for w in within) / len(pairs)))
     if run_noise:
-        half = math.hypot(half, 1.96 * math.sqrt(2 * run_noise**2 / len(pairs)))
+        quantile = t95(noise_dof) if noise_dof else 1.96
+        half = math.hypot(half, quantile * math.sqrt(2 * run_noise**2 / len(pairs)))
     if len(pairs) >= 3:
         half = max(half, t95(len(pairs) - 1) * statistics.stdev(logs) / math.sqrt(len(pairs)))
     return Paired(ratio=math.exp(center), low=math.exp(center - half), high=math.exp(center + half), pairs=len(pairs))
@@ -301,12 +321,8 @@ class Search:
     def run_noise(self) -> float:
         """The spread between runs of one configuration: pooled over the configurations this tune ran long more than
         once (the standard deviation of their log rates); the option's prior until there are any."""
-        groups = [[math.log(r) for r in rates] for rates in self._rates.values() if len(rates) >= 2]
-        if not groups:
-            return self.options.run_noise
-        dof = sum(len(g) - 1 for g in groups)
-        pooled = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g) / dof
-        return math.sqrt(pooled)
+        spread = run_spread(self._rates.values())
+        return self.options.run_noise if spread is None else spread[0]
 
     def _cost(self, *specs: TrialSpec) -> float:
         """Seconds these trials will take: none for those the journal holds."""

@@ -999,3 +999,35 @@ def test_the_drift_check_trains_both_configs_its_steps_and_validates_after_them(
     ]
     assert text.startswith("Numerics over 6 steps (same seed and batches)")
     assert "val_loss" in text
+
+
+def test_two_identical_configs_side_by_side_print_an_interval_that_holds_one():
+    """#70 item 1: `bench configs` printed "0.95x, 95% interval 0.93-0.98x" for two identical configurations: the
+    interval came from the steps within each run and left out the spread between runs. Simulated A/A comparisons
+    (every run's level drawn with 3% spread between runs, its steps with 1% within it), printed as `bench configs`
+    prints them, hold 1.00x in at least 90 of 100 at 2 and at 6 pairs; the steps alone held it in few."""
+    import math
+    import random
+    import re
+
+    from lit_compute.bench.configs_bench import compare
+    from lit_compute.tuning.search import paired_ratio
+
+    rng = random.Random(0)
+
+    def run(repeat: int) -> TrialResult:
+        level = 100.0 * math.exp(rng.gauss(0.0, 0.03))
+        return _stepped({}, "long", [level * math.exp(rng.gauss(0.0, 0.01)) for _ in range(20)], repeat)
+
+    for rounds in (2, 6):
+        held = steps_alone = 0
+        for _ in range(100):
+            runs = {"a": [run(i) for i in range(rounds)], "b": [run(i) for i in range(rounds)]}
+            printed = compare(["a", "b"], runs)[1][3]
+            low, high = (float(x) for x in re.search(r"interval ([\d.]+)-([\d.]+)x", printed).groups())
+            assert f"over {rounds} pair(s)" in printed
+            held += low <= 1.0 <= high
+            alone = paired_ratio(list(zip(runs["b"], runs["a"])))
+            steps_alone += alone.low <= 1.0 <= alone.high
+        assert held >= 90, (rounds, held)
+        assert steps_alone < held
