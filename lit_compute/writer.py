@@ -301,7 +301,7 @@ def run_record(trainer: pl.Trainer) -> RunRecord:
         cudnn_allow_tf32=tf32_enabled("conv"),
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         matmul_tf32=tf32_enabled("matmul"),
-        compiled=_compat.trains_compiled(trainer.lightning_module),
+        compiled=_compat.trains_compiled(module) if (module := getattr(trainer, "lightning_module", None)) else None,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from lit_compute.bench._common import emit, markdown
 from lit_compute.packaged_configs import resolve_config
 from lit_compute.tuning.config_yaml import ConfigError, load_config
-from lit_compute.tuning.search import Options, paired_ratio, rate_text, run_spread
+from lit_compute.tuning.search import Options, Paired, paired_ratio, rate_text
 from lit_compute.tuning.trials import TrialResult, TrialSpec, run_trial
 
 
@@ -48,23 +48,22 @@ def _median_rate(results: list[TrialResult]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def spread_between_runs(runs: dict[str, list[TrialResult]]) -> tuple[float, int | None]:
-    """The spread between runs of one config (the standard deviation of the log rate) pooled over the configs' own
-    repeated runs, and its degrees of freedom; with one round, the tune's prior and None."""
-    found = run_spread([r.rate for r in results if r.ok and r.rate] for results in runs.values())
-    return found if found is not None else (Options().run_noise, None)
+def side_by_side(pairs: list[tuple[TrialResult, TrialResult]]) -> Paired:
+    """A ratio of runs paired by round, with the spread between runs in its interval at any pair count: from two
+    pairs the spread between the pairs' ratios (Student's t at pairs - 1: a slow spell of the machine in one round
+    hits both configs of that round and cancels), with one pair the tune's prior (``Options.run_noise``)."""
+    return paired_ratio(pairs, Options().run_noise if len(pairs) < 2 else None, spread_from=2)
 
 
-def _ratio_to(mine: list[TrialResult], theirs: list[TrialResult], noise: tuple[float, int | None]) -> str:
+def _ratio_to(mine: list[TrialResult], theirs: list[TrialResult]) -> str:
     pairs = [(c, b) for c, b in zip(mine, theirs) if c.ok and b.ok]
-    return paired_ratio(pairs, *noise).text() if pairs else "n/a"
+    return side_by_side(pairs).text() if pairs else "n/a"
 
 
 def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[Any]]:
     """The table's rows: each config's runs, median rate, and ratios from same-round pairs to the first config (the
     reference) and to the fastest (the one of highest median rate: how far each is from the best found), each
-    interval with the spread between runs in it (:func:`spread_between_runs`)."""
-    noise = spread_between_runs(runs)
+    interval with the spread between runs in it (:func:`side_by_side`)."""
     first = runs[names[0]]
     medians = {name: _median_rate(runs[name]) for name in names}
     fastest = max((n for n in names if medians[n] is not None), key=lambda n: medians[n] or 0.0, default=None)
@@ -75,13 +74,13 @@ def compare(names: list[str], runs: dict[str, list[TrialResult]]) -> list[list[A
         others = [r.measured.get("other_cores") for r in mine if r.ok]
         busy = max((o for o in others if o is not None), default=None)
         failed = [r for r in mine if not r.ok]
-        ratio = ("1 (reference)" if rates else "n/a") if name == names[0] else _ratio_to(mine, first, noise)
+        ratio = ("1 (reference)" if rates else "n/a") if name == names[0] else _ratio_to(mine, first)
         if fastest is None:
             to_fastest = "n/a"
         elif name == fastest:
             to_fastest = "1 (fastest)"
         else:
-            to_fastest = _ratio_to(mine, runs[fastest], noise)
+            to_fastest = _ratio_to(mine, runs[fastest])
         rows.append(
             [
                 name,

@@ -259,14 +259,18 @@ def run_spread(groups: Iterable[Sequence[float]]) -> tuple[float, int] | None:
 
 
 def paired_ratio(
-    pairs: list[tuple[TrialResult, TrialResult]], run_noise: float | None = None, noise_dof: int | None = None
+    pairs: list[tuple[TrialResult, TrialResult]],
+    run_noise: float | None = None,
+    noise_dof: int | None = None,
+    spread_from: int = 3,
 ) -> Paired:
     """The paired comparison of ``(candidate, incumbent)`` runs (both finished with a rate). ``run_noise``: the
     relative spread (standard deviation of the log rate) between two runs of one configuration, which steps within a
     run cannot show; each pair's ratio carries two runs' worth of it, so the interval is widened by
     ``t sqrt(2 run_noise^2 / pairs)`` (in logs) from the first pair on, ``t`` the 95% quantile of Student's t at
-    ``noise_dof`` degrees of freedom when the spread was measured on that few runs (1.96 for a prior). From three
-    pairs the spread between the pairs themselves bounds it too."""
+    ``noise_dof`` degrees of freedom when the spread was measured on that few runs (1.96 for a prior). From
+    ``spread_from`` pairs the spread between the pairs themselves bounds it too (Student's t at pairs - 1: two pairs
+    that disagree give a wide interval, as they should)."""
     logs = [math.log((c.rate or 0.0) / (i.rate or 1.0)) for c, i in pairs]
     center = statistics.fmean(logs)
     step_logs: list[float] = []
@@ -286,7 +290,7 @@ def paired_ratio(
     if run_noise:
         quantile = t95(noise_dof) if noise_dof else 1.96
         half = math.hypot(half, quantile * math.sqrt(2 * run_noise**2 / len(pairs)))
-    if len(pairs) >= 3:
+    if len(pairs) >= max(2, spread_from):
         half = max(half, t95(len(pairs) - 1) * statistics.stdev(logs) / math.sqrt(len(pairs)))
     return Paired(ratio=math.exp(center), low=math.exp(center - half), high=math.exp(center + half), pairs=len(pairs))
 

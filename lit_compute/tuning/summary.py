@@ -12,7 +12,7 @@ from typing import Any
 from lit_compute.formatting import markdown_table
 from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing, user_comments
 from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
-from lit_compute.tuning.search import Options, Outcome, Verdict, paired_ratio, rate_text, run_spread
+from lit_compute.tuning.search import Options, Outcome, Verdict, paired_ratio, rate_text
 from lit_compute.tuning.trials import TrialResult
 
 
@@ -281,9 +281,9 @@ def _final_line(outcome: Outcome) -> str:
         )
     tuned_rate = statistics.fmean(r.rate or 0.0 for r in tuned_runs)
     pairs = [(t, b) for t, b in zip(outcome.final_tuned, outcome.final_baseline) if t.ok and b.ok]
-    spread = run_spread([[r.rate for r in runs if r.rate] for runs in (tuned_runs, base_runs)])
-    noise = spread if spread is not None else (Options().run_noise, None)  # one pair: the tune's prior
-    interval = f" (95% interval {p.low:.2f}-{p.high:.2f}x)" if pairs and (p := paired_ratio(pairs, *noise)) else ""
+    noise = Options().run_noise if len(pairs) < 2 else None  # one pair: the tune's prior; from two, their spread
+    paired = paired_ratio(pairs, noise, spread_from=2) if pairs else None
+    interval = f" (95% interval {paired.low:.2f}-{paired.high:.2f}x over {paired.pairs} pair(s))" if paired else ""
     how = (
         f"measured side by side ({len(tuned_runs)} run(s) each, alternating){interval}"
         if side_by_side

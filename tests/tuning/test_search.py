@@ -451,7 +451,7 @@ def test_tuned_yaml_comments_each_changed_line_and_reads_back_as_the_config(tmp_
     summary = final_line(outcome)
     assert summary.startswith(
         "Tuned: 1.92x samples/s measured side by side (3 run(s) each, alternating) (95% "
-        "interval 1.89-1.95x): baseline 20, tuned 38.4 samples/s per device, 1 device(s)."
+        "interval 1.89-1.95x over 3 pair(s)): baseline 20, tuned 38.4 samples/s per device, 1 device(s)."
     )
     # 31 batches x 32 samples: 49.6 s -> 25.8 s; a million samples 13.9 h -> 7.23 h
     assert (
