@@ -86,7 +86,7 @@ class WarmStarter:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=_single_threaded(die_with_parent),
             )
             self._buffer = b""
             self._busy = False
@@ -159,7 +159,19 @@ class WarmStarter:
             proc.wait()
 
 
-_STARTERS: dict[tuple[str, tuple[str, ...]], WarmStarter] = {}
+_STARTERS: dict[tuple[Any, ...], WarmStarter] = {}
+
+#: variables read once, when an interpreter starts or imports torch (OpenMP's and MKL's thread pools, torch's own
+#: switches, hash randomisation, preloaded libraries): a child whose values differ needs a helper started with them
+START_UP_PREFIXES = ("OMP_", "MKL_", "KMP_", "TORCH_", "OPENBLAS_", "GOMP_")
+START_UP_NAMES = ("PYTHONHASHSEED", "LD_PRELOAD", "PYTHONPATH", "MALLOC_ARENA_MAX")
+
+
+def helper_key(env: dict[str, str], preload: tuple[str, ...]) -> tuple[Any, ...]:
+    """Which helper a child with ``env`` may be forked from: one per preload list and per value of every start-up
+    variable (:data:`START_UP_PREFIXES`, :data:`START_UP_NAMES`), so a child never inherits the helper's."""
+    read = sorted((k, v) for k, v in env.items() if k in START_UP_NAMES or k.startswith(START_UP_PREFIXES))
+    return (tuple(preload), tuple(read))
 
 
 def start_process(
@@ -175,7 +187,7 @@ def start_process(
     env = dict(env if env is not None else os.environ)
     where = str(cwd or os.getcwd())
     if sys.platform == "linux" and os.environ.get("LIT_COMPUTE_WARM_START", "1") != "0":
-        key = (env.get("PYTHONPATH", ""), tuple(preload))  # a child takes its own working directory and environment
+        key = helper_key(env, tuple(preload))  # a child takes its own working directory and environment
         if key not in _STARTERS:
             _STARTERS[key] = WarmStarter(preload, cwd=where, env=env)
         starter = _STARTERS[key]
@@ -189,8 +201,17 @@ def start_process(
         env=env,
         cwd=where,
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=_single_threaded(die_with_parent),
     )
+
+
+def _single_threaded(hook: Any) -> Any:
+    """``hook`` as a ``preexec_fn`` only while this process runs one thread: after fork a threaded parent's child may
+    find a lock held by a thread that is not there (Python's documentation warns against it); without it the child
+    does not die with its parent, and its caller stops its group itself."""
+    import threading
+
+    return hook if threading.active_count() == 1 else None
 
 
 def prestart(env: dict[str, str] | None = None, preload: tuple[str, ...] = PRELOAD) -> None:
@@ -200,7 +221,7 @@ def prestart(env: dict[str, str] | None = None, preload: tuple[str, ...] = PRELO
     env = dict(env if env is not None else os.environ)
     if sys.platform != "linux" or os.environ.get("LIT_COMPUTE_WARM_START", "1") == "0":
         return
-    key = (env.get("PYTHONPATH", ""), tuple(preload))
+    key = helper_key(env, tuple(preload))
     if key not in _STARTERS:
         _STARTERS[key] = WarmStarter(preload, env=env)
     with contextlib.suppress(OSError):
@@ -232,7 +253,9 @@ def _child(request: dict[str, Any], channel: tuple[int, int], out: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
-        os.close(out)
+        for fd in {out, devnull} - {0, 1, 2}:
+            os.close(fd)
+        _reseed()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -258,6 +281,35 @@ def _child(request: dict[str, Any], channel: tuple[int, int], out: int) -> None:
         status = 1
     finally:
         _exit(status)
+
+
+def _reseed() -> None:
+    """A forked child's random states as a new interpreter's would be: fresh from the OS, not the helper's copy
+    (Python's ``random``, and numpy's global state where the helper imported numpy)."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
+
+
+def _unsafe_to_fork() -> str | None:
+    """Why the helper must not fork now (a new interpreter is started instead): a CUDA context, a process group or
+    a second thread would be copied half-alive into the child. None when it is safe."""
+    import threading
+
+    if threading.active_count() > 1:
+        return f"the helper runs {threading.active_count()} threads"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if torch.cuda.is_initialized():
+            return "the helper initialised CUDA"
+        distributed = getattr(torch, "distributed", None)
+        if distributed is not None and distributed.is_available() and distributed.is_initialized():
+            return "the helper holds a process group"
+    return None
 
 
 def _exit(status: int) -> None:
@@ -303,6 +355,8 @@ def _serve(preload: list[str]) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
+    if null > 2:
+        os.close(null)
     for name in preload:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -312,6 +366,10 @@ def _serve(preload: list[str]) -> None:
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
+        unsafe = _unsafe_to_fork()
+        if unsafe is not None:  # the caller starts a new interpreter instead
+            replies.write((json.dumps({"declined": unsafe}) + "\n").encode())
+            continue
         try:
             out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
         except OSError as err:

@@ -118,10 +118,62 @@ def test_a_prestarted_helper_is_the_one_the_first_child_comes_from(tmp_path):
     script.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "prestarted")}
     warm_start.prestart(env, preload=())
-    helper = warm_start._STARTERS[(env["PYTHONPATH"], ())]._proc
+    helper = warm_start._STARTERS[warm_start.helper_key(env, ())]._proc
     assert helper is not None
     assert helper.poll() is None
     proc = start_process([str(script), "2"], env=env, cwd=tmp_path, preload=())
     assert isinstance(proc, WarmProcess)
     assert proc.starter._proc is helper
     assert proc.wait(timeout=60) == 2
+
+
+GUARDED = """
+import json, os, random, sys
+import numpy, torch
+fds = {}
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
+print(json.dumps({"threads": torch.get_num_threads(), "numpy": int(numpy.random.randint(2**31)),
+                  "random": random.random(), "null": sorted(int(fd) for fd, to in fds.items() if to == "/dev/null"),
+                  "lightning": "lightning.pytorch" in sys.modules}))
+"""
+
+
+def test_with_torch_and_lightning_preloaded_each_child_is_a_new_interpreters_equal(tmp_path):
+    """#70 item 3, with the helper preloading torch and Lightning as the product does: a child asking for another
+    OMP_NUM_THREADS gets a helper started with it (the value is read when torch loads, so a helper keyed by
+    PYTHONPATH alone gave it the first child's 2 threads); two children draw different numbers from numpy's and
+    Python's global random states; the helper's /dev/null descriptors do not leak (only fd 0 points there); a helper
+    that is not safe to fork (here a preloaded module starts a thread) declines, and the child is a new
+    interpreter."""
+    import json
+
+    from lit_compute.warm_start import PRELOAD
+
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(GUARDED))
+    seen = []
+    for threads in ("2", "1", "1"):
+        log = tmp_path / f"out{len(seen)}.log"
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(tmp_path)}
+        with open(log, "w") as out:
+            proc = start_process([str(script)], stdout=out, env=env, cwd=tmp_path, preload=PRELOAD)
+            assert isinstance(proc, WarmProcess)
+            assert proc.wait(timeout=300) == 0, log.read_text()[-2000:]
+        seen.append(json.loads(log.read_text().splitlines()[-1]))
+    assert [s["threads"] for s in seen] == [2, 1, 1]
+    assert seen[1]["numpy"] != seen[2]["numpy"]  # the same helper forked both: each reseeded
+    assert seen[1]["random"] != seen[2]["random"]
+    assert all(s["null"] == [0] for s in seen)
+    assert all(s["lightning"] for s in seen)  # preloaded: the child did not import it again
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with open(tmp_path / "declined.log", "w") as out:
+        proc = start_process([str(script)], env=env, cwd=tmp_path, preload=("starts_a_thread",), stdout=out)
+        assert isinstance(proc, subprocess.Popen)  # declined: "the helper runs 2 threads"
+        assert proc.wait(timeout=300) == 0
