@@ -177,3 +177,18 @@ def test_float32_on_an_ampere_or_newer_gpu_runs_as_the_runs_torch_switches_put_i
     own = _run(by_class={"conv": (1000 * G, 1 * G, 10)}, device="NVIDIA A100-SXM4-80GB", chip="a100", step_s=1.0)
     cal = compute.calibrate(own, a100)
     assert compute.price(own, Scenario(a100, "32-true", 16), cal).seconds == pytest.approx(1.0)
+
+
+def test_a_float32_runs_mfu_on_tf32_cores_is_against_the_tf32_peak():
+    """The MFU of a float32 run whose convolutions run on TF32 tensor cores is against the TF32 peak (as FlopsLogger's
+    MFU of such a run is): against the float32 peak an A100 ResNet-50 read over 100%."""
+    from lit_compute.hardware.chips import find_chip
+    from lit_compute.hardware.dtypes import Float32Math
+
+    a100 = find_chip("a100")
+    conv = _run(by_class={"conv": (1000 * G, 1 * G, 10)})
+    on = predict(conv, Scenario(a100, "32-true", 16), UNIT)
+    off = predict(conv, Scenario(a100, "32-true", 16, float32_math=Float32Math(False, False)), UNIT)
+    flops_per_s = conv.model_flops / on.step_time_s
+    assert on.mfu == pytest.approx(flops_per_s / a100.peak("tf32"))
+    assert off.mfu == pytest.approx(conv.model_flops / off.step_time_s / a100.peak("float32"))
