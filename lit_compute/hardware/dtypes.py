@@ -65,6 +65,11 @@ class Float32Math:
         """This process's switches (:func:`tf32_enabled`)."""
         return cls(tf32_enabled("conv"), tf32_enabled("matmul"))
 
+    @property
+    def any_tf32(self) -> bool:
+        """Whether any float32 work may run on TF32 (the peak a float32 run's MFU is against, as FlopsLogger's)."""
+        return self.conv_tf32 or self.matmul_tf32
+
     def column(self, op_class: str) -> str:
         """The peak column float32 work of an op class counts against on a chip with TF32 tensor cores: ``tf32`` for
         convolutions (dense or grouped) when cuDNN may, for matmuls and attention when the matmuls may; ``float32``

@@ -30,6 +30,27 @@ def _cnn() -> nn.Module:
     )
 
 
+def _tracked_peaks(step, state) -> dict[str, int]:
+    """The tracker's peak over one ``step``, its tensors alone and with the measured workspaces."""
+    peaks = {}
+    for name, workspaces in (("tensors", None), ("with workspaces", KernelWorkspaces())):
+        tracker = StorageTracker(workspaces)
+        tracker.register(state, "parameters")
+        with tracker:
+            step()
+        peaks[name] = tracker.breakdown().peak
+    return peaks
+
+
+def _allocator_peak(step, state) -> int:
+    """The CPU allocator's peak over one real ``step`` (its profiler memory events over the bytes it began with)."""
+    before = sum(_storages(state).values())
+    refs = _mark_frees(state)  # noqa: F841 - alive through the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    return allocator_peak(prof, torch.device("cpu"), before)
+
+
 def test_a_conv_steps_workspaces_are_measured_and_the_allocator_agrees():
     """oneDNN's convolutions reorder through buffers no tensor holds: the tracker alone is well under what the
     allocator held over the same step; with the measured workspaces it is within 2%."""
@@ -45,18 +66,8 @@ def test_a_conv_steps_workspaces_are_measured_and_the_allocator_agrees():
 
     step()
     step()  # the optimizer's state exists: a steady step
-    peaks = {}
-    for name, workspaces in (("tensors", None), ("with workspaces", KernelWorkspaces())):
-        tracker = StorageTracker(workspaces)
-        tracker.register(_state(model, [opt], (x, y)), "parameters")
-        with tracker:
-            step()
-        peaks[name] = tracker.breakdown().peak
-    before = sum(_storages(_state(model, [opt], (x, y))).values())
-    refs = _mark_frees(_state(model, [opt], (x, y)))  # noqa: F841 - alive through the profile
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    allocator = allocator_peak(prof, torch.device("cpu"), before)
+    peaks = _tracked_peaks(step, _state(model, [opt], (x, y)))
+    allocator = _allocator_peak(step, _state(model, [opt], (x, y)))
     assert peaks["tensors"] < 0.9 * allocator, (peaks, allocator)
     assert peaks["with workspaces"] == pytest.approx(allocator, rel=0.02), (peaks, allocator)
 
@@ -225,27 +236,17 @@ def test_an_lstms_workspace_is_counted_on_fake_tensors_until_its_backward():
     step = stepper(model, opt, x, y)
     step()
     step()
-    before = sum(_storages(_state(model, [opt], (x, y))).values())
-    refs = _mark_frees(_state(model, [opt], (x, y)))  # noqa: F841 - alive through the profile
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    allocator = allocator_peak(prof, torch.device("cpu"), before)
+    allocator = _allocator_peak(step, _state(model, [opt], (x, y)))
 
     fake_mode = _compat.fake_tensor_mode()
     with torch.device("meta"):
         traced = _LSTMNet()
     fake_tensors(traced, fake_mode, torch.device("cpu"))
-    peaks = {}
     with fake_mode:
         fx, fy = torch.empty(8, 64, 64), torch.zeros(8, 64, dtype=torch.long)
         fopt = torch.optim.Adam(traced.parameters())
         fake_step = stepper(traced, fopt, fx, fy)
         fake_step()  # the optimizer's state exists
-        for name, workspaces in (("tensors", None), ("with workspaces", KernelWorkspaces())):
-            tracker = StorageTracker(workspaces)
-            tracker.register(_state(traced, [fopt], (fx, fy)), "parameters")
-            with tracker:
-                fake_step()
-            peaks[name] = tracker.breakdown().peak
+        peaks = _tracked_peaks(fake_step, _state(traced, [fopt], (fx, fy)))
     assert peaks["tensors"] < 0.8 * allocator, (peaks, allocator)
     assert peaks["with workspaces"] == pytest.approx(allocator, rel=0.10), (peaks, allocator)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_compute.hardware.chips import ThisMachine
-from lit_compute.hardware.dtypes import Float32Math, compute_dtype
+from lit_compute.hardware.dtypes import compute_dtype
 from lit_compute.planning.whatif.calibration import Calibration
 from lit_compute.planning.whatif.facts import RunFacts, Scenario
 from lit_compute.planning.whatif.parts import comm, compute, host, memory
@@ -117,8 +117,7 @@ def _rates(run: RunFacts, scenario: Scenario, step: float) -> tuple[float, float
     samples_per_s = scenario.devices // max(1, run.tensor_parallel) * scenario.micro_batch * run.accumulate / step
     chip = scenario.chip
     dtype = compute_dtype(scenario.precision)
-    math = scenario.float32_math or run.float32_math or Float32Math()
-    if compute.tf32_cores(chip, scenario.precision) and (math.conv_tf32 or math.matmul_tf32):
+    if compute.tf32_cores(chip, scenario.precision) and compute.float32_math(run, scenario).any_tf32:
         dtype = "tf32"  # float32 on TF32 cores: against that peak, as FlopsLogger's MFU of such a run is
     peak = chip.peak(dtype) or chip.peak("float32")
     model_flops = run.model_flops * scenario.micro_batch / run.samples * run.accumulate

@@ -24,6 +24,7 @@ __all__ = [
     "ComputePart",
     "calibrate",
     "conv_setup_seconds",
+    "float32_math",
     "pays_transposes",
     "price",
     "scaled_classes",
@@ -56,7 +57,7 @@ def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> ComputePart:
     """The compute of one optimizer step of ``run`` on ``scenario``'s chip at ``cal``'s efficiencies."""
     chip, precision, notes = scenario.chip, scenario.precision, []
     classes = scaled_classes(run, scenario)
-    math = scenario.float32_math or run.float32_math or Float32Math()
+    math = float32_math(run, scenario)
     seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate, math)
     if tf32_cores(chip, precision) and any(
         cost.flops for kind, cost in classes.items() if kind in ("conv", "conv_grouped", "matmul", "attention")
@@ -222,6 +223,12 @@ def sm_rate(chip: Chip) -> float:
     if chip.sm_clock:
         return chip.sm_clock * 1e9 * 1024
     return (chip.peak("bfloat16") or chip.peak("float16") or chip.peak("float32") or 0.0) / 2
+
+
+def float32_math(run: RunFacts, scenario: Scenario) -> Float32Math:
+    """Where float32 work runs on TF32 cores for this prediction: as ``--tf32`` asks, else as the run's switches were,
+    else torch's defaults."""
+    return scenario.float32_math or run.float32_math or Float32Math()
 
 
 def tf32_cores(chip: Chip, precision: str) -> bool:
