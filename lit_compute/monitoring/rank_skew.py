@@ -105,39 +105,6 @@ def find_straggler(
     )
 
 
-class StragglerWindow:
-    """Whether one rank is slow most of the time, not once: the last ``size`` logging steps' straggler findings. A
-    rank is persistent when it was the slowest in most of them (more than half, and at least ``least``), its median
-    skew over them exceeds the threshold and its median extra work is a noticeable share of the step; a single
-    spike (one step far slower) moves neither median and names nobody."""
-
-    def __init__(self, size: int = 8, least: int = 3) -> None:
-        self.size, self.least = size, least
-        self._seen: list[Straggler] = []
-
-    def add(self, found: Straggler) -> None:
-        self._seen = [*self._seen, found][-self.size :]
-
-    def persistent(self, threshold: float, step_ms: float) -> tuple[Straggler, int, int, float] | None:
-        """``(the latest finding of that rank, steps it was slowest in, steps seen, its median skew)`` when one rank
-        is persistently slow (see the class), else None."""
-        if len(self._seen) < self.least:
-            return None
-        ranks = [s.rank for s in self._seen]
-        rank = max(set(ranks), key=ranks.count)
-        times = ranks.count(rank)
-        if times < self.least or 2 * times <= len(ranks):
-            return None
-        # the rank's skew in the steps it was not the slowest is under 1: counted as 1 (it did not lead them)
-        skews = [s.skew if s.rank == rank else 1.0 for s in self._seen]
-        extra = [s.extra_ms if s.rank == rank else 0.0 for s in self._seen]
-        skew = _median(skews)
-        if skew <= threshold or _median(extra) <= 0.05 * step_ms:
-            return None
-        latest = next(s for s in reversed(self._seen) if s.rank == rank)
-        return latest, times, len(self._seen), skew
-
-
 def communication_bound(comm_ms: Sequence[float], step_ms: Sequence[float], share: float) -> str | None:
     """Advice when the collectives themselves are slow: even the rank that waited least for the others (the one
     they wait for) spent more than ``share`` of the step blocked in collectives. None otherwise, or when a value is

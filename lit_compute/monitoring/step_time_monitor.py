@@ -12,7 +12,7 @@ from lit_compute._batch import TokenSpec
 from lit_compute._compat import available_cpu_cores, parallel_layout
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
-from lit_compute.monitoring.rank_skew import StragglerWindow, communication_bound, find_straggler
+from lit_compute.monitoring.rank_skew import communication_bound, find_straggler
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_text
 
@@ -80,9 +80,8 @@ class StepTimeMonitor(MeasuringCallback):
           report's per-rank table). See
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
-        - text ``time/straggler_advice``: when one rank was the slowest in most of the last 8 logging steps (at
-          least 3) and its median skew over them exceeds ``straggler_skew`` (a one-step spike is only ``rank_skew``):
-          the slow rank, whether it waited on data or computed longer, and by how much.
+        - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
+          row with the same rank slowest: the slow rank, whether it waited on data or computed longer, and by how much.
         - text ``time/comm_advice``: when, at two logging steps in a row, every rank spent more than
           ``comm_fraction`` of the step blocked in collectives and no rank's own work stood out: the communication
           is slow (a network or a link), not one rank.
@@ -120,7 +119,8 @@ class StepTimeMonitor(MeasuringCallback):
         self.comm_advice: str | None = None
         self._comm_logs = 0  # logging steps in a row whose collectives were slow on every rank
         self.straggler_advice: str | None = None
-        self._stragglers = StragglerWindow()  # the last logging steps' findings: a rank slow most of the time
+        self._skewed_logs = 0  # logging steps in a row with the same rank skewed
+        self._skewed_rank: int | None = None
         self.reduce_keys = {"train": _RATE_KEYS}
         self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
@@ -258,17 +258,13 @@ class StepTimeMonitor(MeasuringCallback):
         if straggler is None:
             return out
         out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})
-        # a straggler is slow most of the time and costs the others a noticeable share of the step; a one-step spike
-        # is only the rank_skew above
-        self._stragglers.add(straggler)
-        found = self._stragglers.persistent(self.straggler_skew, max(per_rank["step_ms"]))
-        skewed = found is not None
-        if found is not None and self.straggler_advice is None:
-            latest, times, seen, skew = found
-            self.straggler_advice = (
-                f"{latest.advice(world, self.straggler_skew)} It was the slowest rank in {times} of the last {seen} "
-                f"logging steps, its median skew over them {skew:.2f}x."
-            )
+        # a straggler costs the others a noticeable share of the step, at two logging steps in a row
+        skewed = straggler.skew > self.straggler_skew and straggler.extra_ms > 0.05 * max(per_rank["step_ms"])
+        same = straggler.rank == self._skewed_rank
+        self._skewed_logs = (self._skewed_logs + 1 if same else 1) if skewed else 0
+        self._skewed_rank = straggler.rank if skewed else None
+        if self._skewed_logs >= 2 and self.straggler_advice is None:
+            self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)
             log_text(trainer, "time/straggler_advice", self.straggler_advice)
         slow_comm = (

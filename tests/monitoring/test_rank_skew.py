@@ -56,32 +56,3 @@ def test_slow_communication_is_named_only_when_every_rank_waits_in_collectives()
     assert "cannot say whose" in advice
     assert communication_bound([200.0, 10.0], [300.0, 300.0], 0.25) is None  # one rank waits: a straggler's sign
     assert communication_bound([120.0, math.nan], [300.0, 300.0], 0.25) is None
-
-
-def test_a_one_step_spike_names_no_straggler_and_a_rank_slow_most_of_the_time_does():
-    """#70 item 2: two even tensor-parallel ranks advised "rank 1 is a straggler" from one step whose skew was 4.76
-    among ten at 1.02-1.92. The window of the last 8 logging steps names a rank only when it was the slowest in most
-    of them and its median skew is over the threshold: one 5x step among even ones names nobody, nor do even ranks
-    taking turns at 1.9x; a rank slow in 6 of 8 steps is named."""
-    from lit_compute.monitoring.rank_skew import StragglerWindow
-
-    def steps(slow: dict[int, float], n: int = 8) -> StragglerWindow:
-        window = StragglerWindow()
-        for i in range(n):
-            forward = [10.0, 10.0]
-            rank, factor = (1, slow[i]) if i in slow else (0, 1.02)  # else rank 0 a little slower
-            forward[rank] *= factor
-            window.add(find_straggler([1.0, 1.0], forward))
-        return window
-
-    assert steps({5: 5.0}).persistent(1.25, 60.0) is None  # a single spike
-    taking_turns = steps(dict.fromkeys(range(0, 8, 2), 1.9))  # rank 1 at 1.9x in half the steps, rank 0 led the rest
-    assert taking_turns.persistent(1.25, 60.0) is None
-    slow = steps(dict.fromkeys((0, 1, 2, 4, 5, 7), 1.9))  # rank 1 at 1.9x in 6 of 8
-    found = slow.persistent(1.25, 60.0)
-    assert found is not None
-    latest, times, seen, skew = found
-    assert (latest.rank, times, seen) == (1, 6, 8)
-    assert skew == pytest.approx((1.9 * 10 + 1) / 11)
-    assert slow.persistent(1.25, 1000.0) is None  # 8.9 ms more than the others: not a noticeable share of a 1 s step
-    assert steps({0: 1.9, 1: 1.9}, n=2).persistent(1.25, 60.0) is None  # too few steps to say "most of the time"
