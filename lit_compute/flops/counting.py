@@ -41,6 +41,7 @@ from lit_compute._compat import (
     tree_map,
 )
 from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
+from lit_compute.flops.kernel_shapes import KernelShape, gemm_shapes
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
 _ROOT = "model"
@@ -73,6 +74,8 @@ _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 #: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound; convolutions are kept apart
 #: from matmuls because chips reach different fractions of their peak on them, and grouped and depthwise convolutions
 #: apart from dense ones because they reach far less: few FLOPs per byte, kernels without tensor-core tiles).
+#: the op classes whose ops are GEMMs (:mod:`lit_compute.flops.kernel_shapes`); depthwise ones are bandwidth-bound
+_GEMM_CLASSES = frozenset({"matmul", "conv", "conv_grouped", "attention"})
 OP_CLASSES = ("matmul", "conv", "conv_grouped", "conv_depthwise", "attention", "norm", "elementwise", "optimizer")
 _NORM_TOKENS = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "instance_norm")
 
@@ -211,6 +214,9 @@ class FlopCount:
             bits, and ``lit_compute.speedup.ChannelsLast`` saves.
         conv_weights: bytes of the weights the convolutions' forward ops took (each weight once a call,
             :func:`conv_weight_bytes`): what a CPU's convolutions set up whatever the batch.
+        kernels: the GEMMs of the matmuls, the dense and grouped convolutions and the fused attention kernels, one
+            :class:`~lit_compute.flops.kernel_shapes.KernelShape` per class and shape: what ``whatif`` prices as
+            tiles and waves on a GPU's SMs.
     """
 
     forward: int = 0
@@ -228,6 +234,7 @@ class FlopCount:
     bytes_by_module: dict[str, int] = field(default_factory=dict)
     channels_first: tuple[int, int, int] = (0, 0, 0)
     conv_weights: int = 0
+    kernels: tuple[KernelShape, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -333,6 +340,7 @@ class SafeFlopCounterMode(FlopCounterMode):
         self._bytes_by_module: dict[str, int] = {}
         self._channels_first = [0, 0, 0]  # activation bytes, weight bytes, tensors (channels_first_tensors)
         self._conv_weights = 0  # the forward convolutions' weights (conv_weight_bytes)
+        self._kernels: dict[tuple[str, int, int, int, int, str], list[float]] = {}  # shape -> [count, flops, bytes]
         self._overload: Any = None  # the op being counted (set by the dispatch mode: its schema says view or not)
         #: set to True for the ops of an optimizer's step (FlopsLogger's on_before_optimizer_step); back to False as
         #: each optimizer's step ends, so a second forward after a step (a GAN's generator after its discriminator's
@@ -395,6 +403,8 @@ class SafeFlopCounterMode(FlopCounterMode):
                 return out
             hardware = int(formula(*args, **kwargs, out_val=out))
             self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
+            if hardware and kind in _GEMM_CLASSES:
+                self._note_kernels(kind, str(func_packet), args, out, phase != "forward", hardware, moved)
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
             self._recompute += recompute
@@ -405,6 +415,20 @@ class SafeFlopCounterMode(FlopCounterMode):
         except Exception as err:  # noqa: BLE001 - counting must never break the computation
             self.errors.append(f"{func_packet}: {type(err).__name__}: {err}")
         return out
+
+    def _note_kernels(self, kind: str, name: str, args: Any, out: Any, backward: bool, flops: int, moved: int) -> None:
+        """Book an op's GEMMs (:func:`~lit_compute.flops.kernel_shapes.gemm_shapes`) under its class, its FLOPs and
+        bytes shared among them as their multiply-adds are."""
+        shapes = gemm_shapes(name, args, out, backward)
+        work = [s.m * s.n * s.k * s.b for s in shapes]
+        total = sum(work)
+        for shape, share in zip(shapes, work):
+            if not total:
+                break
+            book = self._kernels.setdefault((kind, *shape), [0, 0, 0])
+            book[0] += 1
+            book[1] += flops * share / total
+            book[2] += moved * share / total
 
     # -- reading -----------------------------------------------------------------------------------
     def get_model_flops(self) -> tuple[int, int]:
@@ -452,6 +476,9 @@ class SafeFlopCounterMode(FlopCounterMode):
             },
             channels_first=(self._channels_first[0], self._channels_first[1], self._channels_first[2]),
             conv_weights=self._conv_weights,
+            kernels=tuple(
+                KernelShape(*key, int(n), float(f), float(b)) for key, (n, f, b) in sorted(self._kernels.items())
+            ),
         )
 
 

@@ -56,6 +56,8 @@ def op_class_figures(count: FlopCount, samples: int | None, facts: dict[str, Any
         figures["channels_first_conv"] = list(count.channels_first)
     if count.conv_weights:
         figures["conv_weights"] = count.conv_weights
+    if count.kernels:  # the GEMMs' shapes, priced as tiles and waves on a GPU's SMs
+        figures["kernels"] = [list(k) for k in count.kernels]
     return figures
 
 

@@ -82,6 +82,7 @@ class Chip:
     #: the work around the tensor cores (addresses, loads, the epilogue), which a higher tensor rate per SM does not
     #: speed up (None: not known; whatif then assumes an A100's ratio to the 16-bit peak)
     sm_clock: float | None = None
+    sms: int | None = None  # streaming multiprocessors: the tiles of one wave (None: not known; classes priced whole)
     architecture: str = ""  # the GPU generation ("Volta", "Ampere", "Ada", "Hopper"); empty where not given
 
     def peak(self, dtype: str) -> float | None:
@@ -228,6 +229,7 @@ def _gpu(
         kind=kind,
         sources=sources,
         sm_clock=sm[0] * sm[1] if sm else None,
+        sms=sm[0] if sm else None,
         architecture=sm[2][0] if sm else "",
     )
 
@@ -602,9 +604,10 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Chip], dict[str, Lin
         kind = str(row.get("kind", "gpu")).lower()
         if kind not in ("gpu", "cpu", "tpu"):
             raise HardwareError(f"{where}: kind {kind!r} is not one of gpu, cpu, tpu")
-        sm_clock = None
+        sm_clock, sms = None, None
         if row.get("sms") is not None or row.get("boost_ghz") is not None:  # both or neither
-            sm_clock = _number(where, "sms", row.get("sms")) * _number(where, "boost_ghz", row.get("boost_ghz"))
+            sms = int(_number(where, "sms", row.get("sms")))
+            sm_clock = sms * _number(where, "boost_ghz", row.get("boost_ghz"))
         chips[str(name).lower()] = Chip(
             str(name).lower(),
             peaks,
@@ -615,5 +618,6 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Chip], dict[str, Lin
             kind=kind,
             sources={"peaks": source, "memory": source, "bandwidth": source},
             sm_clock=sm_clock,
+            sms=sms,
         )
     return chips, links

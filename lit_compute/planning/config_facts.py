@@ -76,6 +76,7 @@ def config_facts(config: str | Path, overrides: list[str] | None = None, time_th
         accumulate=int(trainer.accumulate_grad_batches),
         channels_first=ChannelsFirst(*(float(v) for v in count.channels_first)),
         conv_weights=float(count.conv_weights),
+        kernels=count.kernels,
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in params if p.requires_grad),
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),

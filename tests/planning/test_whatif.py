@@ -684,6 +684,11 @@ def test_the_command_on_a_real_run(tmp_path, capsys, monkeypatch):
     assert facts.loader_workers == 0
     assert facts.memory
     assert set(facts.by_class) >= {"matmul", "norm", "elementwise", "optimizer"}
+    # every GEMM's shape kept: the convolutions' (forward, data and weight gradients) and the matmuls' FLOPs in full
+    for kind in ("conv", "matmul"):
+        ours = [k for k in facts.kernels if k.kind == kind]
+        assert sum(k.flops for k in ours) == pytest.approx(facts.by_class[kind].flops)
+    assert {k.scale for k in facts.kernels if k.kind == "conv"} == {"m", "k"}
     model = tiny_model()
     assert facts.conv_weights == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Conv2d))
     # on its own CPU at twice the micro-batch: the convolutions' set-up priced apart. This CPU's figures are given

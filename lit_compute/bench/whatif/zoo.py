@@ -49,6 +49,7 @@ def traced_facts(model: str, batch: int, memory_format: str = "contiguous") -> A
         device="traced",
         loader_workers=None,
         conv_weights=float(count.conv_weights),
+        kernels=count.kernels,
         channels_first=ChannelsFirst(*(float(n) for n in count.channels_first)),
     )
 

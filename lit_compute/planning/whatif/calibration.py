@@ -34,18 +34,18 @@ __all__ = [
 #: its errors. ``bandwidth`` is what BabelStream-class copies reach of HBM (about 85%); ``network`` what a ring
 #: all-reduce reaches of a link (NCCL's tests: about 80%).
 DEFAULT_EFFICIENCY = {
-    "tensor": 0.967,
-    "vector": 0.913,
+    "tensor": 0.925,
+    "vector": 0.923,
     "tf32": 1.0,
-    "conv_tensor": 0.457,
-    "conv_vector": 0.735,
-    "conv_tf32": 0.231,
-    "grouped": 0.225,
-    "depthwise": 0.192,
+    "conv_tensor": 0.578,
+    "conv_vector": 0.809,
+    "conv_tf32": 0.284,
+    "grouped": 0.156,
+    "depthwise": 0.375,
     "bandwidth": 0.85,
     "network": 0.8,
-    "launch_s": 1e-06,
-    "sm": 3.95,
+    "launch_s": 1.05e-06,
+    "sm": 6.73,
 }
 #: the op classes that run on tensor cores (not depthwise convolutions)
 TENSOR_CORE_CLASSES = ("matmul", "conv", "conv_grouped", "attention")

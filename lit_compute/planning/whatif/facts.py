@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from lit_compute.flops.kernel_shapes import KernelShape
 from lit_compute.formatting import first_line
 from lit_compute.hardware.chips import Chip, Link, ThisMachine, chip_for_name
 from lit_compute.hardware.dtypes import Float32Math
@@ -93,12 +94,16 @@ class RunFacts:
     #: torch's float32 switches as the run had them (None: the run did not record them; torch's defaults are priced)
     float32_math: Float32Math | None = None
     compiled: bool | None = None  # the LightningModule ran torch.compile'd (its counts are eager's)
+    #: the GEMMs of one batch by class and shape (:mod:`lit_compute.flops.kernel_shapes`): priced as tiles and waves
+    #: on a GPU's SMs; empty for a run counted before they were kept (its classes are then priced as a whole)
+    kernels: tuple[KernelShape, ...] = ()
 
     def __post_init__(self) -> None:
         # the records from plain sequences too (a caller's tuples, a checkpoint's lists): the parts read them by name
         self.by_class = {kind: OpCost.of(cost) for kind, cost in self.by_class.items()}
         self.channels_first = ChannelsFirst(*(float(v) for v in self.channels_first))
         self.recounted = {p: {k: OpCost.of(c) for k, c in table.items()} for p, table in self.recounted.items()}
+        self.kernels = tuple(KernelShape.of(k) for k in self.kernels)
 
     @property
     def samples_per_step(self) -> int:
@@ -229,6 +234,7 @@ def read_run(path: str | Path) -> RunFacts:
         },
         ddp_bucket_cap_mb=float(table.get("ddp_bucket_cap_mb") or 25.0),
         fsdp_units=int(table.get("fsdp_units") or 0),
+        kernels=tuple(KernelShape.of(k) for k in table.get("kernels") or ()),
         notes=notes,
     )
 

@@ -18,6 +18,7 @@ from lit_compute.planning.whatif.calibration import (
     precision_class,
 )
 from lit_compute.planning.whatif.facts import NO_COST, OpCost, RunFacts, Scenario, WhatifError
+from lit_compute.planning.whatif.parts.kernels import KernelWork, scaled_kernels
 from lit_compute.planning.whatif.parts.part import Part
 
 __all__ = [
@@ -58,7 +59,8 @@ def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> ComputePart:
     chip, precision, notes = scenario.chip, scenario.precision, []
     classes = scaled_classes(run, scenario)
     math = float32_math(run, scenario)
-    seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate, math)
+    works = _kernel_works(run, scenario.micro_batch / run.samples, chip, precision, math)
+    seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate, math, works)
     if tf32_cores(chip, precision) and any(
         cost.flops for kind, cost in classes.items() if kind in ("conv", "conv_grouped", "matmul", "attention")
     ):
@@ -238,11 +240,37 @@ def tf32_cores(chip: Chip, precision: str) -> bool:
     return compute_dtype(precision) == "float32" and chip.kind != "cpu" and bool(chip.peak("tf32"))
 
 
+def _kernel_works(
+    run: RunFacts, ratio: float, chip: Chip, precision: str, math: Float32Math | None
+) -> dict[str, list[KernelWork]]:
+    """The run's GEMMs by class at ``ratio`` times its micro-batch, quantized on ``chip``'s SMs in the cores
+    ``precision`` (and torch's float32 switches) puts each class on: what :func:`_roofline` prices kernel by kernel.
+    Empty on a CPU, on a chip without an SM count, or for a run counted before its kernels were kept."""
+    if chip.kind == "cpu" or not chip.sms or not run.kernels:
+        return {}
+    tf32, base, math = tf32_cores(chip, precision), compute_dtype(precision), math or Float32Math()
+    works = {}
+    for kind in TENSOR_CORE_CLASSES:
+        dtype = math.column(kind) if tf32 else base
+        cores = "simt" if dtype == "float32" or (kind == "attention" and dtype == "tf32") else "tensor"
+        size = value_bytes(precision, kind)
+        if found := scaled_kernels(run.kernels, kind, ratio, size, chip.sms, cores):
+            works[kind] = found
+    return works
+
+
 def _roofline(
-    classes: dict[str, OpCost], chip: Chip, precision: str, cal: Calibration, math: Float32Math | None = None
+    classes: dict[str, OpCost],
+    chip: Chip,
+    precision: str,
+    cal: Calibration,
+    math: Float32Math | None = None,
+    works: dict[str, list[KernelWork]] | None = None,
 ) -> Roofline:
     """The seconds of one batch on ``chip``, and how many of them are compute-bound and bandwidth-bound; float32 work
-    on TF32 tensor cores where ``math`` (torch's switches: its defaults when None) puts it and the chip has them."""
+    on TF32 tensor cores where ``math`` (torch's switches: its defaults when None) puts it and the chip has them. A
+    class with its GEMMs in ``works`` is priced kernel by kernel (each the larger of its tiles' waves and its bytes),
+    the rest of its FLOPs at the peak; every other class as one roofline."""
     base = compute_dtype(precision)
     tf32 = tf32_cores(chip, precision)
     math = math or Float32Math()
@@ -265,6 +293,13 @@ def _roofline(
         bandwidth = chip.bandwidth * cal.bandwidth * (cal.depthwise if kind == "conv_depthwise" else 1.0)
         t_bytes = moved / bandwidth if moved else 0.0
         seconds = max(t_flops, t_bytes) + kernels * cal.launch_s
+        gemms = (works or {}).get(kind)
+        if gemms and flops:
+            each = [(w.quantized / peak, w.bytes / bandwidth) for w in gemms]
+            rest = max(0.0, flops - sum(w.flops for w in gemms)) / peak
+            t_flops = sum(f for f, b in each if f >= b) + rest
+            t_bytes = sum(b for f, b in each if f < b)
+            seconds = t_flops + t_bytes + kernels * cal.launch_s
         if cal.sm and flops and heavy and dtype != "float32":  # tensor cores: the SMs' own share, in series
             on_sms = flops / (cal.sm * sm_rate(chip))
             t_flops, seconds = t_flops + on_sms, seconds + on_sms
@@ -283,12 +318,13 @@ def _step_roofline(
     cal: Calibration,
     accumulate: int,
     math: Float32Math | None = None,
+    works: dict[str, list[KernelWork]] | None = None,
 ) -> Roofline:
     """The seconds (and of them the compute-bound and the bandwidth-bound) of one optimizer step: ``accumulate``
     batches of every class but the optimizer's, which steps once."""
     batch = {k: v for k, v in classes.items() if k != "optimizer"}
     once = {k: v for k, v in classes.items() if k == "optimizer"}
-    per_batch, step = _roofline(batch, chip, precision, cal, math), _roofline(once, chip, precision, cal, math)
+    per_batch, step = _roofline(batch, chip, precision, cal, math, works), _roofline(once, chip, precision, cal, math)
     n = max(1, accumulate)
     return Roofline(
         per_batch.seconds * n + step.seconds,
@@ -324,7 +360,8 @@ def calibrate(run: RunFacts, chip: Chip) -> Calibration:
     classes = dict(run.by_class)
     if transposes := _transposes(run, chip, run.precision, 1.0):
         classes["transpose"] = transposes
-    ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate, run.float32_math).seconds
+    works = _kernel_works(run, 1.0, chip, run.precision, run.float32_math)
+    ideal = _step_roofline(classes, chip, run.precision, unit, run.accumulate, run.float32_math, works).seconds
     if measured <= 0 or ideal <= 0:
         raise WhatifError(f"{run.path}: the measured compute time is {measured * 1e3:.3g} ms; nothing to calibrate on")
     factor = ideal / measured
