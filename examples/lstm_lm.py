@@ -1,27 +1,37 @@
-"""A recurrent language model: an embedding, ``torch.nn.LSTM`` and a linear head over the vocabulary, trained on
-next-token prediction with Adam, on :class:`~lit_compute.data.TokenDataModule`'s batches (``input_ids``). For the
-memory figure (`lit-compute bench memory`): an RNN's step holds what no other layer does (oneDNN's recurrent
-workspace on a CPU, cuDNN's on a GPU). From the repository root::
+"""A recurrent language model: an embedding, ``torch.nn.LSTM`` (or ``torch.nn.GRU``: ``cell: gru``) and a linear
+head over the vocabulary, trained on next-token prediction with Adam, on :class:`~lit_compute.data.TokenDataModule`'s
+batches (``input_ids``). For the memory figure (`lit-compute bench memory`): an RNN's step holds what no other layer
+does (oneDNN's recurrent workspace on a CPU, cuDNN's on a GPU). From the repository root::
 
     lit-compute estimate --config examples/memory/lstm.yaml --micro-batch 8
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning.pytorch as pl
 import torch
 
 
 class LSTMLanguageModel(pl.LightningModule):
-    """``layers`` LSTM layers of ``hidden`` units over ``embedding``-wide token vectors; Adam at ``lr``."""
+    """``layers`` recurrent layers (``cell``: LSTM or GRU) of ``hidden`` units over ``embedding``-wide token vectors;
+    Adam at ``lr``."""
 
     def __init__(
-        self, vocab_size: int = 258, embedding: int = 256, hidden: int = 512, layers: int = 2, lr: float = 1e-3
+        self,
+        vocab_size: int = 258,
+        embedding: int = 256,
+        hidden: int = 512,
+        layers: int = 2,
+        lr: float = 1e-3,
+        cell: Literal["lstm", "gru"] = "lstm",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.embed = torch.nn.Embedding(vocab_size, embedding)
-        self.lstm = torch.nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+        recurrent = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+        self.lstm = recurrent(embedding, hidden, num_layers=layers, batch_first=True)
         self.head = torch.nn.Linear(hidden, vocab_size)
         self.lr = lr
 

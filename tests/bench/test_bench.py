@@ -402,6 +402,12 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     ]
     assert len({r["set"] for r in chosen}) == 2
     assert len(chosen) < len(every)
+    # the fit rows' steps --fit-defaults kept are the steps traced now (the fast test fits the defaults on them)
+    from lit_compute.bench.whatif import fit, zoo
+
+    kept = fit.kept_fit_facts()
+    for key in [k for k in kept if k[0] == "resnet50"]:
+        assert fit.facts_record(kept[key]) == json.loads(json.dumps(fit.facts_record(zoo.traced_facts(*key))))
     monkeypatch.setattr(gpu, "published_rows", lambda: chosen)
     out, errors = tmp_path / "whatif.md", tmp_path / "errors.json"
     assert main(["bench", "whatif", "--only", "gpu", "--markdown", str(out), "--errors", str(errors)]) == 0
@@ -516,6 +522,28 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     refit = [{**r, "samples_per_s": r["samples_per_s"] / 2} for r in base]
     monkeypatch.setattr(gpu, "published_rows", lambda: refit)
     assert fit.fit_defaults() != first  # the fit rows do move it
+
+
+def test_the_default_efficiencies_are_the_fit_on_the_fit_sets_kept_steps():
+    """#70 item 4: ``DEFAULT_EFFICIENCY`` is a minimum of ``--fit-defaults``'s loss over the fit rows' traced steps as
+    that command kept them (``fit_facts.json``; a slow test checks they are the steps traced now): each fitted value
+    moved 3% either way (within its bounds) fits no better, so a value edited by hand, or a refit whose figures were
+    not written again, fails here. The values the fit left on a bound of their range are named, and docs/whatif.md
+    says which they are."""
+    from lit_compute.bench.whatif import fit
+    from lit_compute.planning.whatif import DEFAULT_EFFICIENCY
+
+    facts = fit.kept_fit_facts()
+    assert set(facts) == {(r["model"], r["batch"], r["memory_format"]) for r in fit.fit_rows()}
+    best = fit.loss(DEFAULT_EFFICIENCY, facts)
+    for key, (low, high) in fit.FITTED.items():
+        for factor in (0.97, 1.03):
+            moved = min(high, max(low, DEFAULT_EFFICIENCY[key] * factor))
+            assert fit.loss({**DEFAULT_EFFICIENCY, key: moved}, facts) >= best * (1 - 1e-9), (key, factor)
+    bound = fit.on_bounds(DEFAULT_EFFICIENCY)
+    assert bound == {"tf32"}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "whatif.md").read_text()
+    assert "`tf32` sits on the top of its range" in text
 
 
 def test_the_sealed_set_is_new_models_on_four_generations_never_priced_unless_asked(monkeypatch):

@@ -86,7 +86,13 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     warnings.simplefilter("ignore")
     if args.fit_defaults:
-        emit(f"fitted defaults: {fit.fit_defaults()}")
+        facts = fit.traced_fit_facts()
+        fitted = fit.fit_defaults(facts)
+        emit(f"fitted defaults: {fitted}")
+        if bound := fit.on_bounds(fitted):
+            emit(f"on a bound of their search range (the fit wanted to go further): {', '.join(sorted(bound))}")
+        fit.write_fit_facts(facts)
+        emit(f"written: {fit.FACTS_FILE} (the fit rows' traced steps, which a test fits the defaults against)")
         return 0
     command = (
         "lit-compute bench whatif"
