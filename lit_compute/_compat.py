@@ -50,6 +50,12 @@ def local_tensor(t: Any) -> torch.Tensor | None:
     return inner if isinstance(inner, torch.Tensor) else None
 
 
+def held_tensor(t: Any) -> Any:
+    """What a tensor holds in this rank's memory: a DTensor's local shard, any other tensor (or value) itself."""
+    inner = local_tensor(t)
+    return inner if inner is not None else t
+
+
 def in_backward() -> bool:
     """Whether autograd is running a backward pass in this thread (a graph task is under way)."""
     return bool(torch._C._current_graph_task_id() != -1)

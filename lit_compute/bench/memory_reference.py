@@ -38,9 +38,7 @@ def _storages(tensors: Any) -> dict[int, int]:
     found: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            shard = _compat.local_tensor(t)  # a DTensor's shard is what this rank holds
-            t = shard if shard is not None else t
-            st = t.untyped_storage()
+            st = _compat.held_tensor(t).untyped_storage()  # a DTensor's shard is what this rank holds
             found[st.data_ptr()] = st.nbytes()
     return found
 
@@ -73,8 +71,7 @@ def _mark_frees(tensors: list[Any]) -> list[Any]:
     refs, seen = [], set()
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            shard = _compat.local_tensor(t)
-            st = (shard if shard is not None else t).untyped_storage()
+            st = _compat.held_tensor(t).untyped_storage()
             if st.data_ptr() not in seen:
                 seen.add(st.data_ptr())
                 refs.append(weakref.ref(st, functools.partial(freed, st.nbytes())))

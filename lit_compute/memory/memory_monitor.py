@@ -24,8 +24,7 @@ GB = 1e9
 
 def local(t: Any) -> Any:
     """A DTensor's shard on this device (what it holds in memory); any other tensor as it is."""
-    inner = _compat.local_tensor(t)
-    return inner if inner is not None else t
+    return _compat.held_tensor(t)
 
 
 def state_tensors(pl_module: Any, optimizers: list[Any]) -> dict[str, list[torch.Tensor]]:

@@ -67,9 +67,7 @@ def _has_dtensor(args: Any, kwargs: Any) -> bool:
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    inner = _compat.local_tensor(t)  # a DTensor holds its local shard
-    if inner is not None:
-        t = inner
+    t = _compat.held_tensor(t)  # a DTensor holds its local shard
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse and nested layouts have no single storage

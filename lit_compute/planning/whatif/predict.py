@@ -80,7 +80,7 @@ def predict(run: RunFacts, scenario: Scenario, cal: Calibration, measured_links:
     ``measured_links``: price the collectives at the bandwidths the run's CommBenchmark measured (the run's own
     machines) instead of the link table's."""
     device_part = compute.price(run, scenario, cal)
-    host_part = host.price(run, scenario, cal)
+    host_part = host.price(run, scenario, cal, device_part.kernels)
     comm_part = comm.price(run, scenario, cal, measured_links)
     memory_part = memory.price(run, scenario, cal)
     step, bottleneck, said = _bottleneck(run, scenario, device_part, host_part, comm_part)

@@ -47,16 +47,17 @@ class HostPart(Part):
         )
 
 
-def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> HostPart:
+def price(run: RunFacts, scenario: Scenario, cal: Calibration, kernels: float | None = None) -> HostPart:
     """The host's share of one optimizer step of ``run`` on ``scenario`` (``cal`` is not needed: the host's work
-    comes from the run)."""
+    comes from the run); ``kernels``: the step's kernels as the compute part counted them (counted here when None)."""
     notes: list[str] = []
     seconds, loader_rate = _host_input(run, scenario, notes)
     # on the run's own chip the measured wait is already the part of the host's work the device did not hide (and
     # its measured compute already holds any wait for the host's dispatch)
     overlaps = scenario.chip.kind != "cpu" and not run.runs_on(scenario.chip)
     # eager mode: the host runs Python, autograd and the dispatcher for every kernel before the device can run it
-    kernels = step_kernels(scaled_classes(run, scenario), run.accumulate)
+    if kernels is None:
+        kernels = step_kernels(scaled_classes(run, scenario), run.accumulate)
     dispatch = kernels * scenario.host_dispatch_s if overlaps else 0.0
     bound_by = "input" if seconds >= dispatch else "host dispatch"
     measured = run.step_s is not None and run.wait_s is not None  # a run's wait holds Lightning's fetch too
