@@ -99,14 +99,15 @@ def kept_fit_facts(path: Path = FACTS_FILE) -> dict[Key, Any]:
     return out
 
 
-def loss(values: dict[str, float], facts: dict[Key, Any]) -> float:
-    """The sum over the fit rows of the squared log of predicted over published throughput at ``values``."""
+def loss(values: dict[str, float], facts: dict[Key, Any], rows: list[dict[str, Any]] | None = None) -> float:
+    """The sum over the fit rows (``rows``: read from the file when None) of the squared log of predicted over
+    published throughput at ``values``."""
     from lit_compute.hardware.chips import find_chip
     from lit_compute.planning.whatif import Scenario, predict
 
     cal = _calibration(values)
     total = 0.0
-    for row in fit_rows():
+    for row in fit_rows() if rows is None else rows:
         scenario = Scenario(find_chip(row["chip"]), row["precision"], row["batch"])
         total += math.log(predict(facts[_key(row)], scenario, cal).samples_per_s / row["samples_per_s"]) ** 2
     return total
@@ -125,6 +126,7 @@ def fit_defaults(facts: dict[Key, Any] | None = None) -> dict[str, float]:
     from lit_compute.planning import whatif
 
     facts = traced_fit_facts() if facts is None else facts
+    rows = fit_rows()
     fitted = dict(whatif.DEFAULT_EFFICIENCY)
     for key, (low, high) in FITTED.items():  # start in the middle of each range: the result never depends on the
         fitted[key] = math.sqrt(low * high)  # defaults in the code, which it is checked against
@@ -135,7 +137,7 @@ def fit_defaults(facts: dict[Key, Any] | None = None) -> dict[str, float]:
             a, b = math.log(low), math.log(high)
             for _ in range(40):
                 c, d = b - ratio * (b - a), a + ratio * (b - a)
-                if loss({**fitted, key: math.exp(c)}, facts) <= loss({**fitted, key: math.exp(d)}, facts):
+                if loss({**fitted, key: math.exp(c)}, facts, rows) <= loss({**fitted, key: math.exp(d)}, facts, rows):
                     b = d
                 else:
                     a = c

@@ -242,7 +242,7 @@ def tf32_cores(chip: Chip, precision: str) -> bool:
 
 def _kernel_works(
     run: RunFacts, ratio: float, chip: Chip, precision: str, math: Float32Math | None
-) -> dict[str, list[KernelWork]]:
+) -> dict[str, tuple[KernelWork, ...]]:
     """The run's GEMMs by class at ``ratio`` times its micro-batch, quantized on ``chip``'s SMs in the cores
     ``precision`` (and torch's float32 switches) puts each class on: what :func:`_roofline` prices kernel by kernel.
     Empty on a CPU, on a chip without an SM count, or for a run counted before its kernels were kept."""
@@ -265,7 +265,7 @@ def _roofline(
     precision: str,
     cal: Calibration,
     math: Float32Math | None = None,
-    works: dict[str, list[KernelWork]] | None = None,
+    works: dict[str, tuple[KernelWork, ...]] | None = None,
 ) -> Roofline:
     """The seconds of one batch on ``chip``, and how many of them are compute-bound and bandwidth-bound; float32 work
     on TF32 tensor cores where ``math`` (torch's switches: its defaults when None) puts it and the chip has them. A
@@ -318,7 +318,7 @@ def _step_roofline(
     cal: Calibration,
     accumulate: int,
     math: Float32Math | None = None,
-    works: dict[str, list[KernelWork]] | None = None,
+    works: dict[str, tuple[KernelWork, ...]] | None = None,
 ) -> Roofline:
     """The seconds (and of them the compute-bound and the bandwidth-bound) of one optimizer step: ``accumulate``
     batches of every class but the optimizer's, which steps once."""

@@ -69,12 +69,13 @@ def _factor(m: int, n: int, k: int, b: int, sms: int, cores: str, attention: boo
     return quantized(m, n, k, b, sms, cores, attention) / max(1, m * n * k * b)
 
 
+@functools.lru_cache(maxsize=1024)
 def scaled_kernels(
     kernels: tuple[KernelShape, ...], kind: str, ratio: float, value_bytes: float, sms: int | None, cores: str
-) -> list[KernelWork]:
+) -> tuple[KernelWork, ...]:
     """The kernels of class ``kind`` at ``ratio`` times the counted micro-batch (each shape's batch dimension
     scaled), their operands at ``value_bytes`` a value, quantized on ``sms`` SMs (not at all without an SM count:
-    the FLOPs as counted)."""
+    the FLOPs as counted). Cached: a fit prices the same run on the same chip thousands of times."""
     out = []
     for shape in kernels:
         if shape.kind != kind:
@@ -88,4 +89,4 @@ def scaled_kernels(
         # grouped convolutions run cuDNN's own kernels, not one GEMM tile per group: their fraction holds them
         factor = 1.0 if not sms or kind == "conv_grouped" else _factor(m, n, k, b, sms, cores, kind == "attention")
         out.append(KernelWork(flops, moved, flops * factor))
-    return out
+    return tuple(out)
