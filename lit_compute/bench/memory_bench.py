@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -207,10 +208,16 @@ def main(argv: list[str]) -> int:
         for size in sizes:
             predicted = max(r.peak_bytes for r in plan.rows if r.micro_batch == size)
             reserved = max(r.reserved_bytes or 0 for r in plan.rows if r.micro_batch == size)
-            found = measured(config, overrides, size, processes)
+            try:
+                found = measured(config, overrides, size, processes)
+            except (RuntimeError, subprocess.TimeoutExpired) as err:  # one workload's run: its row says why
+                why = str(err).splitlines()[0][:160]
+                rows.append([name, size, _mb(predicted), "not measured", "n/a", why, "n/a"])
+                emit(f"  micro-batch {size}: not measured ({why})")
+                continue
             cuda = cuda or bool(found["cuda"])
             reference = found["max_memory_allocated"] if found["cuda"] else found["allocator_peak"]
-            errors.append(abs(predicted / reference - 1))
+            errors.append(predicted / reference - 1)
             beside = (
                 f"{_mb(found['max_memory_reserved'])} (predicted {_mb(reserved)})"
                 if found["cuda"]
@@ -229,6 +236,7 @@ def main(argv: list[str]) -> int:
                     _mb(found["monitor_peak"]),
                 ]
             )
+            emit(f"  micro-batch {size}: predicted {_mb(predicted)} MB, measured {_mb(reference)} MB")
     reference_name = "max_memory_allocated MB" if cuda else "allocator peak MB"
     beside_name = "max_memory_reserved MB" if cuda else "profiler timeline MB"
     table = markdown(
@@ -247,8 +255,11 @@ def main(argv: list[str]) -> int:
     if errors:
         summary = (
             f"Largest error against the {'caching allocator' if cuda else 'allocator'}: "
-            f"{100 * max(errors):.1f}% over {len(errors)} predictions."
+            f"{100 * max(abs(e) for e in errors):.1f}% over {len(errors)} predictions"
+            + (f"; the furthest under it {100 * min(errors):+.1f}%." if min(errors) < 0 else "; none under it.")
         )
+    if missing := sum(r[3] == "not measured" for r in rows):
+        summary += f" {missing} run(s) not measured (their rows say why)."
         if timeline:
             summary += f" Against torch's memory profiler timeline: up to {100 * max(timeline):.1f}%."
     text = f"{table}\n\n{summary}\n"

@@ -469,7 +469,31 @@ def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
         assert float(monitor) > 0
     assert float(rows[0][3]) < float(rows[1][3])  # more samples, more memory, measured
     assert "Largest error against the allocator: " in text
-    assert "over 2 predictions." in text
+    assert "over 2 predictions; " in text
+
+
+@pytest.mark.slow
+def test_a_workload_whose_run_fails_is_a_row_that_says_why_and_the_others_go_on(tmp_path, monkeypatch):
+    """A run that fails or runs past its time (a config that breaks, a compile that hangs) is its own row, not
+    measured, with the reason; the bench goes on and its summary counts it."""
+    import subprocess
+
+    from lit_compute.bench import memory_bench
+
+    def refuse(config, overrides, size, processes):
+        if size == 16:
+            raise subprocess.TimeoutExpired(["fit", config], 900)
+        raise RuntimeError(f"{config} at micro-batch {size} failed: out of memory")
+
+    monkeypatch.setattr(memory_bench, "measured", refuse)
+    out = tmp_path / "memory.md"
+    assert main(["bench", "memory", "--only", "GPT, 2 layers", "--markdown", str(out)]) == 0
+    _, *rows = _rows(out.read_text())
+    assert [(r[1], r[3], r[4]) for r in rows] == [("4", "not measured", "n/a"), ("16", "not measured", "n/a")]
+    assert rows[0][5] == "configs/gpt.yaml at micro-batch 4 failed: out of memory"
+    assert "timed out after 900 seconds" in rows[1][5]
+    assert float(rows[0][2]) > 0  # the prediction is still there
+    assert "2 run(s) not measured" in out.read_text()
 
 
 def test_published_gpu_results_span_three_generations_and_the_check_set_never_sets_a_default(monkeypatch):
