@@ -207,27 +207,31 @@ def main(argv: list[str]) -> int:
             plan = estimate(config, micro_batches=sizes, overrides=overrides, checkpoint_advice=False)
         for size in sizes:
             predicted = max(r.peak_bytes for r in plan.rows if r.micro_batch == size)
+            # a model fake tensors cannot run is measured by the estimate itself on a real step: not a prediction
+            method = next(r.method for r in plan.rows if r.micro_batch == size)
+            label = name if method == "traced on fake tensors" else f"{name} (estimate {method}: not a prediction)"
             reserved = max(r.reserved_bytes or 0 for r in plan.rows if r.micro_batch == size)
             try:
                 found = measured(config, overrides, size, processes)
             except (RuntimeError, subprocess.TimeoutExpired) as err:  # one workload's run: its row says why
                 why = str(err).splitlines()[0][:160]
-                rows.append([name, size, _mb(predicted), "not measured", "n/a", why, "n/a"])
+                rows.append([label, size, _mb(predicted), "not measured", "n/a", why, "n/a"])
                 emit(f"  micro-batch {size}: not measured ({why})")
                 continue
             cuda = cuda or bool(found["cuda"])
             reference = found["max_memory_allocated"] if found["cuda"] else found["allocator_peak"]
-            errors.append(predicted / reference - 1)
+            if label == name:
+                errors.append(predicted / reference - 1)
             beside = (
                 f"{_mb(found['max_memory_reserved'])} (predicted {_mb(reserved)})"
                 if found["cuda"]
                 else f"{_mb(found['timeline_peak'])} ({_pct(predicted, found['timeline_peak'])})"
             )
-            if not found["cuda"]:
+            if not found["cuda"] and label == name:
                 timeline.append(abs(predicted / found["timeline_peak"] - 1))
             rows.append(
                 [
-                    name,
+                    label,
                     size,
                     _mb(predicted),
                     _mb(reference),
@@ -257,6 +261,11 @@ def main(argv: list[str]) -> int:
             f"Largest error against the {'caching allocator' if cuda else 'allocator'}: "
             f"{100 * max(abs(e) for e in errors):.1f}% over {len(errors)} predictions"
             + (f"; the furthest under it {100 * min(errors):+.1f}%." if min(errors) < 0 else "; none under it.")
+        )
+    if real := sum("not a prediction" in r[0] for r in rows):
+        summary += (
+            f" {real} row(s) are not predictions: the model cannot be traced on fake tensors, so the estimate measured "
+            "a real step itself (its note says why); they are left out of the figures above."
         )
     if missing := sum(r[3] == "not measured" for r in rows):
         summary += f" {missing} run(s) not measured (their rows say why)."
