@@ -2,7 +2,8 @@
 before any step, beside what torch measures over a real step of the same config: a convnet (the demo's ResNet-18),
 one whose constructor computes with tensors (RegNet), a convolution-heavy CNN, a ViT, an encoder, a decoder with
 grouped-query attention (with and without activation checkpointing), an encoder-decoder, our GPT and a Hugging Face
-GPT-2, and the GPT sharded over 2 processes (tensor parallel, FSDP2), at two micro-batch sizes each.
+GPT-2, and the GPT sharded over 2 processes (tensor parallel, FSDP2), at two micro-batch sizes each. ``--set second``:
+eight workloads written before any was measured (:data:`SECOND`).
 
 The reference (:mod:`lit_compute.bench.memory_reference`): on a CPU, the allocator's live bytes through one
 steady-state step from the profiler's memory events (torch's memory profiler timeline beside it); on CUDA,
@@ -214,7 +215,10 @@ def main(argv: list[str]) -> int:
             try:
                 found = measured(config, overrides, size, processes)
             except (RuntimeError, subprocess.TimeoutExpired) as err:  # one workload's run: its row says why
-                why = str(err).splitlines()[0][:160]
+                lines = [line for line in str(err).splitlines() if line.strip()]
+                # the reason: the last line naming an error in the run's log tail, else the message's first line
+                why = next((ln for ln in reversed(lines) if "Error" in ln or "Killed" in ln), lines[0] if lines else "")
+                why = why.strip()[:160]
                 rows.append([label, size, _mb(predicted), "not measured", "n/a", why, "n/a"])
                 emit(f"  micro-batch {size}: not measured ({why})")
                 continue
