@@ -31,6 +31,7 @@ import torch
 
 from lit_compute import _compat
 from lit_compute._compat import TorchDispatchMode, tree_leaves
+from lit_compute.memory.fake_shapes import fake_fallback
 
 __all__ = ["PARTS", "MemoryBreakdown", "StorageTracker"]
 
@@ -248,7 +249,9 @@ class StorageTracker(TorchDispatchMode):
                     return func(*args, **kwargs)
             finally:
                 self._in_dtensor = False
-        out = func(*args, **kwargs)
+        out = fake_fallback(func, args, kwargs)  # on fake tensors, an op whose meta kernel is stricter than the CPU's
+        if out is None:
+            out = func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = _storage(t)
