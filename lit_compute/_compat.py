@@ -472,6 +472,13 @@ def fake_tensor_mode() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+def is_fake_tensor(t: Any) -> bool:
+    """Whether ``t`` is a fake tensor (``torch._subclasses.fake_tensor.FakeTensor``: shapes, no data)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
 def fake_tensor(fake_mode: Any, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A fake tensor of ``fake_mode`` with ``meta``'s shape and dtype on ``device``."""
     from torch._subclasses.fake_tensor import FakeTensor

@@ -4,7 +4,7 @@ follow the memory of a model that uses them: each fallback builds the op's resul
 ``torch._grouped_mm`` (the grouped matmul of transformers' mixture-of-experts layers): its meta kernel asks for
 bfloat16 operands, the CPU kernel takes float32 too (a Mixtral under CPU autocast sends float32 to it).
 
-Floor 0: imports nothing of lit_compute's.
+Floor 0: imports only ``_compat``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from lit_compute import _compat
 
 __all__ = ["fake_fallback"]
 
@@ -48,9 +50,7 @@ def fake_fallback(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     fallback = _FALLBACKS.get(func)
     if fallback is None:
         return None
-    from torch._subclasses.fake_tensor import FakeTensor
-
     # the fake mode takes real inputs beside fake ones (a step's offsets made outside it); one fake operand is enough
-    if not any(isinstance(t, FakeTensor) for t in (*args, *kwargs.values())):
+    if not any(_compat.is_fake_tensor(t) for t in (*args, *kwargs.values())):
         return None
     return fallback(*args, **kwargs)
