@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "lit_compute.bench.memory_bench",
         "peak memory predicted by lit-compute estimate vs measured, per device",
     ),
+    "warmstart": (
+        "lit_compute.bench.warm_start_bench",
+        "a run forked from the warm helper against the same run in a new interpreter, in alternating pairs",
+    ),
     "configs": (
         "lit_compute.bench.configs_bench",
         "whole lit-compute fit configs measured side by side in rounds, as ratios to the first",
@@ -56,7 +60,7 @@ def main(argv: list[str]) -> int:
     """Run a benchmark; ``--markdown FILE`` (any benchmark) also writes what it printed to FILE, under the header
     naming the command, the commit, the date and the machine that every figure file in the docs carries."""
     markdown = None
-    if "--markdown" in argv[1:] and argv[0] not in ("memory", "whatif", "gpu"):  # those write their own
+    if "--markdown" in argv[1:] and argv[0] not in ("memory", "whatif", "gpu", "warmstart"):  # those write their own
         i = argv.index("--markdown")
         if i + 1 >= len(argv):
             sys.stderr.write("lit-compute bench: error: --markdown needs a file name\n")

@@ -1,0 +1,115 @@
+"""``lit-compute bench warmstart [--pairs N]``: a training run forked from the warm helper (how the tune starts its
+trials and ``bench memory`` its runs: :mod:`lit_compute.warm_start`) against the same run in a new interpreter, side by
+side in alternating pairs: the steady step time of each (StepTimeMonitor's mean over the run's logged steps, the
+warm-up excluded), their ratio per pair with a 95% interval over the pairs, and the wall time each took to finish
+(the import the fork saves).
+
+A forked child that ran slower than a fresh one (a thread pool, an allocator or a random state inherited from the
+helper) would bias every tune that compares trials; this measures it."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lit_compute.bench._common import emit, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one(args: list[str], out: Path, warm: bool) -> tuple[float, float]:
+    """(mean step seconds, wall seconds to finish) of one ``lit-compute fit`` run, forked from the helper or not."""
+    from lit_compute.bench.whatif.training import LOGGER
+    from lit_compute.planning.whatif import read_run
+    from lit_compute.warm_start import start_process, stop_group
+
+    command = ["-m", "lit_compute.cli", "fit", *args, LOGGER % out]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    log = out / "fit.log"
+    start = time.monotonic()
+    with open(log, "w") as stream:
+        proc: Any = (
+            start_process(command, stdout=stream, env=env, cwd=ROOT)
+            if warm
+            else subprocess.Popen(
+                [sys.executable, *command], stdout=stream, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+            )
+        )
+        try:
+            code = proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                stop_group(proc)
+    wall = time.monotonic() - start
+    if code:
+        raise RuntimeError(f"lit-compute fit ({'forked' if warm else 'fresh'}) failed: {log.read_text()[-800:]}")
+    run = max(Path(out, "runs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    step = read_run(run).step_s
+    if not step:
+        raise RuntimeError(f"{run}: no measured step time (time/step_ms)")
+    return step, wall
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lit-compute bench warmstart", description=__doc__)
+    parser.add_argument("--pairs", type=int, default=4, help="alternating pairs of runs (default 4)")
+    parser.add_argument("--markdown", default=None, help="also write the table, with its header, to this file")
+    args = parser.parse_args(argv)
+    if args.pairs < 2:
+        parser.error(f"--pairs {args.pairs}: at least 2, for an interval over the pairs")
+    from lit_compute.bench.whatif.training import IMAGE_ARGS, MEASURING_CALLBACKS
+    from lit_compute.tuning.recorder import t95
+
+    config = [*IMAGE_ARGS, MEASURING_CALLBACKS]
+    rows, logs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.pairs):
+            order = (False, True) if pair % 2 == 0 else (True, False)  # who runs first turns each pair
+            found: dict[bool, tuple[float, float]] = {}
+            for warm in order:
+                emit(f"pair {pair + 1} of {args.pairs}: {'forked' if warm else 'fresh'} ...")
+                out = Path(tmp, f"{pair}-{'forked' if warm else 'fresh'}")
+                out.mkdir()
+                found[warm] = _one(config, out, warm)
+            ratio = found[False][0] / found[True][0]  # forked's speed over fresh's: fresh step / forked step
+            logs.append(math.log(ratio))
+            rows.append(
+                [
+                    pair + 1,
+                    "forked first" if order[0] else "fresh first",
+                    f"{found[False][0] * 1e3:.1f}",
+                    f"{found[True][0] * 1e3:.1f}",
+                    f"{ratio:.3f}x",
+                    f"{found[False][1]:.1f} / {found[True][1]:.1f}",
+                ]
+            )
+    center = statistics.fmean(logs)
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    table = markdown(
+        ["pair", "order", "fresh step ms", "forked step ms", "forked speed / fresh", "wall s (fresh / forked)"], rows
+    )
+    summary = (
+        f"Forked over fresh, the step's speed: {math.exp(center):.3f}x, 95% interval "
+        f"{math.exp(center - half):.3f}-{math.exp(center + half):.3f}x over {len(logs)} pairs "
+        "(torchvision ResNet-18 at 64 px, float32, micro-batch 16, 50 steps, FlopsLogger, StepTimeMonitor and "
+        "MemoryMonitor on; the step is StepTimeMonitor's mean over the logged steps)."
+    )
+    text = f"{table}\n\n{summary}\n"
+    emit(text)
+    if args.markdown:
+        from lit_compute.bench._common import figure_header, machine_line
+
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(
+            figure_header(f"lit-compute bench warmstart --pairs {args.pairs}", machine_line()) + text
+        )
+        emit(f"written: {args.markdown}")
+    return 0
