@@ -760,3 +760,32 @@ def test_the_setup_probe_measures_inside_the_training_process_once(tmp_path, mon
     )
     assert json.loads(path.read_text()) == [7e-10, True]
     assert len(calls) == 1
+
+
+def test_bench_warmstart_alternates_the_order_and_gives_the_ratio_with_its_interval(tmp_path, monkeypatch):
+    """#70 item 3: forked and fresh runs of one config alternate who goes first; each pair's ratio is the fresh step
+    over the forked one (the forked run's speed), and the summary's interval comes from the pairs' spread (driven
+    step times here; the real runs are the bench's own)."""
+    from lit_compute.bench import warm_start_bench
+
+    order: list[bool] = []
+    steps = {False: iter([0.100, 0.110, 0.100, 0.105]), True: iter([0.100, 0.100, 0.102, 0.100])}
+
+    def one(args, out, warm):
+        order.append(warm)
+        return next(steps[warm]), 3.0 if warm else 8.0
+
+    monkeypatch.setattr(warm_start_bench, "_one", one)
+    out = tmp_path / "warm.md"
+    assert main(["bench", "warmstart", "--pairs", "4", "--markdown", str(out)]) == 0
+    assert order == [False, True, True, False, False, True, True, False]
+    text = out.read_text()
+    assert text.startswith("<!-- written by `lit-compute bench warmstart --pairs 4` at commit ")
+    _, *rows = _rows(text)
+    assert [r[4] for r in rows] == ["1.000x", "1.100x", "0.980x", "1.050x"]
+    assert rows[0][5] == "8.0 / 3.0"
+    assert "Forked over fresh, the step's speed: 1.032x, 95% interval " in text
+    low, high = re.search(r"interval ([0-9.]+)-([0-9.]+)x over 4 pairs", text).groups()
+    assert float(low) < 1.0 < float(high)
+    with pytest.raises(SystemExit):
+        main(["bench", "warmstart", "--pairs", "1"])
