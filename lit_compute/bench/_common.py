@@ -93,3 +93,31 @@ def low_precision(device: str) -> str:
     if bf16_fast(device)[0]:
         return "bf16-mixed"
     return "16-mixed" if device == "cuda" else "32-true"
+
+
+def run_fit(args: list[str], log: Any, warm: bool = True, timeout: float = 900) -> int:
+    """``lit-compute fit ARGS`` from the repository root (its ``examples`` import from there), its output in the
+    file ``log``; forked from the helper that imported torch and Lightning once (:mod:`lit_compute.warm_start`) or, with
+    ``warm=False``, a new interpreter. Its exit status; a run past ``timeout`` seconds is stopped with its process group
+    and raises ``subprocess.TimeoutExpired``."""
+    import subprocess
+    from pathlib import Path
+
+    from lit_compute.warm_start import start_process, stop_group
+
+    root = Path(__file__).resolve().parents[2]
+    command = ["-m", "lit_compute.cli", "fit", *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "w") as stream:
+        proc: Any = (
+            start_process(command, stdout=stream, env=env, cwd=root)
+            if warm
+            else subprocess.Popen(
+                [sys.executable, *command], stdout=stream, stderr=subprocess.STDOUT, env=env, cwd=root
+            )
+        )
+        try:
+            return int(proc.wait(timeout=timeout))
+        finally:
+            if proc.poll() is None:
+                stop_group(proc)

@@ -22,8 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lit_compute.bench._common import emit, figure_header, machine_line, markdown
-from lit_compute.warm_start import start_process, stop_group
+from lit_compute.bench._common import emit, figure_header, machine_line, markdown, run_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDED = [
@@ -129,10 +128,6 @@ def measured(config: str, overrides: list[str], micro_batch: int, processes: int
             "}}]"
         )
         command = [
-            sys.executable,
-            "-m",
-            "lit_compute.cli",
-            "fit",
             "--config",
             config,
             *overrides,
@@ -146,15 +141,8 @@ def measured(config: str, overrides: list[str], micro_batch: int, processes: int
             logger,
             callbacks,
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         log = Path(out, "fit.log")
-        with open(log, "w") as stream:  # forked from a helper that imported torch and Lightning once
-            proc = start_process(command[1:], stdout=stream, env=env, cwd=ROOT)
-            try:
-                returncode = proc.wait(timeout=900)
-            finally:
-                if proc.poll() is None:
-                    stop_group(proc)
+        returncode = run_fit(command, log)  # forked from a helper that imported torch and Lightning once
         if returncode:
             raise RuntimeError(f"{config} at micro-batch {micro_batch} failed: {log.read_text()[-800:]}")
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -11,43 +11,22 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from lit_compute.bench._common import emit, markdown
-
-ROOT = Path(__file__).resolve().parents[2]
+from lit_compute.bench._common import emit, markdown, run_fit
 
 
 def _one(args: list[str], out: Path, warm: bool) -> tuple[float, float]:
     """(mean step seconds, wall seconds to finish) of one ``lit-compute fit`` run, forked from the helper or not."""
     from lit_compute.bench.whatif.training import LOGGER
     from lit_compute.planning.whatif import read_run
-    from lit_compute.warm_start import start_process, stop_group
 
-    command = ["-m", "lit_compute.cli", "fit", *args, LOGGER % out]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = out / "fit.log"
     start = time.monotonic()
-    with open(log, "w") as stream:
-        proc: Any = (
-            start_process(command, stdout=stream, env=env, cwd=ROOT)
-            if warm
-            else subprocess.Popen(
-                [sys.executable, *command], stdout=stream, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-            )
-        )
-        try:
-            code = proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                stop_group(proc)
+    code = run_fit([*args, LOGGER % out], log, warm=warm)
     wall = time.monotonic() - start
     if code:
         raise RuntimeError(f"lit-compute fit ({'forked' if warm else 'fresh'}) failed: {log.read_text()[-800:]}")

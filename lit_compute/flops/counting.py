@@ -41,7 +41,7 @@ from lit_compute._compat import (
     tree_map,
 )
 from lit_compute.flops.formulas import attention_recompute_flops, extra_formulas, unneeded_input_grad_flops
-from lit_compute.flops.kernel_shapes import KernelShape, gemm_shapes
+from lit_compute.flops.kernel_shapes import GEMM_CLASSES, KernelShape, gemm_shapes
 from lit_compute.flops.module_tracker import HooklessModuleTracker
 
 _ROOT = "model"
@@ -74,8 +74,6 @@ _NOT_HEAVY_TOKENS = {"cell", "upsample", "convert", "pack", "backward_impl"}
 #: other hardware (matmuls and convolutions are compute-bound, the rest mostly memory-bound; convolutions are kept apart
 #: from matmuls because chips reach different fractions of their peak on them, and grouped and depthwise convolutions
 #: apart from dense ones because they reach far less: few FLOPs per byte, kernels without tensor-core tiles).
-#: the op classes whose ops are GEMMs (:mod:`lit_compute.flops.kernel_shapes`); depthwise ones are bandwidth-bound
-_GEMM_CLASSES = frozenset({"matmul", "conv", "conv_grouped", "attention"})
 OP_CLASSES = ("matmul", "conv", "conv_grouped", "conv_depthwise", "attention", "norm", "elementwise", "optimizer")
 _NORM_TOKENS = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "instance_norm")
 
@@ -403,7 +401,7 @@ class SafeFlopCounterMode(FlopCounterMode):
                 return out
             hardware = int(formula(*args, **kwargs, out_val=out))
             self._by_class.setdefault(kind, [0, 0, 0])[0] += hardware
-            if hardware and kind in _GEMM_CLASSES:
+            if hardware and kind in GEMM_CLASSES:
                 self._note_kernels(kind, str(func_packet), args, out, phase != "forward", hardware, moved)
             recompute = hardware if phase == "recompute" else attention_recompute_flops(func_packet, args, hardware)
             model = hardware - recompute - (unneeded_input_grad_flops(func_packet, args) if phase != "forward" else 0)
@@ -422,9 +420,9 @@ class SafeFlopCounterMode(FlopCounterMode):
         shapes = gemm_shapes(name, args, out, backward)
         work = [s.m * s.n * s.k * s.b for s in shapes]
         total = sum(work)
+        if not total:
+            return
         for shape, share in zip(shapes, work):
-            if not total:
-                break
             book = self._kernels.setdefault((kind, *shape), [0, 0, 0])
             book[0] += 1
             book[1] += flops * share / total

@@ -14,7 +14,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["GemmShape", "KernelShape", "gemm_shapes"]
+__all__ = ["GEMM_CLASSES", "GemmShape", "KernelShape", "gemm_shapes"]
+
+#: the op classes whose ops are GEMMs and run on tensor cores where a chip has them (a depthwise convolution is
+#: neither: bandwidth-bound, no tensor-core tiles)
+GEMM_CLASSES = ("matmul", "conv", "conv_grouped", "attention")
 
 #: which dimension of a shape grows with the micro-batch: ``m`` (a matmul's rows, a convolution's output pixels),
 #: ``k`` (a weight gradient's reduction over the batch), ``b`` (the heads of a batched matmul) or none

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from lit_compute.flops.kernel_shapes import GEMM_CLASSES
 from lit_compute.hardware.dtypes import compute_dtype
 
 __all__ = [
@@ -47,8 +48,8 @@ DEFAULT_EFFICIENCY = {
     "launch_s": 1.05e-06,
     "sm": 6.73,
 }
-#: the op classes that run on tensor cores (not depthwise convolutions)
-TENSOR_CORE_CLASSES = ("matmul", "conv", "conv_grouped", "attention")
+#: the op classes that run on tensor cores (not depthwise convolutions): the GEMMs the counter keeps shapes of
+TENSOR_CORE_CLASSES = GEMM_CLASSES
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,7 @@ def price(run: RunFacts, scenario: Scenario, cal: Calibration) -> ComputePart:
     math = float32_math(run, scenario)
     works = _kernel_works(run, scenario.micro_batch / run.samples, chip, precision, math)
     seconds, flops_bound, bytes_bound = _step_roofline(classes, chip, precision, cal, run.accumulate, math, works)
-    if tf32_cores(chip, precision) and any(
-        cost.flops for kind, cost in classes.items() if kind in ("conv", "conv_grouped", "matmul", "attention")
-    ):
+    if tf32_cores(chip, precision) and any(cost.flops for kind, cost in classes.items() if kind in TENSOR_CORE_CLASSES):
         why = (
             "as --tf32 asks"
             if scenario.float32_math
