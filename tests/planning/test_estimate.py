@@ -539,3 +539,23 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     assert len(seen) == 6
     assert counted_fresh.by_class == counted_cached.by_class
     assert counted_fresh.model_flops == counted_cached.model_flops < 2 * 256**3
+
+
+def test_a_step_under_torch_compile_is_said_to_be_estimated_eager():
+    """#69: the estimate traces the eager step; bench memory's second set measured a compiled ResNet-18 above it, so
+    a config that compiles (a CompileModules callback, a compiled module, a ``compile: true`` hyperparameter) gets a
+    note saying so; one that does not, none."""
+    from types import SimpleNamespace
+
+    from lit_compute.planning.estimate.search import runs_compiled
+    from lit_compute.speedup import CompileModules
+
+    class Net(torch.nn.Module):
+        hparams: dict = {}
+
+    eager = SimpleNamespace(model=Net(), trainer=SimpleNamespace(callbacks=[]))
+    assert not runs_compiled(eager)
+    assert runs_compiled(SimpleNamespace(model=Net(), trainer=SimpleNamespace(callbacks=[CompileModules()])))
+    flagged = Net()
+    flagged.hparams = {"compile": True}
+    assert runs_compiled(SimpleNamespace(model=flagged, trainer=SimpleNamespace(callbacks=[])))
