@@ -13,12 +13,18 @@ import pytest
 # Keep the synthetic dataset of the test session out of the user's cache; set before lit_compute is used.
 _CACHE = Path(os.environ.get("PYTEST_LIT_COMPUTE_CACHE", "/tmp/lit_compute_test_cache"))
 os.environ["LIT_COMPUTE_CACHE"] = str(_CACHE)
+# One torch (OpenMP) thread a process unless the caller says otherwise: the suite runs two pytest-xdist workers beside
+# the ranks and scripts they start, on as few as two cores, and each process's pool of one thread a core spinning
+# against the others made the suite 2-3x slower. Read when torch loads; set_num_threads below covers an earlier import
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import lightning.pytorch as pl  # noqa: E402 - after LIT_COMPUTE_CACHE is set
 import torch  # noqa: E402 - after LIT_COMPUTE_CACHE is set
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402 - after LIT_COMPUTE_CACHE is set
 
 from lit_compute import ImageClassifier, TorchvisionImageDataModule  # noqa: E402 - after LIT_COMPUTE_CACHE is set
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY_DATA = {
     "batch_size": 8,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import warnings
@@ -83,7 +84,9 @@ def test_a_peak_measured_beside_cpu_burners_is_not_cached(tmp_path, monkeypatch)
     """The reproduction: a peak measured while other processes load every core is a lower bound (46 against 165
     GFLOP/s here) and was cached, serving every later run: a quiet run logged MFU 1.157."""
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(torch.get_num_threads())]
+    # two burners a core, whatever torch's thread count (the suite runs one thread a process)
+    cores = max(os.cpu_count() or 1, torch.get_num_threads())
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cores)]
     try:
         measured = measure_peak("cpu", torch.float32, size=512, seconds=0.6)
         peak = cached_peak_flops("cpu", torch.float32)
