@@ -38,9 +38,11 @@ demo-gpt: $(PY)
 WORKERS ?= 2
 XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist worksteal)
 
-# the install, lint, the type checker, then the suite (which also builds the docs site with --strict)
+# the install (and a Prometheus server for the dashboard's test), lint, the type checker, then the suite (which also
+# builds the docs site with --strict)
 test: $(PY)
 	$(INSTALL) '.[all,dev]'
+	bash scripts/get_prometheus.sh $(VENV)
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q $(XDIST) --durations=20

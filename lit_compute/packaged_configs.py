@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+#: The Grafana dashboard of PrometheusLogger's series (``lit-compute init grafana`` copies it out to import)
+DASHBOARD = Path(__file__).resolve().parent / "dashboards" / "grafana.json"
 
 
 def packaged_configs() -> dict[str, Path]:
@@ -19,8 +21,17 @@ def packaged_configs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
 
 
+def packaged_files() -> dict[str, Path]:
+    """What ``lit-compute init`` copies out: each packaged config, and the Grafana dashboard as ``grafana``."""
+    return {**packaged_configs(), "grafana": DASHBOARD}
+
+
 def describe(path: Path) -> str:
-    """A config's first comment line (what it trains), for listings."""
+    """A config's first comment line (what it trains), a dashboard's description, for listings."""
+    if path.suffix == ".json":
+        import json
+
+        return str(json.loads(path.read_text()).get("description", "")).split(":")[0]
     for line in path.read_text().splitlines():
         if line.startswith("#"):
             return line.lstrip("# ").strip()
@@ -73,15 +84,19 @@ def first_unknown_config(args: list[str]) -> str | None:
 
 
 def init_main(argv: list[str]) -> int:
-    """``lit-compute init [NAME] [--out FILE]``: list the packaged configs, or copy one to FILE to edit."""
+    """``lit-compute init [NAME] [--out FILE]``: list the packaged configs and the Grafana dashboard, or copy one to
+    FILE to edit (``init grafana``: the dashboard's JSON, to import into Grafana)."""
     parser = argparse.ArgumentParser(
-        prog="lit-compute init", description="Copy a packaged config to edit (without NAME: list them)."
+        prog="lit-compute init",
+        description="Copy a packaged config to edit, or the Grafana dashboard to import (without NAME: list them).",
     )
-    parser.add_argument("name", nargs="?", help="a packaged config: " + ", ".join(packaged_configs()))
-    parser.add_argument("--out", default=None, help="where to write it (default: NAME.yaml here)")
+    parser.add_argument("name", nargs="?", help="one of: " + ", ".join(packaged_files()))
+    parser.add_argument(
+        "--out", default=None, help="where to write it (default: NAME.yaml here; lit_compute_grafana.json)"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite FILE when it exists")
     args = parser.parse_args(argv)
-    configs = packaged_configs()
+    configs = packaged_files()
     if args.name is None:
         width = max(len(n) for n in configs)
         sys.stdout.write("".join(f"  {n:<{width}}  {describe(p)}\n" for n, p in configs.items()))
@@ -89,14 +104,22 @@ def init_main(argv: list[str]) -> int:
     name = args.name[:-5] if args.name.endswith(".yaml") else args.name
     if name not in configs:
         sys.stderr.write(
-            f"lit-compute init: error: no packaged config {args.name!r}; choose one of {', '.join(configs)}\n"
+            f"lit-compute init: error: no packaged config or dashboard {args.name!r}; choose one of "
+            f"{', '.join(configs)}\n"
         )
         return 2
-    out = Path(args.out or f"{name}.yaml")
+    source = configs[name]
+    out = Path(args.out or ("lit_compute_grafana.json" if source == DASHBOARD else f"{name}.yaml"))
     if out.exists() and not args.force:
         sys.stderr.write(f"lit-compute init: error: {out} exists; choose another --out or add --force\n")
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(configs[name], out)
+    shutil.copyfile(source, out)
+    if source == DASHBOARD:
+        sys.stdout.write(
+            f"wrote {out} (the packaged Grafana dashboard); import it in Grafana (Dashboards > New > Import) and pick "
+            "the Prometheus data source that scrapes PrometheusLogger (docs/monitoring.md)\n"
+        )
+        return 0
     sys.stdout.write(f"wrote {out} (from the packaged {name}.yaml); train it with: lit-compute fit --config {out}\n")
     return 0

@@ -131,9 +131,20 @@ def say(trainer: pl.Trainer | None, message: str) -> None:
 
 
 def write_event(trainer: pl.Trainer, event: LogEvent | None) -> None:
-    """Write a finished logging event: its metrics in one ``log_metrics`` call per logger, at its step, by rank 0."""
-    if event is not None and event.metrics and trainer.is_global_zero:
+    """Write a finished logging event: its metrics in one ``log_metrics`` call per logger, at its step, by rank 0;
+    every other rank writes its own to the loggers that serve every rank (``every_rank``: a PrometheusLogger with
+    ``ranks="all"``, whose series are labelled with the rank's device)."""
+    if event is None or not event.metrics:
+        return
+    if trainer.is_global_zero:
         log_scalars(trainer, event.metrics, step=event.step)
+        return
+    for logger in trainer.loggers:
+        if getattr(logger, "every_rank", False) and id(logger) not in writer_for(trainer).failed_loggers:
+            try:
+                logger.log_metrics({k: float(v) for k, v in event.metrics.items()}, step=event.step)
+            except Exception:  # noqa: BLE001 - a broken logger must not stop training; rank 0 says so for its own
+                writer_for(trainer).failed_loggers.add(id(logger))
 
 
 def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -8,6 +8,7 @@ the development tree's editable install is not active there: the test asserts li
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -109,3 +110,7 @@ def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(
         env,
     )
     assert "published result(s) of this chip they were not fitted on" in checked, checked
+    # the Grafana dashboard ships too: the installed command copies it out
+    board = _run([str(python), "-m", "lit_compute.cli", "init", "grafana", "--out", "board.json"], user, 60, env)
+    assert "packaged Grafana dashboard" in board, board
+    assert json.loads((user / "board.json").read_text())["uid"] == "lit-compute-training"

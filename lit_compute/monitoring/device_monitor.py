@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
+from lit_compute.monitoring.device_labels import nvml_handle
 from lit_compute.timeline import LogEvent
 
 if TYPE_CHECKING:
@@ -33,19 +34,7 @@ class _GpuReader:
         nvml.nvmlInit()
         self.nvml = nvml
         self.device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-        uuid = getattr(props, "uuid", None)
-        handle = None
-        if uuid is not None:  # robust to CUDA_VISIBLE_DEVICES reordering
-            text = str(uuid)
-            try:  # NVML names GPUs "GPU-<uuid>" (MIG instances "MIG-..." are not found: the index is used)
-                handle = nvml.nvmlDeviceGetHandleByUUID(
-                    (text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}").encode()
-                )
-            except (nvml.NVMLError, TypeError, ValueError):
-                handle = None
-        self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
+        self.handle = nvml_handle(nvml, device)  # by UUID: robust to CUDA_VISIBLE_DEVICES reordering
 
     def read(self) -> dict[str, float]:
         nvml, h = self.nvml, self.handle

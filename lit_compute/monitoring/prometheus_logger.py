@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import Logger
 
 from lit_compute._validate import Check, validated
 from lit_compute.files import write_whole
+from lit_compute.monitoring.device_labels import device_labels
 from lit_compute.writer import link_loggers
 
 _RESERVED = ("step", "up", "scrape_duration_seconds")
@@ -34,6 +35,15 @@ def prometheus_name(key: str, prefix: str = "lit_compute") -> str:
     return full
 
 
+def _current_device() -> Any:
+    """The device to label before the trainer has said: the current CUDA device where CUDA is in use, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _digest(key: str) -> str:
     return hashlib.sha1(key.encode("utf-8")).hexdigest()[:6]
 
@@ -44,7 +54,14 @@ class PrometheusLogger(Logger):
     Combine it with TensorBoard: ``Trainer(logger=[TensorBoardLogger("."), PrometheusLogger()])``. Every metric
     logged through Lightning (lit_compute's and the model's own ``self.log``) becomes a gauge named
     ``<prefix>_<key>`` (sanitised to Prometheus rules: ``train/loss`` -> ``lit_compute_train_loss``) with labels
-    ``run`` and ``rank``; ``<prefix>_step`` holds the step of the latest values. Two keys that sanitise to the same
+    ``run`` and ``rank``; ``<prefix>_step`` holds the step of the latest values.
+
+    With ``dcgm_labels=True`` (the default) every series also carries the labels NVIDIA's DCGM exporter puts on the
+    GPU this rank trains on: ``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, the node's name
+    (``Hostname``; dcgm-exporter releases from May 2026 spell it ``hostname``: set ``hostname_label``), and on a
+    MIG instance ``GPU_I_PROFILE`` and ``GPU_I_ID``. So ``lit_compute_compute_mfu * on(UUID) group_left()
+    DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` joins a run to its GPUs. On a CPU they carry the host's values
+    (:mod:`lit_compute.monitoring.device_labels`). Two keys that sanitise to the same
     name (``train-loss`` and ``train/loss``), a key that sanitises to a reserved name (``step``) or to nothing
     (non-ASCII tags) get a deterministic suffix from the key's hash (``lit_compute_train_loss_3fa4c1``), with one
     warning naming both.
@@ -70,6 +87,8 @@ class PrometheusLogger(Logger):
         keep_serving: Keep the endpoint up after the run ends (until :meth:`close` or the process ends).
         on_port_in_use: ``"next_free"`` or ``"error"``.
         file_sd_dir: Folder for Prometheus ``file_sd`` target files (None: none written).
+        dcgm_labels: Add DCGM exporter's device labels to every series.
+        hostname_label: The node label's name: ``"Hostname"`` (dcgm-exporter before May 2026) or ``"hostname"``.
 
     Raises:
         OSError: at fit start, when the address cannot be served (the message names host, port and the fix).
@@ -91,6 +110,8 @@ class PrometheusLogger(Logger):
         keep_serving: bool = False,
         on_port_in_use: Literal["next_free", "error"] = "next_free",
         file_sd_dir: str | None = None,
+        dcgm_labels: bool = True,
+        hostname_label: Literal["Hostname", "hostname"] = "Hostname",
     ) -> None:
         super().__init__()
         if prefix and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", prefix):
@@ -106,6 +127,10 @@ class PrometheusLogger(Logger):
         self.keep_serving = keep_serving
         self.on_port_in_use = on_port_in_use
         self.file_sd_dir = file_sd_dir
+        self.dcgm_labels = dcgm_labels
+        self.hostname_label = hostname_label
+        self._device: Any = None  # the rank's torch device, from the trainer (log_graph)
+        self._device_labels: dict[str, str] | None = None
         self._version: Any = None
         self._names: dict[str, str] = {}  # metric key -> series name
         self._owners: dict[str, str] = {prometheus_name(r, prefix): f"<reserved {r}>" for r in _RESERVED}
@@ -142,6 +167,12 @@ class PrometheusLogger(Logger):
             Path(self._state["target"]).unlink(missing_ok=True)
             self._state["target"] = self._write_target(self._state["port"])
 
+    @property
+    def every_rank(self) -> bool:
+        """Whether every rank serves its own metrics (``ranks="all"``): lit_compute's callbacks then send each rank's
+        figures here, not rank 0's alone."""
+        return self.ranks == "all"
+
     def _active(self) -> bool:
         return self.ranks == "all" or self.rank == 0
 
@@ -171,18 +202,11 @@ class PrometheusLogger(Logger):
                 "(on_port_in_use='error' refuses).",
                 category=UserWarning,
             )
-        step = Gauge(
-            prometheus_name("step", self.prefix),
-            "Trainer step of the latest values",
-            ["run", "rank"],
-            registry=registry,
-        )
         self._state = {
             "registry": registry,
             "gauges": {},
             "server": server,
             "port": actual,
-            "step": step,
             "Gauge": Gauge,
             "target": self._write_target(actual),
         }
@@ -244,25 +268,36 @@ class PrometheusLogger(Logger):
         trainer = getattr(model, "_trainer", None)
         if trainer is not None:
             link_loggers(trainer)
+            self._device = trainer.strategy.root_device
         self.start()
+
+    def labels(self) -> dict[str, str]:
+        """The labels of every series this rank serves: ``run``, ``rank`` and (``dcgm_labels``) the device's."""
+        if self._device_labels is None:
+            self._device_labels = {}
+            if self.dcgm_labels:
+                self._device_labels = device_labels(self._device or _current_device(), self.hostname_label)
+        return {"run": self.run_name, "rank": str(self.rank), **self._device_labels}
+
+    def _gauge(self, name: str, documentation: str) -> Any:
+        assert self._state is not None
+        gauge = self._state["gauges"].get(name)
+        if gauge is None:
+            gauge = self._state["Gauge"](name, documentation, list(self.labels()), registry=self._state["registry"])
+            self._state["gauges"][name] = gauge
+        return gauge
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.start()
         if self._state is None:
             return
-        labels = {"run": self.run_name, "rank": str(self.rank)}
-        gauges = self._state["gauges"]
+        labels = self.labels()
         for key, value in metrics.items():
-            name = self.series_name(key)
-            gauge = gauges.get(name)
-            if gauge is None:
-                gauge = self._state["Gauge"](
-                    name, f"lit_compute metric {key}", ["run", "rank"], registry=self._state["registry"]
-                )
-                gauges[name] = gauge
-            gauge.labels(**labels).set(float(value))
+            self._gauge(self.series_name(key), f"lit_compute metric {key}").labels(**labels).set(float(value))
         if step is not None:
-            self._state["step"].labels(**labels).set(step)
+            self._gauge(prometheus_name("step", self.prefix), "Trainer step of the latest values").labels(**labels).set(
+                step
+            )
 
     def save(self) -> None:
         pass
@@ -285,4 +320,5 @@ class PrometheusLogger(Logger):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_state"] = None  # sockets and threads do not cross process boundaries (ddp_spawn)
+        state["_device_labels"] = state["_device"] = None  # each rank labels its own device
         return state

@@ -12,7 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import DataLoader
 
 from lit_compute import DeviceMonitor, PrometheusLogger, StepTimeMonitor
+from lit_compute.hardware.this_machine import cpu_name
+from lit_compute.monitoring import device_labels as device_labels_module
 from lit_compute.monitoring import prometheus_name
+from lit_compute.monitoring.device_labels import machine_id
 
 from ..conftest import RandomImages, make_trainer, read_events, scalar_values, tiny_model
 
@@ -44,7 +47,17 @@ def test_prometheus_endpoint_during_and_after_fit(tmp_path):
         assert "lit_compute_train_loss" in seen
         assert "lit_compute_time_step_ms" in seen
         sample = seen["lit_compute_train_loss"][0]
-        assert sample.labels == {"run": "demo", "rank": "0"}
+        # the run, the rank, and DCGM exporter's device labels with this host's values (a CPU run)
+        assert sample.labels == {
+            "run": "demo",
+            "rank": "0",
+            "gpu": "cpu",
+            "UUID": f"CPU-{machine_id()}",
+            "pci_bus_id": "",  # none on a CPU (Prometheus stores an empty label as no label)
+            "device": "cpu",
+            "modelName": cpu_name(),
+            "Hostname": socket.gethostname(),
+        }
         assert sample.value > 0
         after = _scrape(prom.port_in_use)
         assert after["lit_compute_step"][0].value >= 4
@@ -128,3 +141,84 @@ def test_one_logger_serving_two_runs_labels_each_with_its_tensorboard_run(tmp_pa
         assert [p.name for p in (tmp_path / "sd").glob("*.json")] == ["tb_version_1_rank0.json"]
     finally:
         prom.close()
+
+
+class FakeNVML:
+    """NVML's calls that labelling makes, over two GPUs of one host and a MIG instance on the second; handles are
+    ``("gpu", index)`` and ``("mig", parent, instance)``. Names, UUIDs and bus ids in NVML's own formats."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.uuids = {0: "GPU-5a1c0d6e-0000-4c1e-9a7b-000000000000", 1: "GPU-9f2b7e11-1111-4d2f-8b8c-111111111111"}
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes):
+        text = uuid.decode()
+        if text.startswith("MIG-"):
+            return ("mig", 1, 7)
+        index = next((i for i, u in self.uuids.items() if u == text), None)
+        if index is None:
+            raise self.NVMLError("Not Found")
+        return ("gpu", index)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle) -> int:
+        return int(handle[0] == "mig")
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle):
+        return ("gpu", handle[1])
+
+    def nvmlDeviceGetIndex(self, handle) -> int:
+        assert handle[0] == "gpu", "NVML numbers GPUs, not MIG instances"
+        return handle[1]
+
+    def nvmlDeviceGetUUID(self, handle) -> str:
+        return self.uuids[handle[1]]
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return type("PciInfo", (), {"busId": f"00000000:{0x3B + handle[1]:02X}:00.0"})()
+
+    def nvmlDeviceGetName(self, handle) -> str:
+        return "NVIDIA A100-SXM4-40GB MIG 1g.5gb" if handle[0] == "mig" else "NVIDIA A100-SXM4-40GB"
+
+    def nvmlDeviceGetGpuInstanceId(self, handle) -> int:
+        return handle[2]
+
+
+def test_gpu_labels_spell_dcgm_exporters_and_a_mig_instance_keeps_its_parents():
+    """dcgm-exporter labels a GPU's series gpu, UUID, pci_bus_id, device and modelName from NVML, and a MIG
+    instance's with its parent GPU's plus GPU_I_PROFILE and GPU_I_ID: the join on UUID needs the same values."""
+    nvml = FakeNVML()
+    gpu = device_labels_module.gpu_labels(nvml, nvml.nvmlDeviceGetHandleByUUID(nvml.uuids[1].encode()))
+    assert gpu == {
+        "gpu": "1",
+        "UUID": "GPU-9f2b7e11-1111-4d2f-8b8c-111111111111",
+        "pci_bus_id": "00000000:3C:00.0",
+        "device": "nvidia1",
+        "modelName": "NVIDIA A100-SXM4-40GB",
+    }
+    mig = device_labels_module.gpu_labels(nvml, nvml.nvmlDeviceGetHandleByUUID(b"MIG-0b1c2d3e"))
+    assert mig == {**gpu, "GPU_I_PROFILE": "1g.5gb", "GPU_I_ID": "7"}
+
+
+def test_the_node_label_is_node_name_where_set_and_its_spelling_is_the_callers(tmp_path, monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    prom = PrometheusLogger(port=0, run_name="k8s", hostname_label="hostname")
+    try:
+        prom.start()
+        prom.log_metrics({"train/loss": 1.5}, step=3)
+        sample = _scrape(prom.port_in_use)["lit_compute_train_loss"][0]
+        assert sample.labels["hostname"] == "gpu-node-17"
+        assert "Hostname" not in sample.labels
+        assert _scrape(prom.port_in_use)["lit_compute_step"][0].labels == sample.labels
+    finally:
+        prom.close()
+    plain = PrometheusLogger(port=0, run_name="plain", dcgm_labels=False)
+    try:
+        plain.start()
+        plain.log_metrics({"train/loss": 1.5}, step=3)
+        assert _scrape(plain.port_in_use)["lit_compute_train_loss"][0].labels == {"run": "plain", "rank": "0"}
+    finally:
+        plain.close()
+    with pytest.raises(ValueError, match="hostname_label"):
+        PrometheusLogger(hostname_label="host")
