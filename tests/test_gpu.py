@@ -377,3 +377,72 @@ def test_nccl_collective_waits_are_timed_on_the_stream(tmp_path):
     assert 0.0 < comm == forward_comm < compute
     assert between == 0.0
     assert torch.equal(out, big)
+
+
+@pytest.mark.parametrize("model", ["resnet50", "gpt"])
+def test_prometheus_labels_are_nvmls_and_gpm_tensor_activity_is_logged_beside_mfu(tmp_path, model):
+    """#71 items 1, 2 and 5: the series PrometheusLogger serves carry NVML's gpu index, UUID and name (what DCGM's
+    exporter labels); on a GPU with GPM (Hopper and newer) DeviceMonitor logs the tensor pipe's activity beside MFU,
+    and the share of that busy time the counted FLOPs explain is printed."""
+    import urllib.request
+
+    import pynvml
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lit_compute import PrometheusLogger
+    from lit_compute.data import TokenDataModule
+    from lit_compute.models import GPT
+    from lit_compute.monitoring.device_labels import nvml_handle
+
+    prom = PrometheusLogger(port=0, keep_serving=True)
+    tb_logger = TensorBoardLogger(str(tmp_path), "tb")
+    trainer = _gpu_trainer(
+        tmp_path,
+        max_steps=12,
+        limit_train_batches=12,
+        precision="bf16-mixed",
+        logger=[tb_logger, prom],
+        callbacks=[
+            FlopsLogger(peak="table", log_every_n_steps=4),
+            DeviceMonitor(log_every_n_steps=4),
+            StepTimeMonitor(log_every_n_steps=4),
+        ],
+    )
+    try:
+        if model == "gpt":
+            trainer.fit(
+                GPT(block_size=256, n_layer=4, n_head=8, n_embd=512),
+                datamodule=TokenDataModule(mode="packed", batch_size=16, seq_len=256, max_tokens=400_000),
+            )
+        else:
+            trainer.fit(tiny_model(arch="resnet50"), train_dataloaders=_loader())
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom.port_in_use}/metrics", timeout=10) as response:
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    finally:
+        prom.close()
+    labels = families["lit_compute_compute_mfu"].samples[0].labels
+    pynvml.nvmlInit()
+    try:
+        handle = nvml_handle(pynvml, torch.device("cuda", 0))
+        uuid, index, name = (
+            pynvml.nvmlDeviceGetUUID(handle),
+            pynvml.nvmlDeviceGetIndex(handle),
+            pynvml.nvmlDeviceGetName(handle),
+        )
+        gpm = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    finally:
+        pynvml.nvmlShutdown()
+    text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731 - nvidia-ml-py's str or bytes
+    assert (labels["UUID"], labels["gpu"], labels["modelName"]) == (text(uuid), str(index), text(name)), labels
+    acc = read_events(tb_logger.log_dir)
+    mfu = scalar_values(acc, "compute/mfu")[-1][1]
+    if not gpm:
+        print(f"{model}: MFU {mfu:.3f}; {text(name)} has no GPM: no tensor-pipe activity to set beside it")
+        return
+    active = scalar_values(acc, "device/prof_pipe_tensor_active")[-1][1]
+    assert 0 < active <= 1, active
+    print(
+        f"{model}: MFU {mfu:.3f}, tensor pipe active {active:.3f} (GPM); counted FLOP/s / (tensor active x dense "
+        f"peak) = {mfu / active:.3f}"
+    )

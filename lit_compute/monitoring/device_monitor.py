@@ -14,6 +14,7 @@ from typing_extensions import override
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
 from lit_compute.monitoring.device_labels import nvml_handle
+from lit_compute.monitoring.gpm import GPM_METRICS, GpmReader, GpmUnavailable
 from lit_compute.timeline import LogEvent
 
 if TYPE_CHECKING:
@@ -35,6 +36,18 @@ class _GpuReader:
         self.nvml = nvml
         self.device = device
         self.handle = nvml_handle(nvml, device)  # by UUID: robust to CUDA_VISIBLE_DEVICES reordering
+        self.gpm: GpmReader | None = None
+
+    def open_gpm(self) -> None:
+        """Start GPM sampling (a MIG instance samples its parent GPU with the instance's id); raises
+        :class:`GpmUnavailable` saying why not."""
+        nvml, parent, instance = self.nvml, self.handle, None
+        with contextlib.suppress(Exception):
+            if nvml.nvmlDeviceIsMigDeviceHandle(self.handle):
+                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self.handle)
+                instance = int(nvml.nvmlDeviceGetGpuInstanceId(self.handle))
+        self.gpm = GpmReader(nvml, parent, instance)
+        self.gpm.start()
 
     def read(self) -> dict[str, float]:
         nvml, h = self.nvml, self.handle
@@ -51,6 +64,8 @@ class _GpuReader:
         }
 
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         with contextlib.suppress(Exception):
             self.nvml.nvmlShutdown()
 
@@ -71,12 +86,17 @@ class DeviceMonitor(MeasuringCallback):
         - ``device/gpu_utilization_percent``, ``device/gpu_memory_used_gb``, ``device/gpu_memory_total_gb``,
           ``device/gpu_power_w``, ``device/gpu_temperature_c``, ``device/gpu_sm_clock_mhz``,
           ``device/torch_max_memory_allocated_gb`` (PyTorch allocator peak) -- GPU runs only.
+        - ``device/prof_pipe_tensor_active``, ``device/prof_sm_active``, ``device/prof_sm_occupancy``,
+          ``device/prof_dram_active``: the ratios DCGM's ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``, ``..._SM_ACTIVE``,
+          ``..._SM_OCCUPANCY`` and ``..._DRAM_ACTIVE`` give, from NVML's GPM over the interval since the last
+          logging event (:mod:`lit_compute.monitoring.gpm`) -- Hopper and newer GPUs; elsewhere it says once why not.
         - ``device/cpu_percent`` (this process, 100 = one core busy), ``device/rss_gb`` (resident memory),
           ``device/system_cpu_percent`` (whole machine), ``device/load_avg_1m``.
 
     Args:
         log_every_n_steps: Log every n steps (default: the trainer's ``log_every_n_steps``).
         gpu: Log GPU metrics (when training on CUDA and NVML is available).
+        gpm: Log tensor-pipe, SM and DRAM activity from NVML's GPM (Hopper and newer).
         cpu: Log CPU metrics.
 
     Example:
@@ -86,7 +106,11 @@ class DeviceMonitor(MeasuringCallback):
 
     @validated
     def __init__(
-        self, log_every_n_steps: Annotated[int | None, Check(ge=1)] = None, gpu: bool = True, cpu: bool = True
+        self,
+        log_every_n_steps: Annotated[int | None, Check(ge=1)] = None,
+        gpu: bool = True,
+        cpu: bool = True,
+        gpm: bool = True,
     ) -> None:
         super().__init__()
         if not (gpu or cpu):
@@ -94,6 +118,7 @@ class DeviceMonitor(MeasuringCallback):
         self.log_every_n_steps = log_every_n_steps
         self.gpu = gpu
         self.cpu = cpu
+        self.gpm = gpm
         self._gpu_reader: _GpuReader | None = None
         self._process: psutil.Process | None = None
 
@@ -111,7 +136,7 @@ class DeviceMonitor(MeasuringCallback):
             rank_zero_info(f"DeviceMonitor: training on {device.type}: CPU metrics only (no NVIDIA GPU to read).")
             return None
         try:
-            return _GpuReader(device)
+            reader = _GpuReader(device)
         except ModuleNotFoundError:
             self._warn_once(
                 "no-nvml",
@@ -120,7 +145,23 @@ class DeviceMonitor(MeasuringCallback):
             )
         except Exception as err:  # noqa: BLE001 - NVML missing driver, permissions...
             self._warn_once("nvml-init", f"DeviceMonitor: NVML failed to start ({err}); GPU metrics are off.")
-        return None
+            return None
+        if self.gpm:
+            try:
+                reader.open_gpm()
+            except GpmUnavailable as err:  # expected before Hopper: said as information
+                reader.gpm = None
+                tags = ", ".join(tag for tag, _ in GPM_METRICS.values())
+                rank_zero_info(f"DeviceMonitor: {tags} are not logged: {err}.")
+            except Exception as err:  # noqa: BLE001 - GPM failing must not stop the other GPU metrics
+                reader.gpm = None
+                self._warn_once("gpm-init", f"DeviceMonitor: GPM sampling failed to start ({err}); its metrics are off")
+        return reader
+
+    @property
+    def gpm_active(self) -> bool:
+        """Whether GPM sampling runs (it reads the GPU's profiling counters: ProfilerWindow asks)."""
+        return self._gpu_reader is not None and self._gpu_reader.gpm is not None
 
     @override
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, event: LogEvent) -> None:
@@ -138,6 +179,16 @@ class DeviceMonitor(MeasuringCallback):
         if self._gpu_reader is not None:
             try:
                 metrics.update(self._gpu_reader.read())
+                gpm = self._gpu_reader.gpm
+                if gpm is not None:
+                    metrics.update(gpm.read())
+                    if gpm.failed:
+                        self._warn_once(
+                            "gpm-metric",
+                            "DeviceMonitor: NVML could not give "
+                            + ", ".join(f"{tag} ({why})" for tag, why in sorted(gpm.failed.items()))
+                            + "; those are not logged.",
+                        )
             except Exception as err:  # noqa: BLE001 - an NVML error must not stop training
                 self._warn_once(
                     "nvml-read",

@@ -223,6 +223,14 @@ class ProfilerWindow(MeasuringCallback):
         if self._first_batch and timeline.current is not None:
             self._first_batch = False
             self._report_missed(timeline.current.index)
+            if any(getattr(callback, "gpm_active", False) for callback in trainer.callbacks):
+                self._warn_once(
+                    "gpm",
+                    "ProfilerWindow: DeviceMonitor samples NVML's GPM, which reads the GPU's performance counters "
+                    "as DCGM's profiling does; a CUDA profiler uses that hardware too, so device/prof_* over a "
+                    "window's steps may be missing or disturbed (docs/monitoring.md). DeviceMonitor(gpm=False) "
+                    "turns the sampling off.",
+                )
         if self._profiler is not None:
             timeline.taint("profiler")
             return
