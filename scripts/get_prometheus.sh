@@ -2,9 +2,16 @@
 # A Prometheus server for the dashboard's tests (tests/monitoring/test_grafana_dashboard.py), unless one is on PATH:
 # Debian's package, unpacked into $VENV/prometheus (no service installed or started; no root needed where apt's package
 # lists are present, root to fetch them where not). Says so and leaves it to the tests to fail where it cannot.
+#   bash scripts/get_prometheus.sh [VENV] [--web]
+# --web also unpacks the JavaScript packages its own graph pages load (scripts/prometheus_screenshot.py needs them).
 set -euo pipefail
 dest="${1:-.venv}/prometheus"
-if command -v prometheus >/dev/null || [ -x "$dest/usr/bin/prometheus" ]; then
+packages=prometheus
+if [ "${2:-}" = "--web" ]; then
+  packages="prometheus libjs-bootstrap4 libjs-d3 libjs-eonasdan-bootstrap-datetimepicker libjs-jquery libjs-jquery-hotkeys"
+  packages="$packages libjs-moment libjs-moment-timezone libjs-mustache libjs-popper.js libjs-rickshaw"
+  [ -e "$dest/usr/share/javascript/rickshaw" ] && exit 0
+elif command -v prometheus >/dev/null || [ -x "$dest/usr/bin/prometheus" ]; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
@@ -13,7 +20,8 @@ if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-download() { (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root prometheus >/dev/null 2>&1); }
+# shellcheck disable=SC2086
+download() { (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root $packages >/dev/null 2>&1); }
 if ! download; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq >/dev/null && download
@@ -23,5 +31,7 @@ if ! download; then
   fi
 fi
 mkdir -p "$dest"
-dpkg-deb -x "$tmp"/prometheus_*.deb "$dest"
+for deb in "$tmp"/*.deb; do
+  dpkg-deb -x "$deb" "$dest"
+done
 echo "get_prometheus.sh: $("$dest/usr/bin/prometheus" --version 2>&1 | head -1) in $dest/usr/bin"
