@@ -26,6 +26,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from tensorboard_screenshot import screenshot  # scripts/ is on the path of a script run from it
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -121,25 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         params = {**panels, "g0.tab": "0", "g1.tab": "0", "g0.range_input": "1m", "g1.range_input": "1m"}
         url = f"http://127.0.0.1:{port}/graph?{urllib.parse.urlencode(params)}"
-        with tempfile.TemporaryDirectory() as profile:
-            subprocess.run(
-                [
-                    args.browser,
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--hide-scrollbars",
-                    f"--user-data-dir={profile}",
-                    f"--window-size={args.width},{args.height}",
-                    "--virtual-time-budget=15000",
-                    f"--screenshot={os.path.abspath(args.out)}",
-                    url,
-                ],
-                check=True,
-                timeout=300,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        screenshot(args.browser, url, os.path.abspath(args.out), args.width, args.height, 15000)
         print(args.out)
         return 0
     finally:

@@ -35,6 +35,29 @@ def _serving(port: int) -> bool:
         return False
 
 
+def screenshot(browser: str, url: str, out: str, width: int, height: int, wait_ms: int) -> None:
+    """Have a headless Chromium render ``url`` for ``wait_ms`` of virtual time and write it to ``out`` (a PNG)."""
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--virtual-time-budget={wait_ms}",
+                f"--screenshot={out}",
+                url,
+            ],
+            check=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log_dir")
@@ -68,25 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"TensorBoard did not serve a custom-scalars layout for {args.log_dir}", file=sys.stderr)
                 return 1
             time.sleep(0.5)
-        with tempfile.TemporaryDirectory() as profile:
-            subprocess.run(
-                [
-                    args.browser,
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--hide-scrollbars",
-                    f"--user-data-dir={profile}",
-                    f"--window-size={args.width},{args.height}",
-                    f"--virtual-time-budget={args.wait_ms}",
-                    f"--screenshot={args.out}",
-                    f"http://127.0.0.1:{port}/#custom_scalars",
-                ],
-                check=True,
-                timeout=300,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        url = f"http://127.0.0.1:{port}/#custom_scalars"
+        screenshot(args.browser, url, args.out, args.width, args.height, args.wait_ms)
         print(args.out)
         return 0
     finally:

@@ -223,7 +223,8 @@ class ProfilerWindow(MeasuringCallback):
         if self._first_batch and timeline.current is not None:
             self._first_batch = False
             self._report_missed(timeline.current.index)
-            if any(getattr(callback, "gpm_active", False) for callback in trainer.callbacks):
+            callbacks = getattr(trainer, "callbacks", [])  # set by Lightning's callback connector, not declared
+            if any(getattr(callback, "gpm_active", False) for callback in callbacks):
                 self._warn_once(
                     "gpm",
                     "ProfilerWindow: DeviceMonitor samples NVML's GPM, which reads the GPU's performance counters "
