@@ -149,7 +149,9 @@ def test_a_gpu_run_is_priced_against_its_own_chip_by_default(tmp_path, capsys):
     assert own["hardware"] == "h100-sxm"
     assert own["step_time_s"] == pytest.approx(facts.step_s, rel=1e-6)
     assert other["hardware"] == "a100"
-    assert other["step_time_s"] != pytest.approx(facts.step_s, rel=0.01)
+    # priced from the table, not the run's step: its compute is the A100's (the host's part, a dispatch cost measured
+    # on this CPU, can bring its step time near the run's by chance: 0.8% once, on a busy machine)
+    assert other["compute_s"] != pytest.approx(own["compute_s"], rel=0.5)
     # a run on a device the table lacks: one line naming the fix
     unknown = _gpu_run(tmp_path / "other", "Made-up Accelerator 9000", None)
     assert main([str(unknown)]) == 2
