@@ -78,6 +78,7 @@ def test_the_fsdp_config_shards_by_block_with_float32_norms(tmp_path, monkeypatc
     assert [c.init_args.precision for c in tf32] == ["high"]
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_quickstart_fit_writes_train_loss(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = LitComputeCLI(

@@ -378,6 +378,7 @@ def data_reads_across_rooms(path: Path, package: Path) -> list[str]:
     return sorted(set(found))
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_no_module_reads_a_data_file_another_room_keeps():
     found = [line for path in MODULES.values() for line in data_reads_across_rooms(path, PACKAGE)]
     assert not found, f"data files read across rooms (move the file beside its reader, or pass it in): {found}"

@@ -202,6 +202,7 @@ def test_the_convolutions_set_up_is_the_intercept_at_two_batches_on_a_driven_clo
     assert found.seconds_per_byte == pytest.approx(2e-9)
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_the_convolutions_set_up_is_measured_in_a_fresh_process_and_cached(tmp_path, monkeypatch):
     import torch
 
@@ -896,6 +897,7 @@ def test_collectives_on_a_cpu_overlapping_compute_share_its_cores():
     assert host_contention(run, Scenario(CHIP, "32-true", 16, 1, 2)) == 1.0
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     """This machine's bf16 kernels speed each heavy class up by their own factor (a CPU's bf16 attention backward can
     be slower than float32's): the class runs at its own peak, the others at the chip's."""
@@ -921,6 +923,7 @@ def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     assert all(v > 0 for v in speedups.ratios.values())
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
     """On a CPU without bf16 instructions one bf16 block takes seconds: the measurement stops repeating a mode after
     a tenth of its time budget (two timed runs done) and starts no trial past the budget. The clock is driven: each
@@ -1026,6 +1029,7 @@ def test_a_config_is_priced_before_any_run_with_the_counts_a_real_run_logs(tmp_p
         assert phrase in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_a_config_with_channels_last_is_traced_channels_last_as_its_run_counts_it(tmp_path, monkeypatch):
     """``whatif --config`` and ``estimate`` trace the module as the run would train it: ``ChannelsLast`` lays the
     weights out at setup, so the traced step has no channels-first convolution to transpose on a GPU, as
