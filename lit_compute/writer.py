@@ -138,13 +138,27 @@ def write_event(trainer: pl.Trainer, event: LogEvent | None) -> None:
         return
     if trainer.is_global_zero:
         log_scalars(trainer, event.metrics, step=event.step)
-        return
-    for logger in trainer.loggers:
-        if getattr(logger, "every_rank", False) and id(logger) not in writer_for(trainer).failed_loggers:
-            try:
-                logger.log_metrics({k: float(v) for k, v in event.metrics.items()}, step=event.step)
-            except Exception:  # noqa: BLE001 - a broken logger must not stop training; rank 0 says so for its own
-                writer_for(trainer).failed_loggers.add(id(logger))
+    else:
+        every_rank = [logger for logger in trainer.loggers if getattr(logger, "every_rank", False)]
+        _send(trainer, every_rank, {k: float(v) for k, v in event.metrics.items()}, {}, event.step)
+
+
+def _send(trainer: pl.Trainer, loggers: list, clean: dict[str, float], twins: dict[str, float], step: int) -> None:
+    """One ``log_metrics`` call per logger (TensorBoard's with the rate twins); a logger that raises is reported once
+    (rank 0 says so) and skipped from then on; training goes on."""
+    writer = writer_for(trainer)
+    for logger in loggers:
+        if id(logger) in writer.failed_loggers:
+            continue
+        try:
+            logger.log_metrics({**clean, **twins} if isinstance(logger, TensorBoardLogger) else clean, step=step)
+        except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
+            writer.failed_loggers.add(id(logger))
+            rank_zero_warn(
+                f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
+                "lit_compute's metrics are no longer sent to that logger; training goes on.",
+                category=UserWarning,
+            )
 
 
 def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -159,18 +173,7 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int | N
     clean = {k: float(v) for k, v in metrics.items()}
     first = not writer.tags
     twins = writer.flops_rate_twins(clean)  # TensorBoard's charts only: other loggers keep one tag per figure
-    for logger in trainer.loggers:
-        if id(logger) in writer.failed_loggers:
-            continue
-        try:
-            logger.log_metrics({**clean, **twins} if isinstance(logger, TensorBoardLogger) else clean, step=step)
-        except Exception as err:  # noqa: BLE001 - a broken logger must not stop training
-            writer.failed_loggers.add(id(logger))
-            rank_zero_warn(
-                f"lit_compute: writing metrics to {type(logger).__name__} failed with {_cause(err)}. "
-                "lit_compute's metrics are no longer sent to that logger; training goes on.",
-                category=UserWarning,
-            )
+    _send(trainer, list(trainer.loggers), clean, twins, step)
     if first:
         write_run_record(trainer)
         log_text(trainer, "lit_compute/run", writer.record.table() if writer.record else run_info(trainer), step=0)

@@ -49,13 +49,19 @@ def nvml_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
-def gpu_labels(nvml: Any, handle: Any) -> dict[str, str]:
-    """dcgm-exporter's labels of the GPU (or MIG instance) behind an NVML handle, the node's name left out."""
-    parent, mig = handle, False
+def mig_parent(nvml: Any, handle: Any) -> tuple[Any, int | None]:
+    """The GPU behind an NVML handle and, for a MIG instance, its GPU instance id (``None`` for a whole GPU)."""
+    mig = False
     with contextlib.suppress(nvml.NVMLError, AttributeError):
         mig = bool(nvml.nvmlDeviceIsMigDeviceHandle(handle))
-    if mig:
-        parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    if not mig:
+        return handle, None
+    return nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle), int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+
+
+def gpu_labels(nvml: Any, handle: Any) -> dict[str, str]:
+    """dcgm-exporter's labels of the GPU (or MIG instance) behind an NVML handle, the node's name left out."""
+    parent, instance = mig_parent(nvml, handle)
     index = int(nvml.nvmlDeviceGetIndex(parent))
     labels = {
         "gpu": str(index),
@@ -64,10 +70,10 @@ def gpu_labels(nvml: Any, handle: Any) -> dict[str, str]:
         "device": f"nvidia{index}",
         "modelName": _text(nvml.nvmlDeviceGetName(parent)),
     }
-    if mig:  # the instance's name ends with its profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+    if instance is not None:  # the instance's name ends with its profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
         name = _text(nvml.nvmlDeviceGetName(handle))
         labels["GPU_I_PROFILE"] = name.rsplit("MIG ", 1)[-1].strip()
-        labels["GPU_I_ID"] = str(int(nvml.nvmlDeviceGetGpuInstanceId(handle)))
+        labels["GPU_I_ID"] = str(instance)
     return labels
 
 

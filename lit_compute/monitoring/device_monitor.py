@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
-from lit_compute.monitoring.device_labels import nvml_handle
+from lit_compute.monitoring.device_labels import mig_parent, nvml_handle
 from lit_compute.monitoring.gpm import GPM_METRICS, GpmReader, GpmUnavailable
 from lit_compute.timeline import LogEvent
 
@@ -41,12 +41,7 @@ class _GpuReader:
     def open_gpm(self) -> None:
         """Start GPM sampling (a MIG instance samples its parent GPU with the instance's id); raises
         :class:`GpmUnavailable` saying why not."""
-        nvml, parent, instance = self.nvml, self.handle, None
-        with contextlib.suppress(Exception):
-            if nvml.nvmlDeviceIsMigDeviceHandle(self.handle):
-                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self.handle)
-                instance = int(nvml.nvmlDeviceGetGpuInstanceId(self.handle))
-        self.gpm = GpmReader(nvml, parent, instance)
+        self.gpm = GpmReader(self.nvml, *mig_parent(self.nvml, self.handle))
         self.gpm.start()
 
     def read(self) -> dict[str, float]:
@@ -179,16 +174,6 @@ class DeviceMonitor(MeasuringCallback):
         if self._gpu_reader is not None:
             try:
                 metrics.update(self._gpu_reader.read())
-                gpm = self._gpu_reader.gpm
-                if gpm is not None:
-                    metrics.update(gpm.read())
-                    if gpm.failed:
-                        self._warn_once(
-                            "gpm-metric",
-                            "DeviceMonitor: NVML could not give "
-                            + ", ".join(f"{tag} ({why})" for tag, why in sorted(gpm.failed.items()))
-                            + "; those are not logged.",
-                        )
             except Exception as err:  # noqa: BLE001 - an NVML error must not stop training
                 self._warn_once(
                     "nvml-read",
@@ -196,7 +181,26 @@ class DeviceMonitor(MeasuringCallback):
                 )
                 self._gpu_reader.close()
                 self._gpu_reader = None
+        if self._gpu_reader is not None and self._gpu_reader.gpm is not None:
+            metrics.update(self._read_gpm(self._gpu_reader))
         return metrics
+
+    def _read_gpm(self, reader: _GpuReader) -> dict[str, float]:
+        """GPM's metrics since the last reading; a failing GPM is turned off alone (the other GPU metrics go on)."""
+        gpm = reader.gpm
+        if gpm is None:
+            return {}
+        try:
+            values = gpm.read()
+        except Exception as err:  # noqa: BLE001 - a GPM error must not stop training or the other metrics
+            self._warn_once("gpm-read", f"DeviceMonitor: reading GPM failed ({err}); its metrics are now off.")
+            gpm.close()
+            reader.gpm = None
+            return {}
+        if gpm.failed:
+            failed = ", ".join(f"{tag} ({why})" for tag, why in sorted(gpm.failed.items()))
+            self._warn_once("gpm-metric", f"DeviceMonitor: NVML could not give {failed}; those are not logged.")
+        return values
 
     @override
     def _teardown(self) -> None:

@@ -99,3 +99,39 @@ def test_a_profiler_window_beside_gpm_sampling_says_so_once(tmp_path):
     said = [str(w.message) for w in seen if "GPM" in str(w.message)]
     assert len(said) == 1
     assert "DeviceMonitor(gpm=False)" in said[0]
+
+
+def test_a_failing_gpm_reading_turns_gpm_off_alone_and_training_metrics_go_on():
+    """An NVML error inside GPM: one warning, GPM off; the other GPU readings and the CPU's go on."""
+    from lit_compute import DeviceMonitor
+
+    class BrokenGpm:
+        closed = False
+
+        def read(self):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+        def close(self):
+            self.closed = True
+
+    class Reader:  # the NVML reader's surface DeviceMonitor.read uses
+        def __init__(self):
+            self.gpm = BrokenGpm()
+
+        def read(self):
+            return {"device/gpu_power_w": 250.0}
+
+    monitor = DeviceMonitor(cpu=False)
+    gpm = Reader().gpm
+    monitor._gpu_reader = reader = Reader()
+    reader.gpm = gpm
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert monitor.read() == {"device/gpu_power_w": 250.0}
+        assert monitor.read() == {"device/gpu_power_w": 250.0}
+    assert [str(w.message) for w in seen if "GPM" in str(w.message)] == [
+        f"DeviceMonitor: reading GPM failed ({pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)}); its metrics are now off."
+    ]
+    assert gpm.closed
+    assert not monitor.gpm_active
+    assert monitor._gpu_reader is reader  # the other GPU metrics stay on

@@ -27,7 +27,7 @@ from lit_compute import FlopsLogger, MemoryMonitor, PrometheusLogger, StepTimeMo
 from lit_compute.monitoring.device_labels import device_labels
 from lit_compute.packaged_configs import DASHBOARD, init_main
 
-from ..conftest import RandomImages, SpawnDDP, small_model
+from ..conftest import RandomImages, SpawnDDP, make_trainer, small_model
 
 #: The panels that need a GPU to return data (their description says "GPU only"): float16 loss scaling runs on CUDA
 GPU_ONLY = {"Loss scale and skipped steps"}
@@ -219,18 +219,13 @@ def test_every_panel_query_returns_data_from_a_real_prometheus_and_the_dcgm_join
     try:
         _wait_for("ready", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5).status == 200)
         moment = tmp_path / "moment"
-        trainer = pl.Trainer(
-            accelerator="cpu",
+        trainer = make_trainer(
+            tmp_path,
             devices=2,
             strategy=SpawnDDP(),
             max_steps=4,
-            log_every_n_steps=1,
+            limit_train_batches=8,
             limit_val_batches=0,
-            num_sanity_val_steps=0,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=str(tmp_path),
             logger=[
                 pl.loggers.TensorBoardLogger(str(tmp_path), name="tb"),
                 PrometheusLogger(port=0, file_sd_dir=str(sd)),
