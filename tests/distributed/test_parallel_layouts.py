@@ -202,7 +202,7 @@ def test_the_reports_rank_table_shows_the_time_blocked_in_collectives(runs, tmp_
 
 
 def test_a_slow_link_is_named_as_communication_not_as_a_rank(runs):
-    # each collective completes 50 ms late on rank 1: rank 0 then waits for it at the next one, so both ranks spend
+    # each collective completes 150 ms late on rank 1: rank 0 then waits for it at the next one, so both ranks spend
     # the time blocked in collectives, no rank's own work stands out, and the run says the communication is slow
     acc = _events(runs, "fsdp2_slow_comm")
     for rank in (0, 1):
