@@ -157,8 +157,10 @@ def _wait_for(what: str, check, timeout: float = 90.0):
 
 class ScrapedBeforeTheEnd(pl.Callback):
     """Each rank waits at the end of training until Prometheus holds its last step, then all ranks meet, and rank 0
-    writes Prometheus's time of that moment: every endpoint was serving then (after it, a closed endpoint's series are
-    marked stale)."""
+    waits for a moment at which Prometheus holds every rank's last step and the DCGM stand-in's gauge at once, and
+    writes Prometheus's time of it: every endpoint was serving then (after it, a closed endpoint's series are marked
+    stale). One scrape that times out on a busy machine marks that target's series stale until the next, so the
+    moment is checked for all of them together, not one by one."""
 
     def __init__(self, port: int, out: str) -> None:
         self.port, self.out = port, out
@@ -177,7 +179,16 @@ class ScrapedBeforeTheEnd(pl.Callback):
         _wait_for(f"rank {rank}'s last step ({step:g}) scraped", scraped)
         trainer.strategy.barrier()
         if rank == 0:
-            Path(self.out).write_text(str(scraped()[0]["value"][0]))
+            ranks = trainer.world_size
+            everything = (
+                f"count(lit_compute_step >= {step}) == {ranks} and on() count(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE) == 1"
+            )
+
+            def all_scraped():
+                return _api(self.port, "query", query=everything)["result"]
+
+            moment = _wait_for("every rank's last step and the DCGM gauge scraped at one moment", all_scraped)
+            Path(self.out).write_text(str(moment[0]["value"][0]))
         trainer.strategy.barrier()
 
 
