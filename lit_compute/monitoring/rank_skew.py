@@ -9,13 +9,18 @@ run inside the forward, and a fast rank waits in them for the slow one; under DD
 synchronisation). The straggler is the rank with the most own work; the skew is its own work over the median of
 the other ranks'; the cause is the part (data wait or compute) by which it exceeds them most, and the others'
 extra time in collectives is where its cost shows.
+
+A straggler is slow most of the time, not once: :class:`StragglerWindow` names a rank only when it was the slowest
+in most of the last logging steps and its median skew over them is above the threshold; a rank over the threshold
+at one logging step without that is a spike.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class Straggler:
     median_forward_ms: float
     comm_ms: float = 0.0  # its time blocked in collectives per step (whole step)
     median_comm_ms: float = 0.0  # the other ranks' median
+    slowest_in: int = 0  # the logging steps of the window in which it was the slowest (0: one logging step)
+    logs: int = 0  # the logging steps of that window
 
     def advice(self, world_size: int, threshold: float) -> str:
         what = (
@@ -53,9 +60,15 @@ class Straggler:
             if self.cause == "data"
             else "its device is slower: a throttled or shared GPU, a noisy neighbour on its CPU, a slower node"
         )
+        window = (
+            f", the slowest rank in {self.slowest_in} of the last {self.logs} logging steps (medians over them)"
+            if self.logs
+            else ""
+        )
         return (
             f"StepTimeMonitor: rank {self.rank} is a straggler: its own work per step is {self.skew:.2f}x the "
-            f"other ranks' median (threshold straggler_skew={threshold}); it {what}. The other {world_size - 1} "
+            f"other ranks' median (threshold straggler_skew={threshold}){window}; it {what}. The other "
+            f"{world_size - 1} "
             f"rank(s) wait for it at every synchronisation, {self.extra_ms:.1f} ms per step.{waited} Cause: "
             f"{self.cause} - {fix}."
         )
@@ -103,6 +116,70 @@ def find_straggler(
         comm_ms=comm[rank],
         median_comm_ms=_median([comm[r] for r in others]),
     )
+
+
+class StragglerWindow:
+    """The per-rank times of the last ``size`` logging steps, and the straggler they show, if any.
+
+    :meth:`add` takes one logging step's per-rank means (as :func:`find_straggler` does) and returns that step's
+    slowest rank. :meth:`straggler` names a rank only when the window holds 3 logging steps or more (``size``
+    where smaller), the rank was the slowest in more than half of them, and over them its lower median skew is
+    above ``threshold`` and its lower median extra own work above ``least_share`` of the slowest step (the lower
+    median of an even count is the smaller middle value: over 2 steps both, over 4 steps 3 of them): one slow step
+    among even ones (a spike: a page fault, a garbage collection, a checkpoint on one node) names nobody. The
+    advice's figures are the window's per-rank medians."""
+
+    def __init__(self, size: int, threshold: float, least_share: float = 0.05) -> None:
+        if size < 2:
+            raise ValueError(f"StragglerWindow: size={size}; a window needs 2 logging steps or more")
+        self.size, self.threshold, self.least_share = size, threshold, least_share
+        # (wait, forward, forward_comm, comm, step) per rank, and the slowest rank, of each logging step
+        self._logs: deque[tuple[list[list[float]], Straggler]] = deque(maxlen=size)
+
+    def add(
+        self,
+        wait_ms: Sequence[float],
+        forward_ms: Sequence[float],
+        forward_comm_ms: Sequence[float],
+        comm_ms: Sequence[float],
+        step_ms: Sequence[float],
+    ) -> Straggler | None:
+        """Record one logging step; its slowest rank (None, and nothing recorded, when a value is unknown)."""
+        slowest = find_straggler(wait_ms, forward_ms, forward_comm_ms, comm_ms)
+        if slowest is not None:
+            series = [list(wait_ms), list(forward_ms), list(forward_comm_ms), list(comm_ms), list(step_ms)]
+            self._logs.append((series, slowest))
+        return slowest
+
+    def spike(self, slowest: Straggler, step_ms: Sequence[float]) -> bool:
+        """Whether one logging step's slowest rank is over the threshold on its own."""
+        return slowest.skew > self.threshold and slowest.extra_ms > self.least_share * max(step_ms)
+
+    def straggler(self) -> Straggler | None:
+        """The rank the window shows slow most of the time, with the window's medians; None otherwise."""
+        logs = len(self._logs)
+        if logs < min(self.size, 3):
+            return None
+        rank, slowest_in = Counter(s.rank for _, s in self._logs).most_common(1)[0]
+        if 2 * slowest_in <= logs:
+            return None
+        medians = [
+            [_median([series[k][r] for series, _ in self._logs]) for r in range(len(self._logs[-1][0][0]))]
+            for k in range(5)
+        ]
+        found = find_straggler(*medians[:4])
+        skews, extras = [], []
+        for series, _ in self._logs:
+            own = [w + max(0.0, f - c) for w, f, c in zip(series[0], series[1], series[2])]
+            others = _median([own[r] for r in range(len(own)) if r != rank])
+            skews.append(own[rank] / others if others > 0 else math.inf)
+            extras.append(own[rank] - others)
+        skew, extra = sorted(skews)[(logs - 1) // 2], sorted(extras)[(logs - 1) // 2]  # the lower medians
+        if found is None or found.rank != rank or skew <= self.threshold:
+            return None
+        if extra <= self.least_share * max(medians[4]):
+            return None
+        return replace(found, skew=skew, extra_ms=extra, slowest_in=slowest_in, logs=logs)
 
 
 def communication_bound(comm_ms: Sequence[float], step_ms: Sequence[float], share: float) -> str | None:

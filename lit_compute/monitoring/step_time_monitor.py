@@ -12,7 +12,7 @@ from lit_compute._batch import TokenSpec
 from lit_compute._compat import available_cpu_cores, parallel_layout
 from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback, use_token_spec
-from lit_compute.monitoring.rank_skew import communication_bound, find_straggler
+from lit_compute.monitoring.rank_skew import StragglerWindow, communication_bound
 from lit_compute.timeline import LogEvent, StepRecord
 from lit_compute.writer import log_text
 
@@ -80,8 +80,12 @@ class StepTimeMonitor(MeasuringCallback):
           report's per-rank table). See
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
-        - text ``time/straggler_advice``: when ``rank_skew`` exceeds ``straggler_skew`` at two logging steps in a
-          row with the same rank slowest: the slow rank, whether it waited on data or computed longer, and by how much.
+        - text ``time/straggler_advice``: when, over the last ``straggler_window`` logging steps (3 at least), the
+          same rank was the slowest in most and its median ``rank_skew`` exceeds ``straggler_skew``: the slow rank,
+          whether it waited on data or computed longer, and by how much (the window's medians).
+        - ``time/rank_spikes``: the logging steps so far whose slowest rank was over ``straggler_skew`` without the
+          window calling it a straggler: a slow step (a garbage collection, a page fault, a checkpoint on one node),
+          not a slow rank.
         - text ``time/comm_advice``: when, at two logging steps in a row, every rank spent more than
           ``comm_fraction`` of the step blocked in collectives and no rank's own work stood out: the communication
           is slow (a network or a link), not one rank.
@@ -95,6 +99,7 @@ class StepTimeMonitor(MeasuringCallback):
         stall_fraction: Data-wait fraction above which the run is called input-bound.
         tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect).
         straggler_skew: ``rank_skew`` above which the slowest rank is called a straggler.
+        straggler_window: Logging steps over which a straggler must be the slowest rank most of the time.
         comm_fraction: Share of the step above which time blocked in collectives on *every* rank (the one the
             others wait for included) is called slow communication.
 
@@ -111,6 +116,7 @@ class StepTimeMonitor(MeasuringCallback):
         stall_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.2,
         tokens: TokenSpec | None = None,
         straggler_skew: Annotated[float, Check(gt=1.0)] = 1.25,
+        straggler_window: Annotated[int, Check(ge=2)] = 8,
         comm_fraction: Annotated[float, Check(gt=0.0, lt=1.0)] = 0.25,
     ) -> None:
         super().__init__()
@@ -119,8 +125,7 @@ class StepTimeMonitor(MeasuringCallback):
         self.comm_advice: str | None = None
         self._comm_logs = 0  # logging steps in a row whose collectives were slow on every rank
         self.straggler_advice: str | None = None
-        self._skewed_logs = 0  # logging steps in a row with the same rank skewed
-        self._skewed_rank: int | None = None
+        self.straggler_window = straggler_window
         self.reduce_keys = {"train": _RATE_KEYS}
         self.tokens = tokens
         self.log_every_n_steps = log_every_n_steps
@@ -134,6 +139,8 @@ class StepTimeMonitor(MeasuringCallback):
         self._steps_since_log = 0
         self._instrument_mark = 0.0
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)  # (wait_ms, compute_ms)
+        self._stragglers = StragglerWindow(self.straggler_window, self.straggler_skew)
+        self._spikes = 0
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -252,23 +259,24 @@ class StepTimeMonitor(MeasuringCallback):
                         f"rank/{r}/comm_wait_ms": per_rank["comm_ms"][r],
                     }
                 )
-        straggler = find_straggler(
-            per_rank["wait_ms"], per_rank["forward_ms"], per_rank["forward_comm_ms"], per_rank["comm_ms"]
-        )
-        if straggler is None:
+        slowest = self._stragglers.add(**per_rank)  # its keys are _RANK_KEYS, add's arguments
+        if slowest is None:
             return out
-        out.update({"time/rank_skew": straggler.skew, "time/slowest_rank": float(straggler.rank)})
-        # a straggler costs the others a noticeable share of the step, at two logging steps in a row
-        skewed = straggler.skew > self.straggler_skew and straggler.extra_ms > 0.05 * max(per_rank["step_ms"])
-        same = straggler.rank == self._skewed_rank
-        self._skewed_logs = (self._skewed_logs + 1 if same else 1) if skewed else 0
-        self._skewed_rank = straggler.rank if skewed else None
-        if self._skewed_logs >= 2 and self.straggler_advice is None:
+        out.update({"time/rank_skew": slowest.skew, "time/slowest_rank": float(slowest.rank)})
+        # a straggler is the slowest rank most of the time (the window), a spike one logging step over the threshold
+        straggler = self._stragglers.straggler()
+        skewed = self._stragglers.spike(slowest, per_rank["step_ms"])
+        if straggler is None and skewed:
+            self._spikes += 1
+            out["time/rank_spikes"] = float(self._spikes)
+        if straggler is not None and self.straggler_advice is None:
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)
             log_text(trainer, "time/straggler_advice", self.straggler_advice)
         slow_comm = (
-            None if skewed else communication_bound(per_rank["comm_ms"], per_rank["step_ms"], self.comm_fraction)
+            None
+            if skewed or straggler is not None
+            else communication_bound(per_rank["comm_ms"], per_rank["step_ms"], self.comm_fraction)
         )
         self._comm_logs = self._comm_logs + 1 if slow_comm else 0
         if slow_comm and self._comm_logs >= 2 and self.comm_advice is None:

@@ -90,6 +90,17 @@ def test_the_straggler_is_named_with_its_cause(runs):
     assert "Cause: data" in advice
 
 
+def test_one_slow_step_is_a_spike_not_a_straggler(runs):
+    """#70 item 2: rank 1 loads one batch of twelve 40x slower (a driven clock, logging every step): that step's
+    skew is over the threshold, the rank is named nowhere, and the spike is counted."""
+    acc = _events(runs, "spike")
+    skews = dict(scalar_values(acc, "time/rank_skew"))
+    assert max(skews.values()) > 5
+    assert sorted(skews.values())[-2] == pytest.approx(1.0)  # every other step even
+    assert "time/straggler_advice/text_summary" not in acc.Tags()["tensors"]
+    assert [v for _, v in scalar_values(acc, "time/rank_spikes")] == [1.0]
+
+
 def test_even_ranks_name_no_straggler(runs):
     acc = _events(runs, "ddp")
     assert _last(acc, "time/rank_skew") == pytest.approx(1.0)

@@ -56,3 +56,63 @@ def test_slow_communication_is_named_only_when_every_rank_waits_in_collectives()
     assert "cannot say whose" in advice
     assert communication_bound([200.0, 10.0], [300.0, 300.0], 0.25) is None  # one rank waits: a straggler's sign
     assert communication_bound([120.0, math.nan], [300.0, 300.0], 0.25) is None
+
+
+def _window_of(steps, size=8):
+    """A StragglerWindow fed per-step (wait, forward) pairs of two ranks: a driven clock, one logging step each."""
+    from lit_compute.monitoring.rank_skew import StragglerWindow
+
+    window = StragglerWindow(size, 1.25)
+    found = []
+    for (wait0, fwd0), (wait1, fwd1) in steps:
+        step = max(wait0 + fwd0, wait1 + fwd1) + 20.0
+        window.add([wait0, wait1], [fwd0, fwd1], [0.0, 0.0], [0.0, 0.0], [step, step])
+        found.append(window.straggler())
+    return window, found
+
+
+def test_one_five_fold_step_among_even_ones_is_a_spike_not_a_straggler():
+    from lit_compute.monitoring.rank_skew import StragglerWindow
+
+    even = ((2.0, 10.0), (2.0, 10.0))
+    # rank 1 a hair slower at every step (the slowest in all of them), and once 5x
+    steps = [((2.0, 10.0), (2.0, 10.1))] * 5 + [((2.0, 10.0), (2.0, 58.0))] + [((2.0, 10.0), (2.0, 10.1))] * 6
+    _, found = _window_of(steps)
+    assert found == [None] * 12
+    _, found = _window_of([even] * 3 + [((2.0, 10.0), (50.0, 10.0))] + [even] * 8)
+    assert found == [None] * 12
+    # the single step is over the threshold on its own: what StepTimeMonitor counts as a spike
+    window = StragglerWindow(8, 1.25)
+    slowest = window.add([2.0, 2.0], [10.0, 58.0], [0.0, 0.0], [0.0, 0.0], [80.0, 80.0])
+    assert window.spike(slowest, [80.0, 80.0])
+    assert window.straggler() is None
+
+
+def test_a_rank_slow_in_six_of_eight_steps_is_a_straggler_with_the_windows_medians():
+    slow, fast = ((2.0, 10.0), (2.0, 40.0)), ((2.0, 10.0), (2.0, 10.0))
+    _, found = _window_of([slow, fast, slow, slow, fast, slow, slow, slow])
+    # 3 logging steps at least: at the third, slowest in 2 of 3 with the lower median skew 3.5 (1.0, 3.5, 3.5)
+    assert found[:2] == [None, None]
+    assert all(s is not None and s.rank == 1 for s in found[2:])
+    last = found[-1]
+    assert (last.rank, last.cause, last.slowest_in, last.logs) == (1, "compute", 6, 8)
+    assert last.skew == pytest.approx(42 / 12)
+    advice = last.advice(2, 1.25)
+    assert "rank 1 is a straggler" in advice
+    assert "the slowest rank in 6 of the last 8 logging steps" in advice
+    # the same rank slow in only half of a full window: nobody
+    window, _ = _window_of([fast] * 4 + [slow] * 4)
+    assert window.straggler() is None
+
+
+def test_a_window_with_too_few_steps_or_slow_by_turns_names_nobody():
+    from lit_compute.monitoring.rank_skew import StragglerWindow
+
+    slow0, slow1 = ((2.0, 40.0), (2.0, 10.0)), ((2.0, 10.0), (2.0, 40.0))
+    _, found = _window_of([slow1, slow1])
+    assert found == [None, None]  # 2 logging steps: fewer than 3
+    # each rank slow by turns, a full window: neither is the slowest most of the time
+    window, _ = _window_of([slow0, slow1] * 6)
+    assert window.straggler() is None
+    with pytest.raises(ValueError, match="size=1"):
+        StragglerWindow(1, 1.25)

@@ -2,7 +2,8 @@
 
 - one MLP under three parallel layouts (DDP, FSDP2 2x1, tensor parallel 1x2), the same global batch of 32 each
   time, with FlopsLogger and StepTimeMonitor on; each rank writes what it counted;
-- a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping);
+- a straggler: DDP where rank 1's loader takes 40 ms per sample on a driven clock (no sleeping); and a spike: the
+  same for one batch of twelve, logging every step;
 - stragglers under FSDP2 and tensor parallelism, where the other rank waits inside the forward's collectives: rank 1
   sleeps 200 ms per batch in its loader (data) or before its forward (compute), on the real clock (a sleep is what
   a slow rank looks like to the others); and FSDP2 where each collective completes 150 ms late on rank 1 (a slow
@@ -51,22 +52,34 @@ CLOCK = Clock()
 
 
 class Samples(torch.utils.data.Dataset):
-    """Each sample takes 1 ms to load on the driven clock, 40 ms on ``slow_rank``."""
+    """Each sample takes 1 ms to load on the driven clock, 40 ms on ``slow_rank`` (only in its batch number
+    ``spike_batch`` of ``batch_size`` samples, where given)."""
 
-    def __init__(self, rank: int, slow_rank: int | None, sleep_s: float = 0.0):
+    def __init__(
+        self,
+        rank: int,
+        slow_rank: int | None,
+        sleep_s: float = 0.0,
+        spike_batch: int | None = None,
+        batch_size: int = 16,
+    ):
         self.slow = rank == slow_rank
         self.sleep_s = sleep_s if self.slow else 0.0
-        self.x = torch.randn(8 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
+        self.spike_batch, self.batch_size, self.loaded = spike_batch, batch_size, 0
+        self.x = torch.randn(12 * GLOBAL_BATCH, 256, generator=torch.Generator().manual_seed(0))
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        if self.sleep_s:  # real time, once per batch (batches hold consecutive samples)
-            if i % 16 == 0:
+        batch, first = divmod(self.loaded, self.batch_size)
+        self.loaded += 1
+        if self.sleep_s:  # real time, once per batch this rank loads (not by index: a sampler interleaves ranks)
+            if first == 0:
                 time.sleep(self.sleep_s)
         else:
-            CLOCK.t += 0.040 if self.slow else 0.001
+            slow = self.slow and (self.spike_batch is None or batch == self.spike_batch)
+            CLOCK.t += 0.040 if slow else 0.001
         return (self.x[i],)
 
 
@@ -120,6 +133,8 @@ def run(
     max_steps: int = 4,
     callbacks=(),
     slow: str | None = None,
+    spike_batch: int | None = None,
+    log_every_n_steps: int = 2,
 ) -> None:
     """``slow``: None (the driven clock), ``"data"`` or ``"compute"``: rank 1 sleeps 200 ms per batch there;
     ``"comm"``: rank 1 sleeps 150 ms in each collective's wait."""
@@ -129,7 +144,7 @@ def run(
         devices=2,
         strategy=strategy,
         max_steps=max_steps,
-        log_every_n_steps=2,
+        log_every_n_steps=log_every_n_steps,
         logger=pl.loggers.TensorBoardLogger(str(out), name=name),
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -138,7 +153,13 @@ def run(
     )
     rank = trainer.global_rank
     loader = DataLoader(
-        Samples(rank, 1 if slow == "data" else slow_rank, 0.2 if slow == "data" else 0.0),
+        Samples(
+            rank,
+            1 if slow == "data" else slow_rank,
+            0.2 if slow == "data" else 0.0,
+            spike_batch,
+            GLOBAL_BATCH // data_parallel,
+        ),
         batch_size=GLOBAL_BATCH // data_parallel,
     )
     work = torch.distributed.distributed_c10d.Work
@@ -304,6 +325,8 @@ if __name__ == "__main__":
     run(OUT, "fsdp2", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
     run(OUT, "tp", ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), 1)
     run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
+    spike = {"slow_rank": 1, "spike_batch": 5, "max_steps": 12, "log_every_n_steps": 1}
+    run(OUT, "spike", DDPStrategy(process_group_backend="gloo"), 2, **spike)
     for layout, dp, tp in (("fsdp2", 2, 1), ("tp", 1, 2)):
         for cause in ("data", "compute"):
             run(

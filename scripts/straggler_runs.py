@@ -1,0 +1,116 @@
+"""#70 item 2's figure: tensor parallel 1 x 2 on gloo, on the real clock, logging every step, five runs of 12 steps
+with even ranks and five with rank 1 sleeping 50 ms before each forward: which runs' StepTimeMonitor named a
+straggler, and each run's per-step skew. Writes ``docs/figures/straggler_runs.md`` (the commit and machine in its
+first line).
+
+    python scripts/straggler_runs.py [OUT.md]      (Lightning starts the second rank by re-running this script)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lit_compute import StepTimeMonitor
+
+RUNS, STEPS, SLEEP_S = 5, 12, 0.05
+
+
+class MLP(pl.LightningModule):
+    def __init__(self, sleep_s: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.sleep_s = sleep_s
+        self.net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+
+    def configure_model(self) -> None:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        parallelize_module(
+            self.net, self.device_mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        )
+
+    def training_step(self, batch, batch_idx):
+        if self.sleep_s and self.global_rank == 1:
+            time.sleep(self.sleep_s)  # real time: what a slower device looks like to the other rank
+        return self.net(batch[0]).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(out: Path, name: str, sleep_s: float) -> None:
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+        max_steps=STEPS,
+        log_every_n_steps=1,
+        logger=pl.loggers.TensorBoardLogger(str(out), name=name, version=0),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StepTimeMonitor()],
+    )
+    data = TensorDataset(torch.randn(STEPS * 32, 256, generator=torch.Generator().manual_seed(0)))
+    trainer.fit(MLP(sleep_s), train_dataloaders=DataLoader(data, batch_size=32))
+
+
+def row(out: Path, name: str) -> str:
+    acc = EventAccumulator(str(out / name / "version_0"))
+    acc.Reload()
+    skews = [e.value for e in acc.Scalars("time/rank_skew")]
+    slowest = [int(e.value) for e in acc.Scalars("time/slowest_rank")]
+    spikes = [e.value for e in acc.Scalars("time/rank_spikes")] if "time/rank_spikes" in acc.Tags()["scalars"] else []
+    named = "time/straggler_advice/text_summary" in acc.Tags()["tensors"]
+    over = sum(s > 1.25 for s in skews)
+    series = " ".join(f"{s:.2f}({r})" for s, r in zip(skews, slowest))
+    return (
+        f"| {name} | {'yes' if named else 'no'} | {over} of {len(skews)} | {int(max(spikes, default=0))} | {series} |"
+    )
+
+
+def main() -> None:
+    out = Path(os.environ.setdefault("STRAGGLER_RUNS_DIR", tempfile.mkdtemp(prefix="straggler_runs_")))
+    names = [(f"even_{i}", 0.0) for i in range(RUNS)] + [(f"rank1_slow_{i}", SLEEP_S) for i in range(RUNS)]
+    for name, sleep_s in names:
+        fit(out, name, sleep_s)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "docs/figures/straggler_runs.md"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = " (with uncommitted changes)" if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode else ""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = torch.backends.cpu.get_cpu_capability()
+    lines = [
+        f"<!-- written by `scripts/straggler_runs.py` at commit {commit}{dirty} on {when}; machine: "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu} -->",
+        "",
+        f"*Tensor parallel 1 x 2 on gloo, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
+        f"straggler_window 8), logging every step, {STEPS} steps a run; rank 1 sleeps {SLEEP_S * 1000:.0f} ms before "
+        f"each forward in the slow runs. At commit `{commit}`{dirty}, {when}, {os.cpu_count()} cores:*",
+        "",
+        "| run | straggler named | logging steps over 1.25 | spikes counted | skew (slowest rank) per logging step |",
+        "|---|---|---|---|---|",
+        *(row(out, name) for name, _ in names),
+        "",
+    ]
+    target.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
