@@ -11,8 +11,8 @@ the other ranks'; the cause is the part (data wait or compute) by which it excee
 extra time in collectives is where its cost shows.
 
 A straggler is slow most of the time, not once: :class:`StragglerWindow` names a rank only when it was the slowest
-in most of the last logging steps and its median skew over them is above the threshold; a rank over the threshold
-at one logging step without that is a spike.
+in most of a full window of logging steps and its median skew over them is above the threshold; a rank over the
+threshold at one logging step without that is a spike.
 """
 
 from __future__ import annotations
@@ -122,12 +122,13 @@ class StragglerWindow:
     """The per-rank times of the last ``size`` logging steps, and the straggler they show, if any.
 
     :meth:`add` takes one logging step's per-rank means (as :func:`find_straggler` does) and returns that step's
-    slowest rank. :meth:`straggler` names a rank only when the window holds 3 logging steps or more (``size``
-    where smaller), the rank was the slowest in more than half of them, and over them its lower median skew is
-    above ``threshold`` and its lower median extra own work above ``least_share`` of the slowest step (the lower
-    median of an even count is the smaller middle value: over 2 steps both, over 4 steps 3 of them): one slow step
-    among even ones (a spike: a page fault, a garbage collection, a checkpoint on one node) names nobody. The
-    advice's figures are the window's per-rank medians."""
+    slowest rank. :meth:`straggler` names a rank only when the window is full (``size`` logging steps), the rank
+    was the slowest in more than half of them, and over them its lower median skew is above ``threshold`` and its
+    lower median extra own work above ``least_share`` of the slowest step (the lower median of an even count is the
+    smaller middle value: over 8 steps, 5 of them over): one slow step among even ones (a spike: a page fault, a
+    garbage collection, a checkpoint on one node) names nobody, and neither does the noise of even ranks, whose
+    slowest rank is over the threshold at some steps and changes between them. A shorter window (2 steps at
+    least) names sooner on less evidence. The advice's figures are the window's per-rank medians."""
 
     def __init__(self, size: int, threshold: float, least_share: float = 0.05) -> None:
         if size < 2:
@@ -155,10 +156,23 @@ class StragglerWindow:
         """Whether one logging step's slowest rank is over the threshold on its own."""
         return slowest.skew > self.threshold and slowest.extra_ms > self.least_share * max(step_ms)
 
+    @property
+    def full(self) -> bool:
+        return len(self._logs) == self.size
+
+    def spikes(self) -> int:
+        """The logging steps of the window whose slowest rank was over the threshold and is not the straggler the
+        window names."""
+        named = self.straggler()
+        return sum(
+            self.spike(slowest, series[4]) and (named is None or slowest.rank != named.rank)
+            for series, slowest in self._logs
+        )
+
     def straggler(self) -> Straggler | None:
         """The rank the window shows slow most of the time, with the window's medians; None otherwise."""
         logs = len(self._logs)
-        if logs < min(self.size, 3):
+        if logs < self.size:
             return None
         rank, slowest_in = Counter(s.rank for _, s in self._logs).most_common(1)[0]
         if 2 * slowest_in <= logs:

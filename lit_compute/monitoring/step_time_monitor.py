@@ -80,12 +80,12 @@ class StepTimeMonitor(MeasuringCallback):
           report's per-rank table). See
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
-        - text ``time/straggler_advice``: when, over the last ``straggler_window`` logging steps (3 at least), the
-          same rank was the slowest in most and its median ``rank_skew`` exceeds ``straggler_skew``: the slow rank,
-          whether it waited on data or computed longer, and by how much (the window's medians).
-        - ``time/rank_spikes``: the logging steps so far whose slowest rank was over ``straggler_skew`` without the
-          window calling it a straggler: a slow step (a garbage collection, a page fault, a checkpoint on one node),
-          not a slow rank.
+        - text ``time/straggler_advice``: when, over the last ``straggler_window`` logging steps, the same rank was
+          the slowest in most and its median ``rank_skew`` exceeds ``straggler_skew``: the slow rank, whether it
+          waited on data or computed longer, and by how much (the window's medians).
+        - ``time/rank_spikes``: once ``straggler_window`` logging steps are in, how many of the last
+          ``straggler_window`` had their slowest rank over ``straggler_skew`` without it being the straggler: slow
+          steps (a garbage collection, a page fault, a checkpoint on one node), not a slow rank.
         - text ``time/comm_advice``: when, at two logging steps in a row, every rank spent more than
           ``comm_fraction`` of the step blocked in collectives and no rank's own work stood out: the communication
           is slow (a network or a link), not one rank.
@@ -99,7 +99,8 @@ class StepTimeMonitor(MeasuringCallback):
         stall_fraction: Data-wait fraction above which the run is called input-bound.
         tokens: Where the batch's token ids, padding mask or pad id are (None: auto-detect).
         straggler_skew: ``rank_skew`` above which the slowest rank is called a straggler.
-        straggler_window: Logging steps over which a straggler must be the slowest rank most of the time.
+        straggler_window: Logging steps over which a straggler must be the slowest rank most of the time (none is
+            named before that many have been logged).
         comm_fraction: Share of the step above which time blocked in collectives on *every* rank (the one the
             others wait for included) is called slow communication.
 
@@ -140,7 +141,6 @@ class StepTimeMonitor(MeasuringCallback):
         self._instrument_mark = 0.0
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)  # (wait_ms, compute_ms)
         self._stragglers = StragglerWindow(self.straggler_window, self.straggler_skew)
-        self._spikes = 0
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -266,9 +266,8 @@ class StepTimeMonitor(MeasuringCallback):
         # a straggler is the slowest rank most of the time (the window), a spike one logging step over the threshold
         straggler = self._stragglers.straggler()
         skewed = self._stragglers.spike(slowest, per_rank["step_ms"])
-        if straggler is None and skewed:
-            self._spikes += 1
-            out["time/rank_spikes"] = float(self._spikes)
+        if self._stragglers.full:
+            out["time/rank_spikes"] = float(self._stragglers.spikes())
         if straggler is not None and self.straggler_advice is None:
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)

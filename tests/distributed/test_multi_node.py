@@ -41,7 +41,8 @@ class RecordEnv(pl.Callback):
 def _config(tmp_path: Path) -> Path:
     config = yaml.safe_load((ROOT / "configs" / "ddp.yaml").read_text())
     trainer = config["trainer"]
-    trainer.update(devices=1, num_nodes=2, max_steps=12, max_epochs=None, log_every_n_steps=2)
+    # logging every step: a straggler is named over StepTimeMonitor's window of 8 logging steps
+    trainer.update(devices=1, num_nodes=2, max_steps=12, max_epochs=None, log_every_n_steps=1)
     trainer["strategy"]["init_args"].update(benchmark_max_mb=0.1, benchmark_seconds=1)
     trainer["callbacks"][2]["init_args"].update(max_mb=0.1, seconds=1)  # CommBenchmark
     trainer["callbacks"].append({"class_path": "record_env.RecordEnv"})

@@ -98,7 +98,8 @@ def test_one_slow_step_is_a_spike_not_a_straggler(runs):
     assert max(skews.values()) > 5
     assert sorted(skews.values())[-2] == pytest.approx(1.0)  # every other step even
     assert "time/straggler_advice/text_summary" not in acc.Tags()["tensors"]
-    assert [v for _, v in scalar_values(acc, "time/rank_spikes")] == [1.0]
+    # once the window holds 8 logging steps: how many of them were spikes (the one, while it is in the window)
+    assert {v for _, v in scalar_values(acc, "time/rank_spikes")} == {1.0}
 
 
 def test_even_ranks_name_no_straggler(runs):

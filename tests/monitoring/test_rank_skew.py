@@ -86,14 +86,15 @@ def test_one_five_fold_step_among_even_ones_is_a_spike_not_a_straggler():
     slowest = window.add([2.0, 2.0], [10.0, 58.0], [0.0, 0.0], [0.0, 0.0], [80.0, 80.0])
     assert window.spike(slowest, [80.0, 80.0])
     assert window.straggler() is None
+    window, _ = _window_of([even] * 3 + [((2.0, 10.0), (50.0, 10.0))] + [even] * 4)
+    assert window.full
+    assert window.spikes() == 1
 
 
 def test_a_rank_slow_in_six_of_eight_steps_is_a_straggler_with_the_windows_medians():
     slow, fast = ((2.0, 10.0), (2.0, 40.0)), ((2.0, 10.0), (2.0, 10.0))
     _, found = _window_of([slow, fast, slow, slow, fast, slow, slow, slow])
-    # 3 logging steps at least: at the third, slowest in 2 of 3 with the lower median skew 3.5 (1.0, 3.5, 3.5)
-    assert found[:2] == [None, None]
-    assert all(s is not None and s.rank == 1 for s in found[2:])
+    assert found[:7] == [None] * 7  # a full window first
     last = found[-1]
     assert (last.rank, last.cause, last.slowest_in, last.logs) == (1, "compute", 6, 8)
     assert last.skew == pytest.approx(42 / 12)
@@ -109,8 +110,11 @@ def test_a_window_with_too_few_steps_or_slow_by_turns_names_nobody():
     from lit_compute.monitoring.rank_skew import StragglerWindow
 
     slow0, slow1 = ((2.0, 40.0), (2.0, 10.0)), ((2.0, 10.0), (2.0, 40.0))
-    _, found = _window_of([slow1, slow1])
-    assert found == [None, None]  # 2 logging steps: fewer than 3
+    _, found = _window_of([slow1] * 7)
+    assert found == [None] * 7  # 7 logging steps: the window (8) is not full
+    window, found = _window_of([slow1] * 2, size=2)
+    assert found[-1].rank == 1  # a shorter window names sooner
+    assert window.spikes() == 0  # the straggler's own steps are not spikes
     # each rank slow by turns, a full window: neither is the slowest most of the time
     window, _ = _window_of([slow0, slow1] * 6)
     assert window.straggler() is None

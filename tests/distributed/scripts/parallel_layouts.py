@@ -324,7 +324,9 @@ if __name__ == "__main__":
     run(OUT, "ddp", DDPStrategy(process_group_backend="gloo"), 2)
     run(OUT, "fsdp2", ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
     run(OUT, "tp", ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), 1)
-    run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=8)
+    # a straggler is named over a full window (StepTimeMonitor's straggler_window, 8 logging steps): logging every
+    # step, the first (the epoch's first batch) left out
+    run(OUT, "straggler", DDPStrategy(process_group_backend="gloo"), 2, slow_rank=1, max_steps=10, log_every_n_steps=1)
     spike = {"slow_rank": 1, "spike_batch": 5, "max_steps": 12, "log_every_n_steps": 1}
     run(OUT, "spike", DDPStrategy(process_group_backend="gloo"), 2, **spike)
     for layout, dp, tp in (("fsdp2", 2, 1), ("tp", 1, 2)):
@@ -334,8 +336,9 @@ if __name__ == "__main__":
                 f"{layout}_slow_{cause}",
                 ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
                 dp,
-                max_steps=7,
+                max_steps=10,
                 slow=cause,
+                log_every_n_steps=1,
             )
     run(
         OUT,
