@@ -9,12 +9,9 @@ first line).
 from __future__ import annotations
 
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -22,9 +19,12 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
+from torch.backends.cpu import get_cpu_capability
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_compute import StepTimeMonitor
+from lit_compute.figures import figure_header
+from lit_compute.hardware.this_machine import machine_line
 
 RUNS, STEPS, SLEEP_S = 5, 12, 0.05
 
@@ -91,17 +91,12 @@ def main() -> None:
     if int(os.environ.get("LOCAL_RANK", "0")) != 0:
         return
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "docs/figures/straggler_runs.md"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = " (with uncommitted changes)" if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode else ""
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    cpu = torch.backends.cpu.get_cpu_capability()
+    machine = f"{machine_line()}, {os.cpu_count()} cores, CPU capability {get_cpu_capability()}"
     lines = [
-        f"<!-- written by `scripts/straggler_runs.py` at commit {commit}{dirty} on {when}; machine: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cpu} -->",
-        "",
-        f"*Tensor parallel 1 x 2 on gloo, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
+        figure_header("python scripts/straggler_runs.py", machine)
+        + f"Tensor parallel 1 x 2 on gloo, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
         f"straggler_window 8), logging every step, {STEPS} steps a run; rank 1 sleeps {SLEEP_S * 1000:.0f} ms before "
-        f"each forward in the slow runs. At commit `{commit}`{dirty}, {when}, {os.cpu_count()} cores:*",
+        "each forward in the slow runs.",
         "",
         "| run | straggler named | logging steps over 1.25 | spikes counted | skew (slowest rank) per logging step |",
         "|---|---|---|---|---|",
