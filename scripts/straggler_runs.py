@@ -93,7 +93,7 @@ def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "docs/figures/straggler_runs.md"
     machine = f"{machine_line()}, {os.cpu_count()} cores, CPU capability {get_cpu_capability()}"
     lines = [
-        figure_header("python scripts/straggler_runs.py", machine)
+        figure_header("scripts/straggler_runs.py", machine)
         + f"Tensor parallel 1 x 2 on gloo, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
         f"straggler_window 8), logging every step, {STEPS} steps a run; rank 1 sleeps {SLEEP_S * 1000:.0f} ms before "
         "each forward in the slow runs.",
