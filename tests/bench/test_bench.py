@@ -321,6 +321,14 @@ def test_bench_configs_refuses_a_negative_warm_up_before_starting_a_run(tmp_path
     assert not any(tmp_path.iterdir())
 
 
+def test_bench_whatif_refuses_zero_repeats_before_running_anything(capsys):
+    """#68 item 3: ``--repeats`` sets the cpu part's runs of each configuration; none is refused before a run."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "whatif", "--only", "cpu", "--repeats", "0"])
+    assert exit_info.value.code == 2
+    assert "--repeats 0: give 1 or more runs of each configuration" in capsys.readouterr().err
+
+
 def _table_rows(markdown_text: str, title: str) -> list[list[str]]:
     """The rows of the table under ``### title`` in a figure file."""
     section = markdown_text.split(f"### {title}", 1)[1].split("\n### ", 1)[0]

@@ -61,6 +61,13 @@ def main(argv: list[str]) -> int:
         help="run these parts, comma-separated (cpu, comm, gpu, input, run, scaling, setup; default all)",
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="the cpu part's runs of each configuration (rounds, interleaved; each figure is the run of median step "
+        "time): fewer is faster and noisier, and the header says how many",
+    )
+    parser.add_argument(
         "--errors",
         default=None,
         help="also write the check rows' predictions as JSON to this file (whatif quotes "
@@ -78,6 +85,8 @@ def main(argv: list[str]) -> int:
         "per-kernel pricing, the result published as it comes)",
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give 1 or more runs of each configuration (default 5)")
     if args.sealed and args.only and "gpu" not in args.only:
         parser.error("--sealed: the sealed set is priced by the gpu part; add gpu to --only")
     if args.errors and args.only and "gpu" not in args.only:
@@ -98,6 +107,7 @@ def main(argv: list[str]) -> int:
         "lit-compute bench whatif"
         + (f" --only {','.join(args.only)}" if args.only else "")
         + (" --sealed" if args.sealed else "")
+        + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
     )
     predictions: list[dict[str, Any]] = []  # the gpu part's, kept for --errors
 
@@ -108,7 +118,11 @@ def main(argv: list[str]) -> int:
     sections = []
     with tempfile.TemporaryDirectory() as out:
         parts: list[tuple[str, str, Callable[[str], list[list[Any]]]]] = [
-            ("cpu", "This CPU: calibrated on one run, predicting others (step time, ms)", cpu.cpu_part),
+            (
+                "cpu",
+                "This CPU: calibrated on one run, predicting others (step time, ms)",
+                lambda out: cpu.cpu_part(out, args.repeats),
+            ),
             ("comm", "Collectives on two gloo ranks (ms per step)", comm.comm_part),
             ("gpu", "Published GPU training throughputs (samples/s)", gpu_rows),
             (
