@@ -145,10 +145,14 @@ def _dtype_name(device: torch.device, dtype: torch.dtype, tf32: bool | None) -> 
 
 
 def _device_key(device: torch.device) -> tuple[str, str]:
-    """(the device's name, the cache key of the device as measured here: name, torch threads, torch version)."""
+    """(the device's name, the cache key of the device as measured here: name, torch threads, torch version, and on a
+    CPU the instruction set torch dispatches to: one model name covers CPUs with and without AVX-512 and its bf16,
+    and a cache folder can move between them)."""
     name = device_description(device)
-    threads = torch.get_num_threads() if device.type == "cpu" else 0
-    return name, f"{device.type}|{name}|threads={threads}|torch={torch.__version__}"
+    if device.type != "cpu":
+        return name, f"{device.type}|{name}|threads=0|torch={torch.__version__}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return name, f"cpu|{name}|{capability}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
 def peak_key(device: torch.device, dtype: torch.dtype, tf32: bool | None = None) -> str:

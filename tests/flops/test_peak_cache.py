@@ -50,6 +50,20 @@ def test_the_peak_is_measured_once_cached_with_its_conditions_and_remeasured_on_
     )
 
 
+def test_a_cpu_with_another_instruction_set_under_the_same_name_is_measured_again(tmp_path, monkeypatch):
+    """One model name ("AMD EPYC") covers CPUs with AVX-512 and bf16 and AVX2-only ones (bf16 many times slower), and
+    a cache folder can move between them: a peak cached on one is not the other's."""
+    monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
+    _measurements(monkeypatch, (2.0e11, True), (7.0e10, True))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert cached_peak_flops("cpu", torch.float32).flops == 2.0e11
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    other = cached_peak_flops("cpu", torch.float32)
+    assert (other.flops, other.cached) == (7.0e10, False)
+    assert peak_key(torch.device("cpu"), torch.float32).startswith("cpu|")
+    assert "|AVX2|" in peak_key(torch.device("cpu"), torch.float32)
+
+
 def test_a_broken_cache_file_is_measured_over(tmp_path, monkeypatch):
     monkeypatch.setenv("LIT_COMPUTE_CACHE", str(tmp_path))
     (tmp_path / "this_machine.json").write_text("{not json")
