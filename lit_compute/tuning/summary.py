@@ -12,7 +12,7 @@ from typing import Any
 from lit_compute.formatting import markdown_table
 from lit_compute.tuning.config_yaml import ConfigPath, dump_yaml, paths_differing, user_comments
 from lit_compute.tuning.knobs import Knob, NotApplicable, apply_settings
-from lit_compute.tuning.search import Options, Outcome, Verdict, paired_ratio, rate_text
+from lit_compute.tuning.search import UNCLEAR, Options, Outcome, Verdict, paired_ratio, rate_text
 from lit_compute.tuning.trials import TrialResult
 
 
@@ -125,7 +125,9 @@ def table(outcome: Outcome, knobs: list[Knob], peaks: Mapping[str, float]) -> st
 
 
 def _verdict_text(verdict: Verdict) -> str:
-    if verdict.accepted or verdict.reason.startswith("inconclusive"):
+    """The verdict column: a short trial inside the noise (:data:`~lit_compute.tuning.search.UNCLEAR`) goes on to a
+    paired measurement and is not rejected, so it is not printed as a rejection."""
+    if verdict.accepted or verdict.reason.startswith(("inconclusive", UNCLEAR)):
         return verdict.reason
     return f"rejected: {verdict.reason}" if verdict.reason else "promising"
 

@@ -1031,3 +1031,26 @@ def test_two_identical_configs_side_by_side_print_an_interval_that_holds_one():
             steps_alone += alone.low <= 1.0 <= alone.high
         assert held >= 90, (rounds, held)
         assert steps_alone < held
+
+
+def test_a_short_trial_inside_the_noise_is_printed_as_unclear_not_as_a_rejection():
+    """#70 item 1: the contended tune's table printed "rejected: unclear, measured as a pair: ... (0.69x, 95% interval
+    0.34-1.40x ...)" for a short trial the search went on to measure as a pair: nothing inside the noise is printed
+    as rejected; one slower beyond it still is."""
+    import dataclasses
+
+    from lit_compute.tuning.search import UNCLEAR, Verdict, short_verdict
+    from lit_compute.tuning.summary import _verdict_text
+
+    incumbent = dataclasses.replace(_result({}, "long", 11.0), ci=0.25)
+    noisy = dataclasses.replace(_result({"channels_last": True}, "short", 7.7), ci=0.66)  # a contended machine's
+    unclear = short_verdict(noisy, incumbent, Options())
+    assert unclear.startswith(UNCLEAR)
+    shown = _verdict_text(Verdict(noisy, "channels_last", reason=unclear))
+    assert shown == unclear
+    assert "rejected" not in shown
+    slower = short_verdict(_result({"fused": True}, "short", 3.0), incumbent, Options())
+    assert slower.startswith("slower beyond the noise")
+    assert _verdict_text(Verdict(_result({"fused": True}, "short", 3.0), "fused", reason=slower)).startswith(
+        "rejected: slower beyond the noise"
+    )
