@@ -80,6 +80,11 @@ def _median(values: Sequence[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
+def _own_work(wait_ms: Sequence[float], forward_ms: Sequence[float], forward_comm_ms: Sequence[float]) -> list[float]:
+    """Each rank's own work: its data wait and its forward less the forward's time blocked in collectives."""
+    return [w + max(0.0, f - c) for w, f, c in zip(wait_ms, forward_ms, forward_comm_ms)]
+
+
 def find_straggler(
     wait_ms: Sequence[float],
     forward_ms: Sequence[float],
@@ -97,7 +102,7 @@ def find_straggler(
     if not all(math.isfinite(v) for v in (*wait_ms, *forward_ms, *forward_comm, *comm)):
         return None
     compute = [max(0.0, f - c) for f, c in zip(forward_ms, forward_comm)]
-    own = [w + c for w, c in zip(wait_ms, compute)]
+    own = _own_work(wait_ms, forward_ms, forward_comm)
     rank = max(range(n), key=lambda r: own[r])
     others = [r for r in range(n) if r != rank]
     median_own = _median([own[r] for r in others])
@@ -184,7 +189,7 @@ class StragglerWindow:
         found = find_straggler(*medians[:4])
         skews, extras = [], []
         for series, _ in self._logs:
-            own = [w + max(0.0, f - c) for w, f, c in zip(series[0], series[1], series[2])]
+            own = _own_work(*series[:3])
             others = _median([own[r] for r in range(len(own)) if r != rank])
             skews.append(own[rank] / others if others > 0 else math.inf)
             extras.append(own[rank] - others)
