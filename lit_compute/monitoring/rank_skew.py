@@ -165,10 +165,9 @@ class StragglerWindow:
     def full(self) -> bool:
         return len(self._logs) == self.size
 
-    def spikes(self) -> int:
-        """The logging steps of the window whose slowest rank was over the threshold and is not the straggler the
-        window names."""
-        named = self.straggler()
+    def spikes(self, named: Straggler | None) -> int:
+        """The logging steps of the window whose slowest rank was over the threshold and is not ``named``, the
+        straggler :meth:`straggler` found (None: nobody)."""
         return sum(
             self.spike(slowest, series[4]) and (named is None or slowest.rank != named.rank)
             for series, slowest in self._logs

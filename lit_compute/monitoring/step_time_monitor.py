@@ -267,7 +267,7 @@ class StepTimeMonitor(MeasuringCallback):
         straggler = self._stragglers.straggler()
         skewed = self._stragglers.spike(slowest, per_rank["step_ms"])
         if self._stragglers.full:
-            out["time/rank_spikes"] = float(self._stragglers.spikes())
+            out["time/rank_spikes"] = float(self._stragglers.spikes(straggler))
         if straggler is not None and self.straggler_advice is None:
             self.straggler_advice = straggler.advice(world, self.straggler_skew)
             self._warn_once("straggler", self.straggler_advice)

@@ -88,7 +88,7 @@ def test_one_five_fold_step_among_even_ones_is_a_spike_not_a_straggler():
     assert window.straggler() is None
     window, _ = _window_of([even] * 3 + [((2.0, 10.0), (50.0, 10.0))] + [even] * 4)
     assert window.full
-    assert window.spikes() == 1
+    assert window.spikes(window.straggler()) == 1
 
 
 def test_a_rank_slow_in_six_of_eight_steps_is_a_straggler_with_the_windows_medians():
@@ -114,7 +114,7 @@ def test_a_window_with_too_few_steps_or_slow_by_turns_names_nobody():
     assert found == [None] * 7  # 7 logging steps: the window (8) is not full
     window, found = _window_of([slow1] * 2, size=2)
     assert found[-1].rank == 1  # a shorter window names sooner
-    assert window.spikes() == 0  # the straggler's own steps are not spikes
+    assert window.spikes(found[-1]) == 0  # the straggler's own steps are not spikes
     # each rank slow by turns, a full window: neither is the slowest most of the time
     window, _ = _window_of([slow0, slow1] * 6)
     assert window.straggler() is None
