@@ -1,10 +1,10 @@
-# Two commands: `make demo` (the main job) and `make test`. Each sets itself up.
+# Two commands: `make demo` (the main job) and `make check` (every test, what CI runs). Each sets itself up.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # the package and its extras, editable: uv with pip's own settings (4x faster here), pip where uv cannot
 INSTALL := $(PY) scripts/install.py
 
-.PHONY: demo demo-gpt test test-fast venv lint typecheck docs clean
+.PHONY: demo demo-gpt check test test-fast test-heavy venv lint typecheck docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -38,20 +38,34 @@ demo-gpt: $(PY)
 WORKERS ?= 2
 XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist worksteal)
 
-# the install (and a Prometheus server for the dashboard's test), lint, the type checker, then the suite (which also
-# builds the docs site with --strict)
+# Three tiers of one suite (CONTRIBUTING.md): test-fast (each change), test (before a push: within 8 minutes on 2
+# cores), check = test then test-heavy (every test: what CI runs, .ci/run).
+
+# the install (and a Prometheus server for the dashboard's test), lint, the type checker, then every test but the
+# heavy ones (which also builds the docs site with --strict)
 test: $(PY)
 	$(INSTALL) '.[all,dev]'
 	bash scripts/get_prometheus.sh $(VENV)
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q $(XDIST) --durations=20
+	$(PY) -m pytest -q $(XDIST) --durations=20 -m "not heavy"
 
-# the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow) left
-# out; `make test` runs both tiers
+# the fast tier for every change: every unit and contract test, the multi-process and end-to-end ones (marked slow or
+# heavy) left out
 test-fast: $(PY)
 	$(INSTALL) '.[all,dev]'
-	$(PY) -m pytest -q $(XDIST) -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not heavy"
+
+# the tests marked heavy alone (several interpreters training end to end, the wheel, the tune: over about 15 s of CPU
+# each); after `make test`, which installed what they need
+test-heavy: $(PY)
+	$(INSTALL) '.[all,dev]'
+	$(PY) -m pytest -q $(XDIST) --durations=20 -m heavy
+
+# every test: what CI runs (.ci/run, README.md's test command)
+check:
+	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory test-heavy
 
 # what the pre-commit hook runs (.pre-commit-config.yaml): the linter and the formatter's check, at 120 columns
 lint: $(PY)

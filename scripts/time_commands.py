@@ -3,9 +3,10 @@
     python scripts/time_commands.py            (from the repository root; takes as long as both commands)
 
 Clones the current commit into a temporary folder (a fresh clone: no .venv, no caches of the repository's own),
-runs ``make test`` and then ``make test-fast`` there, then ``make demo`` in a second fresh clone, and writes
-``docs/figures/commands.md`` under the figure header (the command, the commit, the date, the machine) with the 20
-slowest tests of that suite, and the same summary lines between README.md's ``commands`` markers. Exits with the first
+runs ``make test``, then ``make test-fast``, then ``make test-heavy`` there (``make check``, CI's command, is ``make
+test`` then ``make test-heavy``), then ``make demo`` in a second fresh clone, and writes ``docs/figures/commands.md``
+under the figure header (the command, the commit, the date, the machine) with the 20 slowest tests of ``make test``
+and of ``make test-heavy``, and the same summary lines between README.md's ``commands`` markers. Exits with the first
 failing command's status, writing nothing then.
 
 Cold caches: every cache the commands fill points into new, empty folders of the temporary one (uv's and pip's
@@ -90,15 +91,15 @@ def _write_readme_lines(readme: Path, lines: str) -> None:
     readme.write_text(text[: text.index(start) + len(start)] + "\n" + lines + text[text.index(end) :])
 
 
-def slowest_table(out: str) -> str:
-    """pytest's ``--durations`` block of ``make test`` (the 20 slowest tests, set up and call timed apart) as a
+def slowest_table(out: str, command: str) -> str:
+    """pytest's ``--durations`` block of ``command`` (the 20 slowest tests, set up and call timed apart) as a
     markdown table; a line saying so when the output has none."""
     block = out.split("slowest 20 durations", 1)
     rows = re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", block[1], flags=re.M)[:20] if len(block) > 1 else []
     if not rows:
-        return "pytest printed no durations.\n"
+        return f"`{command}` printed no durations.\n"
     lines = [
-        "The 20 slowest tests of that run (pytest's `--durations=20`):",
+        f"The 20 slowest tests of `{command}` (pytest's `--durations=20`):",
         "",
         "| s | phase | test |",
         "|---:|---|---|",
@@ -131,6 +132,9 @@ def main() -> int:
         status, fast_s, fast_out = timed(["make", "test-fast"], clone, env)
         if status:
             return status
+        status, heavy_s, heavy_out = timed(["make", "test-heavy"], clone, env)
+        if status:
+            return status
         demo = Path(tmp) / "demo"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(demo)], check=True)
         status, demo_s, _ = timed(["make", "demo"], demo, cold_environment(Path(tmp) / "caches_demo"))
@@ -140,13 +144,15 @@ def main() -> int:
     lines = (
         f"*On fresh clones at commit `{commit}`, each with cold caches of its own, {date}; {where}:* `make test` took "
         f"{minutes(test_s)} (the install, lint, type check and docs build, then {pytest_summary(out)}); then "
-        f"`make test-fast` in the same clone took {minutes(fast_s)} ({pytest_summary(fast_out)}); `make demo` took "
+        f"`make test-fast` in the same clone took {minutes(fast_s)} ({pytest_summary(fast_out)}); then "
+        f"`make test-heavy` took {minutes(heavy_s)} ({pytest_summary(heavy_out)}), so `make check` (CI's command: "
+        f"`make test`, then `make test-heavy`) took {minutes(test_s + heavy_s)}; `make demo` took "
         f"{minutes(demo_s)} (the install, 2 epochs of the demo, its report).\n"
     )
     figures = ROOT / "docs" / "figures" / "commands.md"
     figures.write_text(
         f"<!-- written by `scripts/time_commands.py` at commit {commit} on {date}; machine: {where} "
-        f"-->\n\n{lines}\n{slowest_table(out)}"
+        f"-->\n\n{lines}\n{slowest_table(out, 'make test')}\n{slowest_table(heavy_out, 'make test-heavy')}"
     )
     _write_readme_lines(ROOT / "README.md", lines)
     sys.stdout.write(f"written: {figures} and README.md\n{lines}")

@@ -196,6 +196,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.parametrize(
     ("data_parallel", "tensor_parallel"), [(1, 2), (2, 2)], ids=["tensor-parallel", "fsdp2-x-tensor-parallel"]
 )

@@ -73,6 +73,10 @@ NOT_MEASURED = {
     ("docs/guarantees.md", "at 60 MB and 10 MB"): "capacities tests/planning/test_estimate.py gives (inputs)",
     ("docs/guarantees.md", "with 40 MB free"): "the free memory tests/planning/test_estimate.py drives (an input)",
     ("docs/guarantees.md", "scale at most 2x"): "the bound tests/planning/test_whatif.py asserts for two nodes",
+    (
+        "README.md",
+        "about 15 s of CPU",
+    ): "the rule for the heavy marker (pyproject.toml, CONTRIBUTING.md), not a measurement",
 }
 # a page cites a figure file by including it (--8<--), linking it or naming it; README.md's commands lines are
 # commands.md's (scripts/time_commands.py writes both)

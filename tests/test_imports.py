@@ -161,6 +161,7 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_every_module_imports_alone(tmp_path):
     """Each module imported first in a clean set of lit_compute modules (one interpreter, torch kept loaded)."""

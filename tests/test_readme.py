@@ -58,6 +58,7 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 5
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_every_python_block_of_the_readme_runs(tmp_path):
     from .conftest import run_script

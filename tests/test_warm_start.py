@@ -142,6 +142,7 @@ print(json.dumps({"threads": torch.get_num_threads(), "numpy": int(numpy.random.
 """
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_with_torch_and_lightning_preloaded_each_child_is_a_new_interpreters_equal(tmp_path):
     """#70 item 3, with the helper preloading torch and Lightning as the product does: a child asking for another

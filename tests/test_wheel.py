@@ -27,6 +27,7 @@ def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None 
     return result.stdout
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_wheel_installs_outside_the_repository_and_trains_a_packaged_config(tmp_path):

@@ -55,7 +55,7 @@ def _rows(out: str) -> list[list[str]]:
             ],
             "ratio to without",
         ),
-        (
+        pytest.param(
             [
                 "precision",
                 "--model",
@@ -70,12 +70,15 @@ def _rows(out: str) -> list[list[str]]:
                 "1",
             ],
             "speed-up vs 32-true",
+            marks=pytest.mark.heavy,
         ),
         (
             ["loaders", "--image-size", "32", "--images-per-class", "4", "--rounds", "1", "--batch-size", "8"],
             "ratio to torchvision",
         ),
-        (["allreduce", "--nprocs", "2", "--max-mb", "0.1", "--seconds", "2"], "busbw (GB/s)"),
+        pytest.param(
+            ["allreduce", "--nprocs", "2", "--max-mb", "0.1", "--seconds", "2"], "busbw (GB/s)", marks=pytest.mark.heavy
+        ),
         (["flops", "--zoo", "transformers"], "ours / analytic"),
         (["overhead", "--callback", "flops", "--variable-length", "--steps", "6", "--rounds", "2"], "ratio to without"),
     ],
@@ -102,6 +105,7 @@ def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
         assert re.search(r"time inside \w+'s hooks: median [0-9.]+ ms per step \([0-9.]+% of the median step", out)
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_recipe_table_has_every_row_and_ratios_from_measured_times(tmp_path, capsys):
     assert (
@@ -391,6 +395,7 @@ def test_whatifs_quoted_errors_are_the_committed_figures_check_rows():
     assert _check_rows_agree(kept, table) == sum(r[0] == "check" for r in table[1:]) >= 20
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     """``bench whatif --only gpu`` (published GPU throughputs, counted on fake tensors, priced arithmetically) writes
@@ -447,6 +452,7 @@ def test_bench_whatif_gpu_reproduces_its_figure_file(tmp_path, monkeypatch):
     assert "with cuDNN's transposes priced" in line
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_bench_memory_writes_predicted_beside_measured_peaks(tmp_path):
     """``bench memory`` on one workload: estimate's predicted peak beside the allocator's peak over a real step (its
@@ -556,6 +562,7 @@ def test_published_gpu_results_span_three_generations_and_the_check_set_never_se
     assert fit.fit_defaults() != first  # the fit rows do move it
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_the_default_efficiencies_are_the_fit_on_the_fit_sets_kept_steps():
     """#70 item 4: ``--fit-defaults`` run on the fit rows' traced steps as that command kept them (``fit_facts.json``;

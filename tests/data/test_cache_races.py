@@ -41,6 +41,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_two_processes_fill_the_same_cold_caches_at_once(tmp_path):
     result = run_script(tmp_path, RACE, str(tmp_path / "cache"), timeout=300)

@@ -64,6 +64,7 @@ def _normalised(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_nodes_with_different_settings_stop_at_setup_naming_them(tmp_path):

@@ -55,6 +55,7 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 def test_two_nodes_under_torchrun_train_with_the_nccl_settings_on_every_rank_and_the_slow_one_named(tmp_path):
     (tmp_path / "record_env.py").write_text(RECORD_ENV)
     config = _config(tmp_path)

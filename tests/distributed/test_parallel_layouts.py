@@ -11,7 +11,7 @@ import pytest
 
 from ..conftest import read_events, run_script, scalar_values, text_values
 
-pytestmark = pytest.mark.slow  # the fast tier (make test-fast) leaves these out
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # the launches cost a minute of CPU: CI runs them (make check)
 
 SCRIPT = Path(__file__).parent / "scripts" / "parallel_layouts.py"
 # MLP 256 -> 1024 -> 256 on a global batch of 32: forward 2 x 32 x 2 x 256 x 1024; backward: both grads of the

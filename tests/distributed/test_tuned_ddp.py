@@ -41,6 +41,7 @@ class _Recording(TunedDDPStrategy):
         super().setup_distributed()
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_ddp_spawn_applies_settings_bucket_and_hook_and_matches_plain_ddp(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "Ring")  # exported by the user: the explicit setting wins

@@ -65,7 +65,9 @@ def measured_peak(config: str, overrides: list[str], micro_batch: int, root: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=pytest.mark.heavy) if case == "resnet50" else case for case in sorted(CASES)]
+)
 def test_the_predicted_peak_is_within_10_percent_of_the_measured_one(case, tmp_path, monkeypatch):
     config, overrides, sizes = CASES[case]
     monkeypatch.chdir(ROOT)  # the Hugging Face example's class path imports from the repository root
@@ -400,6 +402,7 @@ def _image_config(tmp_path: Path, model: dict) -> Path:
     return path
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_a_model_whose_constructor_reads_tensor_values_is_built_on_the_cpu_and_estimated(tmp_path, monkeypatch, capsys):
     """#49 item 1: torchvision's RegNet computes its block widths with tensors and reads them back (``.tolist()``):

@@ -52,6 +52,7 @@ def _folder(logs: Path, name: str = "tiny") -> Path:
     return found[0] if found else logs / f"{name}-missing"
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 def test_tune_interrupted_resumes_rejects_nan_records_oom_and_writes_a_yaml_that_trains(tmp_path, monkeypatch):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
