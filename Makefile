@@ -56,7 +56,7 @@ test-fast: $(PY)
 	$(INSTALL) '.[all,dev]'
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not heavy"
 
-# the tests marked heavy alone (several interpreters training end to end, the wheel, the tune: over about 15 s of CPU
+# the tests marked heavy alone (several interpreters training end to end, the wheel, the tune: over about 10 s of CPU
 # each); after `make test`, which installed what they need
 test-heavy: $(PY)
 	$(INSTALL) '.[all,dev]'

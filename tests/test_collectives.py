@@ -91,6 +91,7 @@ def test_every_hook_of_every_component_calls_no_collective_outside_the_logging_e
     assert _run_everything(tmp_path).violations == []
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_the_watch_sees_a_collective_inside_a_hook(tmp_path, monkeypatch):
     """The way ProfilerWindow found its folder before: ``trainer.log_dir`` (a broadcast) at export time, which

@@ -289,6 +289,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_forked_workers_after_a_dali_pipeline_never_hang(tmp_path):
     from ..conftest import run_script

@@ -12,6 +12,7 @@ from ..conftest import run_script
 SCRIPT = Path(__file__).parent / "scripts" / "faults_two_ranks.py"
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow
 def test_no_collective_outside_the_logging_event_on_one_rank_and_a_killed_rank_loses_no_survivor_window(tmp_path):
     result = run_script(tmp_path, SCRIPT.read_text(), str(tmp_path), timeout=300)

@@ -923,6 +923,7 @@ def test_an_op_class_with_its_own_measured_peak_runs_at_it():
     assert all(v > 0 for v in speedups.ratios.values())
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 @pytest.mark.slow  # over five seconds in the fast tier (CONTRIBUTING: a test of more than a few seconds)
 def test_the_mixed_speedup_stops_repeating_where_bf16_is_slow(monkeypatch):
     """On a CPU without bf16 instructions one bf16 block takes seconds: the measurement stops repeating a mode after

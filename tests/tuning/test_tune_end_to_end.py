@@ -171,6 +171,7 @@ def test_a_trial_that_hangs_is_stopped_at_its_timeout_and_recorded(tmp_path, mon
     assert (tmp_path / "trials" / "t00_short_baseline.yaml").is_file()
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 def test_ctrl_c_during_an_import_still_exits_130(tmp_path):
     """Ctrl-C landing while a dataclass is being built (``exec`` of a string inside an import) left CPython's mark of
     an unhandled KeyboardInterrupt set although the tune caught it: under ``python -m`` the process printed its
@@ -228,6 +229,7 @@ def test_a_failed_baseline_is_run_again_and_a_full_disk_blames_no_knob(tmp_path,
     assert [e["result"]["status"] for e in _journal(journal) if e["kind"] == "trial"] == ["crashed"]
 
 
+@pytest.mark.heavy  # CI runs it (make check); make test leaves it out
 def test_a_killed_tune_leaves_no_trial_running(tmp_path):
     """SIGKILL cannot be caught: the trial's process gets the kernel's parent-death signal instead of training on
     as an orphan."""
