@@ -7,6 +7,7 @@ functions, so a figure reads the same in TensorBoard's text tab, a bench table a
 from __future__ import annotations
 
 import math
+import signal
 from typing import Any
 
 
@@ -34,6 +35,21 @@ def first_line(err: BaseException, limit: int | None = 300) -> str:
     ``limit`` characters (None: the whole line)."""
     text = str(err).strip()
     return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
+def exit_status(returncode: int) -> str:
+    """How a child process ended, as a person reads it: ``exit status 2``, or ``killed by SIGSEGV`` for the negative
+    status ``subprocess`` gives a process a signal ended.
+
+    >>> exit_status(2), exit_status(-11)
+    ('exit status 2', 'killed by SIGSEGV')
+    """
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
 
 
 def typed_line(err: BaseException) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_compute.bench._common import emit, figure_header, machine_line, markdown, run_fit
+from lit_compute.formatting import exit_status
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDED = [
@@ -144,7 +145,9 @@ def measured(config: str, overrides: list[str], micro_batch: int, processes: int
         log = Path(out, "fit.log")
         returncode = run_fit(command, log)  # forked from a helper that imported torch and Lightning once
         if returncode:
-            raise RuntimeError(f"{config} at micro-batch {micro_batch} failed: {log.read_text()[-800:]}")
+            raise RuntimeError(
+                f"{config} at micro-batch {micro_batch} failed ({exit_status(returncode)}): {log.read_text()[-800:]}"
+            )
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out, "reference").glob("rank*.json"))]

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_compute.formatting import exit_status
 from lit_compute.tuning.config_yaml import add_callback, as_list, class_name, dump_yaml, section, short
 from lit_compute.tuning.measurement import Measurement
 from lit_compute.warm_start import start_process, stop_group
@@ -152,7 +153,9 @@ def _classify_failure(returncode: int, log_tail: str) -> tuple[str, str]:
         for line in lines
         if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) or line.startswith("lit-compute: error")
     ]
-    return "crashed", (errors[-1] if errors else (lines[-1] if lines else f"exit status {returncode}"))[:300]
+    # no error line: the process ended some other way (a signal, os._exit), which is said with its last line
+    ended = exit_status(returncode)
+    return "crashed", (errors[-1] if errors else (f"{ended}: {lines[-1]}" if lines else ended))[:300]
 
 
 def _read_tb_scalar(run_dir: Path, tag: str) -> float | None:
