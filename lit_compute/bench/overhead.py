@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median, random_image_loader
 from lit_compute.models import ImageClassifier
+from lit_compute.tuning.recorder import t95
 
 
 class HookClock:
@@ -114,6 +117,39 @@ def variable_length_loader(n_batches: int, batch_size: int, lengths: tuple[int, 
     return batches
 
 
+def round_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """The with/without ratio over paired rounds and its 95% interval: the geometric mean of the rounds' ratios,
+    Student's t at rounds - 1 over their logs (a round's drift hits both of its configurations, so the pairs are the
+    samples). Below two rounds the interval is unbounded.
+
+    >>> center, low, high = round_interval([1.0, 1.02, 0.98, 1.0])
+    >>> round(center, 4), round(low, 3), round(high, 3)
+    (0.9999, 0.974, 1.026)
+    """
+    logs = [math.log(r) for r in ratios]
+    center = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(center), 0.0, math.inf
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(center), math.exp(center - half), math.exp(center + half)
+
+
+def resolved(ratios: list[float], tolerance: float) -> bool:
+    """Whether the rounds' interval is narrow enough to tell ``1 +- tolerance`` from what lies beyond it: its half
+    width (in logs) at most ``tolerance``."""
+    _, low, high = round_interval(ratios)
+    return math.log(high / low) / 2 <= tolerance
+
+
+def rounds_to_resolve(ratios: list[float], tolerance: float, limit: int = 10_000) -> int | None:
+    """How many rounds at the spread ``ratios`` show would give an interval of half width ``tolerance``; None from
+    fewer than three rounds (no spread to go by) or beyond ``limit``."""
+    if len(ratios) < 3:
+        return None
+    spread = statistics.stdev(math.log(r) for r in ratios)
+    return next((n for n in range(2, limit) if t95(n - 1) * spread / math.sqrt(n) <= tolerance), None)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="lit-compute bench overhead", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -124,6 +160,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch (variable-length: 8)")
     parser.add_argument("--steps", type=int, default=30, help="training steps per round and configuration")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per configuration, alternating")
+    parser.add_argument(
+        "--resolve",
+        type=float,
+        default=None,
+        metavar="PERCENT",
+        help="after --rounds, go on round by round until the ratio's 95%% interval is within +-PERCENT (or "
+        "--max-rounds); says how many rounds it took",
+    )
+    parser.add_argument("--max-rounds", type=int, default=60, help="the most rounds --resolve runs")
     parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
     parser.add_argument(
         "--variable-length",
@@ -138,6 +183,12 @@ def main(argv: list[str]) -> int:
         "(data parallel 2) or tensor parallel 2; fixed-length token batches; rank 0's steps timed",
     )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1 round is needed (the default is 6)")
+    if args.resolve is not None and not 0 < args.resolve < 100:
+        parser.error(f"--resolve {args.resolve}: a percent between 0 and 100, e.g. --resolve 1")
+    if args.resolve is not None and args.max_rounds < args.rounds:
+        parser.error(f"--max-rounds {args.max_rounds} is below --rounds {args.rounds}: raise it or drop --resolve")
 
     pl.seed_everything(0, verbose=False)
     devices: int = 1
@@ -188,11 +239,24 @@ def main(argv: list[str]) -> int:
     hooks = HookClock(callback)
     timers = {"without": StepTimer(skip=3), "with": StepTimer(skip=3)}
     rounds: dict[str, list[float]] = {"without": [], "with": []}  # each round's median step
+    tolerance = math.log1p(args.resolve / 100) if args.resolve is not None else None
+
+    def go_on(r: int) -> bool:
+        if r < args.rounds:
+            return True
+        if tolerance is None or r >= args.max_rounds:
+            return False
+        return not resolved([w / wo for w, wo in zip(rounds["with"], rounds["without"])], tolerance)
+
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
+        r = 0
+        while go_on(r):
             order = ["without", "with"] if r % 2 == 0 else ["with", "without"]
+            r += 1
             for variant in order:
-                emit(f"  round {r + 1}/{args.rounds}: {variant} {args.callback} ...")
+                emit(
+                    f"  round {r}/{args.rounds if r <= args.rounds else args.max_rounds}: {variant} {args.callback} ..."
+                )
                 callbacks = [timers[variant]] + ([callback, _StepMark(hooks, skip=3)] if variant == "with" else [])
                 trainer = pl.Trainer(
                     accelerator=args.accelerator,
@@ -228,11 +292,24 @@ def main(argv: list[str]) -> int:
     emit(markdown(["configuration", "steps timed", "median step ms", "mean step ms", "ratio to without"], rows))
     ratio = median(timers["with"].times) / base
     emit(f"\noverhead ratio (median step time with / without): {ratio:.4f}")
-    pairs = sorted(w / wo for w, wo in zip(rounds["with"], rounds["without"]))
+    paired = [w / wo for w, wo in zip(rounds["with"], rounds["without"])]
+    pairs = sorted(paired)
     emit(
         f"per-round ratios (each round's median with / without; a machine's drift between rounds shows here): "
         f"median {median(pairs):.4f}, range {pairs[0]:.4f}-{pairs[-1]:.4f} over {len(pairs)} rounds"
     )
+    center, low, high = round_interval(paired)
+    emit(f"ratio over the paired rounds: {center:.4f}, 95% interval {low:.4f}-{high:.4f} ({len(paired)} rounds)")
+    if tolerance is not None:
+        goal = f"+-{args.resolve:g}%"
+        if resolved(paired, tolerance):
+            emit(f"resolved to {goal} after {len(paired)} rounds")
+        else:
+            needed = rounds_to_resolve(paired, tolerance)
+            emit(
+                f"not resolved to {goal} in {len(paired)} rounds (--max-rounds {args.max_rounds}); at this spread "
+                + (f"about {needed} rounds would" if needed else "no practical number of rounds would")
+            )
     inside = median(hooks.per_step)
     emit(
         f"time inside {type(callback).__name__}'s hooks: median {inside * 1e3:.3f} ms per step "

@@ -32,6 +32,10 @@ def _rows(out: str) -> list[list[str]]:
                 "5",
                 "--rounds",
                 "2",
+                "--resolve",
+                "50",
+                "--max-rounds",
+                "3",
                 "--image-size",
                 "32",
                 "--batch-size",
@@ -103,6 +107,18 @@ def test_bench_runs_and_prints_a_table(argv, header, capsys, monkeypatch):
     assert len(rows) >= 3  # header + at least two rows
     if argv[0] == "overhead":  # the callback's own hook time, measured directly, next to the ratio
         assert re.search(r"time inside \w+'s hooks: median [0-9.]+ ms per step \([0-9.]+% of the median step", out)
+        interval = re.search(
+            r"ratio over the paired rounds: ([0-9.]+), 95% interval ([0-9.]+)-([0-9.a-z]+) \((\d+) rounds", out
+        )
+        assert interval, out
+        center, low, high = (float(interval.group(k)) for k in (1, 2, 3))
+        assert low <= center <= high
+        if "--resolve" in argv:  # two rounds, then on until +-50% or three
+            rounds = int(interval.group(4))
+            assert rounds in (2, 3)
+            verdict = re.search(r"resolved to \+-50% after (\d+) rounds|not resolved to \+-50% in 3 rounds", out)
+            assert verdict, out
+            assert verdict.group(1) in (None, str(rounds))
 
 
 @pytest.mark.heavy  # CI runs it (make check); make test leaves it out
@@ -804,3 +820,38 @@ def test_bench_warmstart_alternates_the_order_and_gives_the_ratio_with_its_inter
     assert float(low) < 1.0 < float(high)
     with pytest.raises(SystemExit):
         main(["bench", "warmstart", "--pairs", "1"])
+
+
+def test_the_overhead_interval_and_the_rounds_it_would_take():
+    """Paired rounds' ratios give a geometric mean with Student's t interval; its width says whether a 1% cost can
+    be told apart, and how many rounds at that spread would tell it."""
+    import math
+
+    from lit_compute.bench.overhead import resolved, round_interval, rounds_to_resolve
+
+    center, low, high = round_interval([1.0, 1.02, 0.98, 1.0])
+    assert low < 1.0 < high
+    assert center == pytest.approx(1.0, abs=1e-3)
+    assert round_interval([1.05]) == (pytest.approx(1.05), 0.0, math.inf)  # one round: no interval
+    one_percent = math.log1p(0.01)
+    assert resolved([1.001, 0.999, 1.002, 0.998, 1.0], one_percent)
+    assert not resolved([1.0, 1.02, 0.98, 1.0], one_percent)
+    needed = rounds_to_resolve([1.0, 1.02, 0.98, 1.0], one_percent)
+    assert needed is not None
+    assert 4 < needed < 100
+    assert rounds_to_resolve([1.0, 1.02], one_percent) is None  # too few rounds to know the spread
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds 0: at least 1 round"),
+        (["--resolve", "0"], "--resolve 0.0: a percent between 0 and 100"),
+        (["--resolve", "1", "--rounds", "8", "--max-rounds", "4"], "--max-rounds 4 is below --rounds 8"),
+    ],
+)
+def test_bad_overhead_arguments_are_refused_before_training(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "overhead", "--callback", "step_time", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
