@@ -177,3 +177,8 @@ class ProfiledStep(pl.Callback):
         self._refs = []
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(found))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # every rank reaches the end of training, whatever it profiled: rank 0 (whose exit ends the command, and with
+        # it, under some launchers, the other ranks) waits until each rank has written its file
+        trainer.strategy.barrier("ProfiledStep")
