@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lit_compute.figures import figure_header
 from lit_compute.formatting import markdown_table
 from lit_compute.hardware.this_machine import bf16_fast, machine_line
+from lit_compute.tuning.recorder import t95
 
 __all__ = [
     "StepTimer",
@@ -76,6 +78,23 @@ def random_image_loader(n: int, batch_size: int, image_size: int, num_classes: i
     x = torch.randn(n, 3, image_size, image_size, generator=g)
     y = torch.randint(0, num_classes, (n,), generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False, drop_last=True)
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """A ratio measured in pairs (one configuration beside the other, in alternating order) and its 95% interval:
+    the geometric mean of the pairs' ratios, Student's t at pairs - 1 over their logs (a pair's drift hits both of its
+    runs, so the pairs are the samples). Below two pairs the interval is unbounded.
+
+    >>> center, low, high = ratio_interval([1.0, 1.02, 0.98, 1.0])
+    >>> round(center, 4), round(low, 3), round(high, 3)
+    (0.9999, 0.974, 1.026)
+    """
+    logs = [math.log(r) for r in ratios]
+    center = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(center), 0.0, math.inf
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(center), math.exp(center - half), math.exp(center + half)
 
 
 def cumulative_rows(base: dict[str, Any], steps: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -21,7 +21,15 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from lit_compute.bench._common import StepTimer, emit, machine_line, markdown, median, random_image_loader
+from lit_compute.bench._common import (
+    StepTimer,
+    emit,
+    machine_line,
+    markdown,
+    median,
+    random_image_loader,
+    ratio_interval,
+)
 from lit_compute.models import ImageClassifier
 from lit_compute.tuning.recorder import t95
 
@@ -117,27 +125,10 @@ def variable_length_loader(n_batches: int, batch_size: int, lengths: tuple[int, 
     return batches
 
 
-def round_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """The with/without ratio over paired rounds and its 95% interval: the geometric mean of the rounds' ratios,
-    Student's t at rounds - 1 over their logs (a round's drift hits both of its configurations, so the pairs are the
-    samples). Below two rounds the interval is unbounded.
-
-    >>> center, low, high = round_interval([1.0, 1.02, 0.98, 1.0])
-    >>> round(center, 4), round(low, 3), round(high, 3)
-    (0.9999, 0.974, 1.026)
-    """
-    logs = [math.log(r) for r in ratios]
-    center = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(center), 0.0, math.inf
-    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(center), math.exp(center - half), math.exp(center + half)
-
-
 def resolved(ratios: list[float], tolerance: float) -> bool:
     """Whether the rounds' interval is narrow enough to tell ``1 +- tolerance`` from what lies beyond it: its half
     width (in logs) at most ``tolerance``."""
-    _, low, high = round_interval(ratios)
+    _, low, high = ratio_interval(ratios)
     return math.log(high / low) / 2 <= tolerance
 
 
@@ -298,7 +289,7 @@ def main(argv: list[str]) -> int:
         f"per-round ratios (each round's median with / without; a machine's drift between rounds shows here): "
         f"median {median(pairs):.4f}, range {pairs[0]:.4f}-{pairs[-1]:.4f} over {len(pairs)} rounds"
     )
-    center, low, high = round_interval(paired)
+    center, low, high = ratio_interval(paired)
     emit(f"ratio over the paired rounds: {center:.4f}, 95% interval {low:.4f}-{high:.4f} ({len(paired)} rounds)")
     if tolerance is not None:
         goal = f"+-{args.resolve:g}%"

@@ -10,13 +10,12 @@ helper) would bias every tune that compares trials; this measures it."""
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from lit_compute.bench._common import emit, markdown, run_fit
+from lit_compute.bench._common import emit, markdown, ratio_interval, run_fit
+from lit_compute.formatting import exit_status
 
 
 def _one(args: list[str], out: Path, warm: bool) -> tuple[float, float]:
@@ -29,7 +28,9 @@ def _one(args: list[str], out: Path, warm: bool) -> tuple[float, float]:
     code = run_fit([*args, LOGGER % out], log, warm=warm)
     wall = time.monotonic() - start
     if code:
-        raise RuntimeError(f"lit-compute fit ({'forked' if warm else 'fresh'}) failed: {log.read_text()[-800:]}")
+        raise RuntimeError(
+            f"lit-compute fit ({'forked' if warm else 'fresh'}) failed ({exit_status(code)}): {log.read_text()[-800:]}"
+        )
     run = max(Path(out, "runs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     step = read_run(run).step_s
     if not step:
@@ -45,10 +46,9 @@ def main(argv: list[str]) -> int:
     if args.pairs < 2:
         parser.error(f"--pairs {args.pairs}: at least 2, for an interval over the pairs")
     from lit_compute.bench.whatif.training import IMAGE_ARGS, MEASURING_CALLBACKS
-    from lit_compute.tuning.recorder import t95
 
     config = [*IMAGE_ARGS, MEASURING_CALLBACKS]
-    rows, logs = [], []
+    rows, ratios = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             order = (False, True) if pair % 2 == 0 else (True, False)  # who runs first turns each pair
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
                 out.mkdir()
                 found[warm] = _one(config, out, warm)
             ratio = found[False][0] / found[True][0]  # forked's speed over fresh's: fresh step / forked step
-            logs.append(math.log(ratio))
+            ratios.append(ratio)
             rows.append(
                 [
                     pair + 1,
@@ -70,14 +70,13 @@ def main(argv: list[str]) -> int:
                     f"{found[False][1]:.1f} / {found[True][1]:.1f}",
                 ]
             )
-    center = statistics.fmean(logs)
-    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    center, low, high = ratio_interval(ratios)
     table = markdown(
         ["pair", "order", "fresh step ms", "forked step ms", "forked speed / fresh", "wall s (fresh / forked)"], rows
     )
     summary = (
-        f"Forked over fresh, the step's speed: {math.exp(center):.3f}x, 95% interval "
-        f"{math.exp(center - half):.3f}-{math.exp(center + half):.3f}x over {len(logs)} pairs "
+        f"Forked over fresh, the step's speed: {center:.3f}x, 95% interval "
+        f"{low:.3f}-{high:.3f}x over {len(ratios)} pairs "
         "(torchvision ResNet-18 at 64 px, float32, micro-batch 16, 50 steps, FlopsLogger, StepTimeMonitor and "
         "MemoryMonitor on; the step is StepTimeMonitor's mean over the logged steps)."
     )

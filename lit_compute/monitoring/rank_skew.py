@@ -102,7 +102,7 @@ def find_straggler(
     if not all(math.isfinite(v) for v in (*wait_ms, *forward_ms, *forward_comm, *comm)):
         return None
     compute = [max(0.0, f - c) for f, c in zip(forward_ms, forward_comm)]
-    own = _own_work(wait_ms, forward_ms, forward_comm)
+    own = [w + c for w, c in zip(wait_ms, compute)]  # as _own_work, with compute kept for the cause
     rank = max(range(n), key=lambda r: own[r])
     others = [r for r in range(n) if r != rank]
     median_own = _median([own[r] for r in others])

@@ -827,12 +827,13 @@ def test_the_overhead_interval_and_the_rounds_it_would_take():
     be told apart, and how many rounds at that spread would tell it."""
     import math
 
-    from lit_compute.bench.overhead import resolved, round_interval, rounds_to_resolve
+    from lit_compute.bench._common import ratio_interval
+    from lit_compute.bench.overhead import resolved, rounds_to_resolve
 
-    center, low, high = round_interval([1.0, 1.02, 0.98, 1.0])
+    center, low, high = ratio_interval([1.0, 1.02, 0.98, 1.0])
     assert low < 1.0 < high
     assert center == pytest.approx(1.0, abs=1e-3)
-    assert round_interval([1.05]) == (pytest.approx(1.05), 0.0, math.inf)  # one round: no interval
+    assert ratio_interval([1.05]) == (pytest.approx(1.05), 0.0, math.inf)  # one round: no interval
     one_percent = math.log1p(0.01)
     assert resolved([1.001, 0.999, 1.002, 0.998, 1.0], one_percent)
     assert not resolved([1.0, 1.02, 0.98, 1.0], one_percent)
