@@ -555,3 +555,15 @@ def communication_facts(trainer: Any, module: Any) -> dict[str, Any]:
         if units:
             facts["fsdp_units"] = units
     return facts
+
+
+def inductor_layout_optimization() -> tuple[bool, bool]:
+    """Inductor's ``layout_optimization`` and ``force_layout_optimization`` settings (``torch._inductor.config``;
+    ``TORCHINDUCTOR_LAYOUT_OPTIMIZATION`` and ``TORCHINDUCTOR_FORCE_LAYOUT_OPT`` set them): whether a compiled graph
+    may put its convolutions in channels-last, and whether it always does; (True, False), torch's defaults, when this
+    torch has no such settings."""
+    try:
+        from torch._inductor import config
+    except ImportError:  # pragma: no cover - a torch without inductor
+        return True, False
+    return bool(getattr(config, "layout_optimization", True)), bool(getattr(config, "force_layout_optimization", False))

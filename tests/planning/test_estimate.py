@@ -5,6 +5,7 @@ fits; bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -548,21 +549,102 @@ def test_a_measurement_first_asked_for_inside_the_traced_step_runs_on_real_tenso
     assert counted_fresh.model_flops == counted_cached.model_flops < 2 * 256**3
 
 
-def test_a_step_under_torch_compile_is_said_to_be_estimated_eager():
-    """#69: the estimate traces the eager step; bench memory's second set measured a compiled ResNet-18 above it, so
-    a config that compiles (a CompileModules callback, a compiled module, a ``compile: true`` hyperparameter) gets a
-    note saying so; one that does not, none."""
+def test_a_step_under_torch_compile_is_recognised_and_its_convolutions_laid_out_as_inductor_does(monkeypatch):
+    """#69: a config that compiles (a CompileModules callback, a compiled module, a ``compile: true`` hyperparameter)
+    is traced with inductor's channels-last weight copies where inductor's ``decide_layout_opt`` would make them for a
+    training graph: on a CPU for any convolution; on CUDA not for a grouped convolution, a narrowing one, or only
+    small ones; never with ``layout_optimization`` off or under another backend."""
     from types import SimpleNamespace
 
-    from lit_compute.planning.estimate.search import runs_compiled
+    from torch import nn
+
+    from lit_compute.planning.estimate.compiled import (
+        ChannelsLastConvolutions,
+        compiled_layout,
+        inductor_channels_last,
+        runs_compiled,
+    )
     from lit_compute.speedup import CompileModules
 
-    class Net(torch.nn.Module):
+    class Net(nn.Module):
         hparams: dict = {}
 
-    eager = SimpleNamespace(model=Net(), trainer=SimpleNamespace(callbacks=[]))
-    assert not runs_compiled(eager)
-    assert runs_compiled(SimpleNamespace(model=Net(), trainer=SimpleNamespace(callbacks=[CompileModules()])))
-    flagged = Net()
+        def __init__(self, *convs: nn.Module) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(convs)
+
+    def pieces(model, callbacks=(), device="cpu"):
+        strategy = SimpleNamespace(root_device=torch.device(device))
+        return SimpleNamespace(model=model, trainer=SimpleNamespace(callbacks=list(callbacks), strategy=strategy))
+
+    plain = nn.Conv2d(128, 128, 3)
+    assert not runs_compiled(pieces(Net(plain)))
+    assert not isinstance(compiled_layout(pieces(Net(plain))), ChannelsLastConvolutions)
+    assert isinstance(compiled_layout(pieces(Net(plain), [CompileModules()])), ChannelsLastConvolutions)
+    assert not isinstance(
+        compiled_layout(pieces(Net(plain), [CompileModules(backend="eager")])), ChannelsLastConvolutions
+    )
+    flagged = Net(plain)
     flagged.hparams = {"compile": True}
-    assert runs_compiled(SimpleNamespace(model=flagged, trainer=SimpleNamespace(callbacks=[])))
+    assert isinstance(compiled_layout(pieces(flagged)), ChannelsLastConvolutions)
+    assert not inductor_channels_last(Net(nn.Linear(4, 4)), torch.device("cpu"))
+
+    cuda = torch.device("cuda")
+    assert inductor_channels_last(Net(nn.Conv2d(3, 64, 7), plain), cuda)
+    assert not inductor_channels_last(Net(plain, nn.Conv2d(128, 128, 3, groups=2)), cuda)  # grouped, 64 in a group
+    assert inductor_channels_last(Net(plain, nn.Conv2d(128, 128, 3, groups=128)), cuda)  # depthwise is not
+    assert not inductor_channels_last(Net(plain, nn.Conv2d(256, 128, 3)), cuda)  # out channels <= half of in
+    assert not inductor_channels_last(Net(nn.Conv2d(3, 32, 3), nn.Conv2d(32, 64, 3)), cuda)  # all small
+
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "layout_optimization", False)
+    assert not inductor_channels_last(Net(plain), torch.device("cpu"))
+
+
+def test_a_compiled_steps_weight_copies_are_held_from_forward_to_backward():
+    """The copies the traced step makes are what a laid-out graph keeps for its backward: after a conv net's forward
+    the tracker holds its two convolution weights' bytes more (kept by autograd until each backward), and a net
+    already in channels-last copies nothing."""
+    from torch import nn
+
+    from lit_compute.memory import StorageTracker
+    from lit_compute.planning.estimate.compiled import ChannelsLastConvolutions
+
+    def held_after_forward(channels_last: bool, laid_out: bool) -> int:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(), nn.Conv2d(256, 256, 3, padding=1))
+        x = torch.randn(1, 256, 4, 4)
+        if channels_last:
+            net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+        tracker = StorageTracker()
+        tracker.register(list(net.parameters()), "parameters")
+        with tracker, ChannelsLastConvolutions() if laid_out else contextlib.nullcontext():
+            out = net(x)
+        assert out.requires_grad
+        return tracker.breakdown().peak
+
+    weights = 2 * 256 * 256 * 9 * 4
+    assert held_after_forward(False, True) - held_after_forward(False, False) == weights
+    assert held_after_forward(True, True) == held_after_forward(True, False)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.timeout(300)
+def test_a_compiled_resnets_peak_is_within_5_percent_and_not_under_the_real_one(tmp_path, monkeypatch):
+    """#69: a ResNet-18 under ``torch.compile`` (inductor, CPU) held its convolution weights' channels-last copies
+    beyond the eager trace (9.2% under the allocator in bench memory's second set, which found it: seen data). The
+    estimate now traces those copies: within 5% of a real compiled step's allocator peak, and not more than 2% under
+    it."""
+    config, overrides = "examples/memory/compiled.yaml", ["--data.init_args.image_size=32"]
+    monkeypatch.chdir(ROOT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = estimate(config, micro_batches=[2], overrides=overrides)
+    (row,) = plan.rows
+    assert row.method == "traced on fake tensors"
+    real = measured_peak(config, overrides, 2, tmp_path)
+    assert row.peak_bytes == pytest.approx(real, rel=0.05), (row.peak_bytes, real)
+    assert row.peak_bytes >= 0.98 * real, (row.peak_bytes, real)
+    assert any("channels-last copy of each convolution's weight" in n for n in plan.notes), plan.notes

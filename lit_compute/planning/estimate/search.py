@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lit_compute.memory.tracker import MemoryBreakdown
+from lit_compute.planning.estimate.compiled import ChannelsLastConvolutions, compiled_layout, runs_compiled
 from lit_compute.planning.estimate.pieces import Pieces
 from lit_compute.planning.estimate.plan import EstimateRow, Plan, gb, row
 
@@ -109,27 +110,17 @@ def device_notes(pieces: Pieces) -> list[str]:
     if pieces.workspaces.failed:
         notes.append(f"workspaces not measured (counted as 0): {'; '.join(pieces.workspaces.failed[:3])}")
     if runs_compiled(pieces):
+        copies = isinstance(compiled_layout(pieces), ChannelsLastConvolutions)
         notes.append(
-            "the step runs under torch.compile: this estimate follows the eager step, and a compiled step's graphs "
-            "can hold more (docs/memory.md, the second set: a compiled ResNet-18 above its prediction); leave a "
-            "margin or measure a real step"
+            "the step runs under torch.compile: traced as the eager step"
+            + (
+                ", with the channels-last copy of each convolution's weight that inductor's graphs keep"
+                if copies
+                else ""
+            )
+            + " (docs/memory.md: what else a compiled graph changes holds less, not more)"
         )
     return notes
-
-
-def runs_compiled(pieces: Pieces) -> bool:
-    """Whether the config's step will run under ``torch.compile``: a ``CompileModules`` callback, a module compiled
-    already, or a ``compile: true`` hyperparameter (``ImageClassifier`` compiles in ``configure_model``)."""
-    from lit_compute._compat import trains_compiled
-    from lit_compute.speedup.compile_modules import CompileModules
-
-    callbacks = getattr(pieces.trainer, "callbacks", None) or []
-    hparams = getattr(pieces.model, "hparams", None) or {}
-    return (
-        any(isinstance(c, CompileModules) for c in callbacks)
-        or trains_compiled(pieces.model)
-        or hparams.get("compile") is True
-    )
 
 
 def fit_plan(plan: Plan, peak_at: Any, capacity: int | None) -> None:

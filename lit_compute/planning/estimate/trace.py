@@ -13,6 +13,7 @@ from torch import nn
 
 from lit_compute import _compat
 from lit_compute.memory.tracker import MemoryBreakdown, StorageTracker
+from lit_compute.planning.estimate.compiled import compiled_layout
 from lit_compute.planning.estimate.pieces import Pieces, converted, first_dimension, resized, train_loader
 from lit_compute.planning.estimate.plan import EstimateError
 
@@ -101,7 +102,7 @@ def predict_peak(pieces: Pieces, optimizers: list[Any], micro_batch: int, bucket
     batch = resized(pieces.batch, pieces.batch_size, micro_batch, pieces.fake_mode)
     precision = pieces.trainer.precision_plugin
     caching = pieces.cuda_workspaces if pieces.trainer.strategy.root_device.type == "cuda" else None
-    with pieces.fake_mode:
+    with pieces.fake_mode, compiled_layout(pieces):
         first = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces, caching)
         second = trace_step(pieces.model, batch, optimizers, precision, bucket_bytes, pieces.workspaces, caching)
     return max(first, second, key=lambda b: b.peak)
