@@ -75,7 +75,7 @@ NOT_MEASURED = {
     ("docs/guarantees.md", "at 60 MB and 10 MB"): "capacities tests/planning/test_estimate.py gives (inputs)",
     ("docs/guarantees.md", "with 40 MB free"): "the free memory tests/planning/test_estimate.py drives (an input)",
     ("docs/guarantees.md", "scale at most 2x"): "the bound tests/planning/test_whatif.py asserts for two nodes",
-    ("docs/memory.md", "more than 2% under it"): "the compiled ResNet's test tolerance (tests/planning/test_estimate.py)",
+    ("docs/memory.md", "more than 2% under it"): "a test tolerance (tests/planning/test_estimate.py)",
     ("CHANGELOG.md", "within the issue's 5%"): "#69's goal, which tests/planning/test_estimate.py asserts",
     ("CHANGELOG.md", "than its 2% under"): "#69's goal, which tests/planning/test_estimate.py asserts",
     ("README.md", "about 10 s of CPU"): HEAVY_RULE,
