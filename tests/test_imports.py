@@ -104,6 +104,7 @@ FLOORS = [
         "cpu_load",
         "packaged_configs",
         "warm_start",
+        "intervals",
     },
     {"hardware", "run_record", "_batch", "model_state", "agreement"},
     {"timeline"},

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lit_compute.figures import figure_header
 from lit_compute.formatting import markdown_table
 from lit_compute.hardware.this_machine import bf16_fast, machine_line
-from lit_compute.tuning.recorder import t95
+from lit_compute.intervals import t95
 
 __all__ = [
     "StepTimer",

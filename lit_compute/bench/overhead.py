@@ -30,8 +30,8 @@ from lit_compute.bench._common import (
     random_image_loader,
     ratio_interval,
 )
+from lit_compute.intervals import t95
 from lit_compute.models import ImageClassifier
-from lit_compute.tuning.recorder import t95
 
 
 class HookClock:

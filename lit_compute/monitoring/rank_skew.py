@@ -11,8 +11,9 @@ the other ranks'; the cause is the part (data wait or compute) by which it excee
 extra time in collectives is where its cost shows.
 
 A straggler is slow most of the time, not once: :class:`StragglerWindow` names a rank only when it was the slowest
-in most of a full window of logging steps and its median skew over them is above the threshold; a rank over the
-threshold at one logging step without that is a spike.
+in most of a full window of logging steps, its median skew over them is above the threshold, and so is its mean
+skew beyond the noise (the 95% interval of the mean of its log skews); a rank over the threshold at one logging step
+without that is a spike.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+from lit_compute.intervals import mean_lower_bound
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,11 @@ class StragglerWindow:
     slowest rank. :meth:`straggler` names a rank only when the window is full (``size`` logging steps), the rank
     was the slowest in more than half of them, and over them its lower median skew is above ``threshold`` and its
     lower median extra own work above ``least_share`` of the slowest step (the lower median of an even count is the
-    smaller middle value: over 8 steps, 5 of them over): one slow step among even ones (a spike: a page fault, a
-    garbage collection, a checkpoint on one node) names nobody, and neither does the noise of even ranks, whose
-    slowest rank is over the threshold at some steps and changes between them. A shorter window (2 steps at
+    smaller middle value: over 8 steps, 5 of them over), and the lower end of the 95% Student t interval of the mean
+    of its log skews over the window above the threshold's log: one slow step among even ones (a spike: a page fault,
+    a garbage collection, a checkpoint on one node) names nobody, and neither does the noise of even ranks, whose
+    slowest rank is over the threshold at some steps and changes between them, nor a rank a little slower at most
+    steps of a window whose skews scatter as widely as even ranks' do. A shorter window (2 steps at
     least) names sooner on less evidence. The advice's figures are the window's per-rank medians."""
 
     def __init__(self, size: int, threshold: float, least_share: float = 0.05) -> None:
@@ -194,6 +199,9 @@ class StragglerWindow:
             extras.append(own[rank] - others)
         skew, extra = sorted(skews)[(logs - 1) // 2], sorted(extras)[(logs - 1) // 2]  # the lower medians
         if found is None or found.rank != rank or skew <= self.threshold:
+            return None
+        # and slower beyond the noise: the 95% interval of its mean log skew lies above the threshold's log
+        if mean_lower_bound([math.log(max(min(k, 1e6), 1e-6)) for k in skews]) <= math.log(self.threshold):
             return None
         if extra <= self.least_share * max(medians[4]):
             return None

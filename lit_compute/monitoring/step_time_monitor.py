@@ -81,8 +81,9 @@ class StepTimeMonitor(MeasuringCallback):
           :mod:`lit_compute.monitoring.rank_skew`.
         - text ``time/advice``: the input-bound diagnosis, when it fires.
         - text ``time/straggler_advice``: when, over the last ``straggler_window`` logging steps, the same rank was
-          the slowest in most and its median ``rank_skew`` exceeds ``straggler_skew``: the slow rank, whether it
-          waited on data or computed longer, and by how much (the window's medians).
+          the slowest in most and its median ``rank_skew`` exceeds ``straggler_skew``, and so does its mean beyond
+          the window's scatter (a 95% interval): the slow rank, whether it waited on data or computed longer, and by
+          how much (the window's medians).
         - ``time/rank_spikes``: once ``straggler_window`` logging steps are in, how many of the last
           ``straggler_window`` had their slowest rank over ``straggler_skew`` without it being the straggler: slow
           steps (a garbage collection, a page fault, a checkpoint on one node), not a slow rank.

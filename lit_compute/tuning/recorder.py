@@ -31,39 +31,12 @@ from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
 from lit_compute.cpu_load import CpuSample, cpu_sample, others_cores
 from lit_compute.files import write_whole
+from lit_compute.intervals import t95
 from lit_compute.speedup.channels_last import has_channels_last_weights
 from lit_compute.speedup.fused_optimizer import fusable
 from lit_compute.timeline import StepRecord
 from lit_compute.tuning.measurement import Measurement
 from lit_compute.writer import log_scalars, log_text
-
-# two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
-_T95 = {
-    1: 12.71,
-    2: 4.30,
-    3: 3.18,
-    4: 2.78,
-    5: 2.57,
-    6: 2.45,
-    7: 2.36,
-    8: 2.31,
-    9: 2.26,
-    10: 2.23,
-    12: 2.18,
-    15: 2.13,
-    20: 2.09,
-    25: 2.06,
-    30: 2.04,
-}
-
-
-def t95(dof: int) -> float:
-    """The 95% two-sided Student t quantile for ``dof`` degrees of freedom (the next smaller tabulated one)."""
-    if dof < 1:
-        return math.inf
-    if dof > 30:
-        return 1.96
-    return _T95[max(k for k in _T95 if k <= dof)]
 
 
 def relative_ci(rates: list[float]) -> float:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_compute.formatting import human
+from lit_compute.intervals import t95
 from lit_compute.tuning.knobs import Knob
 from lit_compute.tuning.trials import TrialResult, TrialSpec
 
@@ -205,29 +206,6 @@ def failure(
     if not result.ok:
         return result.reason or "no throughput measured"
     return None
-
-
-#: Two-sided 95% Student t quantiles by degrees of freedom (beyond the table: the normal 1.96).
-_T95 = {
-    1: 12.71,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
-
-
-def t95(dof: int) -> float:
-    return next((v for k, v in sorted(_T95.items()) if dof <= k), 1.96)
 
 
 @dataclass

@@ -106,6 +106,29 @@ def test_a_rank_slow_in_six_of_eight_steps_is_a_straggler_with_the_windows_media
     assert window.straggler() is None
 
 
+def test_even_ranks_whose_skews_scatter_widely_name_nobody_and_a_steadily_slow_rank_is_still_named():
+    """#70 item 2: two ranks sharing two busy cores scatter: one is the slower in 6 of 8 steps by 1.3-1.6x and the
+    faster by as much in the other two (the lower median skew 1.3 is over 1.25). Its mean log skew's 95% interval
+    reaches below the threshold: noise, nobody named. A rank about 2x slower at every step, as a slow device is, is
+    named; so is one 2x slower in 6 of 8 steps and a little faster in the others over a window of 16 (over 8, the
+    two fast steps leave its mean inside the scatter)."""
+    noisy = [15.0, 13.0, 14.5, 7.0, 16.0, 6.5, 13.0, 12.9]
+    window, found = _window_of([((0.0, 10.0), (0.0, f)) for f in noisy])
+    assert window.full
+    assert found[-1] is None
+    steady = [20.0, 22.0, 19.0, 21.0, 23.0, 20.0, 18.0, 21.0]
+    _, found = _window_of([((0.0, 10.0), (0.0, f)) for f in steady])
+    assert found[-1] is not None
+    assert found[-1].rank == 1
+    assert found[-1].slowest_in == 8
+    mostly = [20.0, 20.0, 9.0, 20.0, 20.0, 9.0, 20.0, 20.0]
+    _, found = _window_of([((0.0, 10.0), (0.0, f)) for f in mostly])
+    assert found[-1] is None
+    _, found = _window_of([((0.0, 10.0), (0.0, f)) for f in mostly * 2], size=16)
+    assert found[-1] is not None
+    assert (found[-1].rank, found[-1].slowest_in) == (1, 12)
+
+
 def test_a_window_with_too_few_steps_or_slow_by_turns_names_nobody():
     from lit_compute.monitoring.rank_skew import StragglerWindow
 
