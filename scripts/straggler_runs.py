@@ -3,7 +3,11 @@ with even ranks and five with rank 1 sleeping 50 ms before each forward: which r
 straggler, and each run's per-step skew. Writes ``docs/figures/straggler_runs.md`` (the commit and machine in its
 first line).
 
-    python scripts/straggler_runs.py [OUT.md]      (Lightning starts the second rank by re-running this script)
+Each rank runs on a core of its own (``os.sched_setaffinity``), as each rank of a real job has its own device;
+``--unpinned`` leaves both ranks, and their gloo threads, to share every core (on two cores one rank can then be
+the slower at every step of a whole run: its work is even, its share of the cores is not).
+
+    python scripts/straggler_runs.py [OUT.md] [--unpinned]   (Lightning starts the second rank by re-running it)
 """
 
 from __future__ import annotations
@@ -84,17 +88,25 @@ def row(out: Path, name: str) -> str:
 
 
 def main() -> None:
+    pinned = "--unpinned" not in sys.argv
+    # rank 1 inherits rank 0's core mask: the cores are passed on in the environment, which it inherits too
+    os.environ.setdefault("STRAGGLER_RUNS_CORES", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    cores = [int(c) for c in os.environ["STRAGGLER_RUNS_CORES"].split(",")]
+    if pinned and len(cores) >= 2:
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", "0")) % len(cores)]})
     out = Path(os.environ.setdefault("STRAGGLER_RUNS_DIR", tempfile.mkdtemp(prefix="straggler_runs_")))
     names = [(f"even_{i}", 0.0) for i in range(RUNS)] + [(f"rank1_slow_{i}", SLEEP_S) for i in range(RUNS)]
     for name, sleep_s in names:
         fit(out, name, sleep_s)
     if int(os.environ.get("LOCAL_RANK", "0")) != 0:
         return
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "docs/figures/straggler_runs.md"
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    target = Path(paths[0]) if paths else Path(__file__).parents[1] / "docs/figures/straggler_runs.md"
+    where = "each rank on a core of its own" if pinned else "the ranks sharing every core"
     machine = f"{machine_line()}, {os.cpu_count()} cores, CPU capability {get_cpu_capability()}"
     lines = [
-        figure_header("scripts/straggler_runs.py", machine)
-        + f"Tensor parallel 1 x 2 on gloo, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
+        figure_header("scripts/straggler_runs.py" + ("" if pinned else " --unpinned"), machine)
+        + f"Tensor parallel 1 x 2 on gloo, {where}, real clock, `StepTimeMonitor()` defaults (straggler_skew 1.25, "
         f"straggler_window 8), logging every step, {STEPS} steps a run; rank 1 sleeps {SLEEP_S * 1000:.0f} ms before "
         "each forward in the slow runs.",
         "",

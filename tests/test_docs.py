@@ -79,6 +79,15 @@ NOT_MEASURED = {
     ("CHANGELOG.md", "within the issue's 5%"): "#69's goal, which tests/planning/test_estimate.py asserts",
     ("CHANGELOG.md", "than its 2% under"): "#69's goal, which tests/planning/test_estimate.py asserts",
     ("docs/metrics.md", "(the lower end of a 95% Student"): "the straggler confidence (rank_skew.py)",
+    (
+        "docs/distributed.md",
+        "1.3-1.6x either way",
+    ): "the driven-clock test's inputs (tests/monitoring/test_rank_skew.py)",
+    (
+        "docs/distributed.md",
+        "about 2x slower at every",
+    ): "the driven-clock test's input (tests/monitoring/test_rank_skew.py)",
+    ("docs/distributed.md", "(the lower end of a 95% Student"): "the straggler confidence (rank_skew.py)",
     ("README.md", "about 10 s of CPU"): HEAVY_RULE,
     ("CHANGELOG.md", "about 10 s of CPU"): HEAVY_RULE,
 }
