@@ -112,7 +112,7 @@ SECOND: list[tuple[str, str, list[str], list[int], int]] = [
 SETS = {"first": CASES, "second": SECOND}
 
 
-def measured(config: str, overrides: list[str], micro_batch: int, processes: int) -> dict[str, float]:
+def measured(config: str, overrides: list[str], micro_batch: int, processes: int) -> dict[str, Any]:
     """What torch measured over step 2 of a real run (the largest rank's, each figure on its own) and MemoryMonitor's
     tracked peak of its steps 0 and 1 (a fresh process: sharded runs launch their second rank by re-running the
     command)."""
@@ -153,7 +153,13 @@ def measured(config: str, overrides: list[str], micro_batch: int, processes: int
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out, "reference").glob("rank*.json"))]
         if len(ranks) != processes:
             raise RuntimeError(f"{config} at micro-batch {micro_batch}: {len(ranks)} of {processes} ranks measured")
-        found = {key: float(max(r[key] for r in ranks)) for key in ranks[0] if isinstance(ranks[0][key], (int, float))}
+        found: dict[str, Any] = {
+            key: float(max(r[key] for r in ranks)) for key in ranks[0] if isinstance(ranks[0][key], (int, float))
+        }
+        failed = [r["timeline_error"] for r in ranks if "timeline_error" in r]
+        if failed:  # torch's timeline (the column beside) could not be built on a rank: said in place of its figure
+            found.pop("timeline_peak", None)
+            found["timeline_error"] = failed[0]
         run = next(Path(out, "runs").glob("version_*"))
         acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
         acc.Reload()
@@ -220,9 +226,11 @@ def main(argv: list[str]) -> int:
             beside = (
                 f"{_mb(found['max_memory_reserved'])} (predicted {_mb(reserved)})"
                 if found["cuda"]
+                else f"n/a ({found['timeline_error']})"
+                if "timeline_error" in found
                 else f"{_mb(found['timeline_peak'])} ({_pct(predicted, found['timeline_peak'])})"
             )
-            if not found["cuda"] and label == name:
+            if not found["cuda"] and label == name and "timeline_peak" in found:
                 timeline.append(abs(predicted / found["timeline_peak"] - 1))
             rows.append(
                 [
