@@ -9,9 +9,9 @@ __all__ = ["commit_description", "figure_header"]
 
 
 def commit_description() -> str:
-    """The commit the package's code is at ("abc1234", "abc1234 with uncommitted changes", "unknown"), or the one
-    ``$LIT_COMPUTE_COMMIT`` names (a copy on a borrowed machine: the commit its sender named wins, as the copy's own
-    git, if any, can be stale)."""
+    """The commit the package's code and scripts/ are at ("abc1234", "abc1234 with uncommitted changes", "unknown"), or
+    the one ``$LIT_COMPUTE_COMMIT`` names (a copy on a borrowed machine: the commit its sender named wins, as the
+    copy's own git, if any, can be stale)."""
     import subprocess as sp
 
     try:
@@ -23,13 +23,14 @@ def commit_description() -> str:
             or "unknown"
         )
         changed = sp.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", "../scripts"],
             capture_output=True,
             text=True,
             timeout=10,
             cwd=here,
         ).stdout.strip()
-        if commit != "unknown" and changed:  # the package's own code differs from the commit: say so
+        # the package's own code, or a script that writes figures (scripts/), differs from the commit: say so
+        if commit != "unknown" and changed:
             commit += " with uncommitted changes"
     except (OSError, sp.SubprocessError):
         commit = "unknown"

@@ -158,6 +158,21 @@ def _unsourced(name: str, prose: str, cited: dict[str, str]) -> tuple[list[str],
     return unsourced, used
 
 
+def test_a_figure_written_with_a_changed_script_says_its_commit_has_uncommitted_changes(tmp_path, monkeypatch):
+    """The header's commit is the package's and scripts/'s: a figure scripts/straggler_runs.py wrote while that
+    script differed from the commit said "at commit d43a675" alone."""
+    from lit_compute import figures
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    monkeypatch.delenv("LIT_COMPUTE_COMMIT", raising=False)
+    monkeypatch.setattr(figures, "__file__", str(clone / "lit_compute" / "figures.py"))
+    assert "uncommitted" not in figures.commit_description()
+    script = clone / "scripts" / "straggler_runs.py"
+    script.write_text(script.read_text() + "\n# changed\n")
+    assert figures.commit_description().endswith(" with uncommitted changes")
+
+
 def test_every_measured_number_in_readme_and_docs_comes_from_a_figure_file_it_cites():
     unsourced, used = [], set()
     for page in PAGES:
