@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ..conftest import run_script
+from ..conftest import make_trainer, run_script
 
 SCRIPT = """
 import json, sys, time
@@ -52,7 +52,6 @@ def test_when_torchs_timeline_fails_the_allocators_peak_is_still_written(tmp_pat
     """torch's memory profiler timeline (the column beside the reference) raised inside its own data-flow graph on
     an FSDP2 step ("AssertionError: version mismatch"), and the whole row was lost: the allocator's peak, which the
     bench compares with, is written anyway, and the file says what failed."""
-    import lightning.pytorch as pl
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     from lit_compute.bench import memory_reference
@@ -61,13 +60,9 @@ def test_when_torchs_timeline_fails_the_allocators_peak_is_still_written(tmp_pat
         raise AssertionError("version mismatch: {id=293: (cpu): (0, 1)}")
 
     monkeypatch.setattr(memory_reference, "timeline_peak", fails)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=3,
+    trainer = make_trainer(
+        tmp_path,
         logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
         callbacks=[memory_reference.ProfiledStep(out=str(tmp_path), step=2)],
     )
