@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["mean_lower_bound", "t95"]
+__all__ = ["half_width", "mean_lower_bound", "t95"]
 
 #: two-sided 95% Student t quantiles by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
 _T95 = {
@@ -43,6 +43,18 @@ def t95(dof: int) -> float:
     return _T95[max(k for k in _T95 if k <= dof)]
 
 
+def half_width(values: Sequence[float]) -> float:
+    """The half width of the two-sided 95% Student t interval of the mean of ``values``; infinite with fewer than
+    two.
+
+    >>> round(half_width([1.0, 1.2, 0.8, 1.0]), 3)
+    0.26
+    """
+    if len(values) < 2:
+        return math.inf
+    return t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
 def mean_lower_bound(values: Sequence[float]) -> float:
     """The lower end of the two-sided 95% Student t interval of the mean of ``values`` (a one-sided 97.5% bound);
     ``-inf`` with fewer than two.
@@ -52,4 +64,4 @@ def mean_lower_bound(values: Sequence[float]) -> float:
     """
     if len(values) < 2:
         return -math.inf
-    return statistics.fmean(values) - t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return statistics.fmean(values) - half_width(values)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lit_compute.figures import figure_header
 from lit_compute.formatting import markdown_table
 from lit_compute.hardware.this_machine import bf16_fast, machine_line
-from lit_compute.intervals import t95
+from lit_compute.intervals import half_width
 
 __all__ = [
     "StepTimer",
@@ -93,7 +93,7 @@ def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
     center = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(center), 0.0, math.inf
-    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = half_width(logs)
     return math.exp(center), math.exp(center - half), math.exp(center + half)
 
 

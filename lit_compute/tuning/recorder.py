@@ -31,7 +31,7 @@ from lit_compute._validate import Check, validated
 from lit_compute.callback import MeasuringCallback
 from lit_compute.cpu_load import CpuSample, cpu_sample, others_cores
 from lit_compute.files import write_whole
-from lit_compute.intervals import t95
+from lit_compute.intervals import half_width
 from lit_compute.speedup.channels_last import has_channels_last_weights
 from lit_compute.speedup.fused_optimizer import fusable
 from lit_compute.timeline import StepRecord
@@ -44,7 +44,7 @@ def relative_ci(rates: list[float]) -> float:
     if len(rates) < 2:
         return math.inf
     mean = statistics.fmean(rates)
-    return t95(len(rates) - 1) * statistics.stdev(rates) / math.sqrt(len(rates)) / mean if mean > 0 else math.inf
+    return half_width(rates) / mean if mean > 0 else math.inf
 
 
 #: steps per batch mean in the warm-up detection (MSER-5)

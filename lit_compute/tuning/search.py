@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_compute.formatting import human
-from lit_compute.intervals import t95
+from lit_compute.intervals import half_width, t95
 from lit_compute.tuning.knobs import Knob
 from lit_compute.tuning.trials import TrialResult, TrialSpec
 
@@ -262,14 +262,14 @@ def paired_ratio(
             within.append(math.hypot(c.ci or 0.0, i.ci or 0.0))
     half = 0.0
     if len(step_logs) >= 3:
-        half = t95(len(step_logs) - 1) * statistics.stdev(step_logs) / math.sqrt(len(step_logs))
+        half = half_width(step_logs)
     if within:
         half = math.hypot(half, math.sqrt(statistics.fmean(w * w for w in within) / len(pairs)))
     if run_noise:
         quantile = t95(noise_dof) if noise_dof else 1.96
         half = math.hypot(half, quantile * math.sqrt(2 * run_noise**2 / len(pairs)))
     if len(pairs) >= max(2, spread_from):
-        half = max(half, t95(len(pairs) - 1) * statistics.stdev(logs) / math.sqrt(len(pairs)))
+        half = max(half, half_width(logs))
     return Paired(ratio=math.exp(center), low=math.exp(center - half), high=math.exp(center + half), pairs=len(pairs))
 
 

@@ -28,7 +28,13 @@ from torch.overrides import TorchFunctionMode
 
 from lit_compute import _compat
 
-__all__ = ["ChannelsLastConvolutions", "compiled_layout", "inductor_channels_last", "runs_compiled"]
+__all__ = [
+    "ChannelsLastConvolutions",
+    "compiled_layout",
+    "inductor_channels_last",
+    "keeps_weight_copies",
+    "runs_compiled",
+]
 
 #: convolution functions (``torch.nn.functional``'s are these objects) -> (the input's rank, its channels-last format)
 _FORMATS: dict[Any, tuple[int, torch.memory_format]] = {
@@ -97,11 +103,14 @@ def inductor_channels_last(model: nn.Module, device: torch.device) -> bool:
     return not (grouped or narrowing or small)
 
 
+def keeps_weight_copies(pieces: Any) -> bool:
+    """Whether the step runs compiled by inductor and inductor would lay its convolutions out in channels-last (so
+    its graphs keep a channels-last copy of each convolution weight)."""
+    device = pieces.trainer.strategy.root_device
+    return runs_compiled(pieces) and _by_inductor(pieces) and inductor_channels_last(pieces.model, device)
+
+
 def compiled_layout(pieces: Any) -> contextlib.AbstractContextManager[Any]:
     """The context a traced step runs in to hold what its compiled graphs hold: :class:`ChannelsLastConvolutions`
-    when the step runs compiled by inductor and inductor would lay its convolutions out in channels-last, else
-    nothing."""
-    device = pieces.trainer.strategy.root_device
-    if runs_compiled(pieces) and _by_inductor(pieces) and inductor_channels_last(pieces.model, device):
-        return ChannelsLastConvolutions()
-    return contextlib.nullcontext()
+    where :func:`keeps_weight_copies`, else nothing."""
+    return ChannelsLastConvolutions() if keeps_weight_copies(pieces) else contextlib.nullcontext()

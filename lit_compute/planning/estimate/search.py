@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lit_compute.memory.tracker import MemoryBreakdown
-from lit_compute.planning.estimate.compiled import ChannelsLastConvolutions, compiled_layout, runs_compiled
+from lit_compute.planning.estimate.compiled import keeps_weight_copies, runs_compiled
 from lit_compute.planning.estimate.pieces import Pieces
 from lit_compute.planning.estimate.plan import EstimateRow, Plan, gb, row
 
@@ -110,7 +110,7 @@ def device_notes(pieces: Pieces) -> list[str]:
     if pieces.workspaces.failed:
         notes.append(f"workspaces not measured (counted as 0): {'; '.join(pieces.workspaces.failed[:3])}")
     if runs_compiled(pieces):
-        copies = isinstance(compiled_layout(pieces), ChannelsLastConvolutions)
+        copies = keeps_weight_copies(pieces)
         notes.append(
             "the step runs under torch.compile: traced as the eager step"
             + (
